@@ -1,0 +1,368 @@
+//! The rules `/validate` enforces, judged on the v1 form of the object and reported with the
+//! field paths of the version the user wrote.
+
+use std::fmt;
+
+use serde_json::Value;
+
+use super::{Field, cron};
+use crate::api::convert::{self, ConvertError, Hub};
+use crate::api::{Version, v1};
+
+/// What kind of wrong a field is, as Kubernetes words it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `Invalid value: <value>`
+    Invalid(String),
+    /// `Unsupported value: <value>`
+    Unsupported(String),
+    Required,
+    Forbidden,
+}
+
+/// One broken rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub path: String,
+    pub kind: Kind,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Invalid(v) => write!(f, "{}: Invalid value: {}: {}", self.path, v, self.detail),
+            Kind::Unsupported(v) => {
+                write!(
+                    f,
+                    "{}: Unsupported value: {}: {}",
+                    self.path, v, self.detail
+                )
+            }
+            Kind::Required => write!(f, "{}: Required value: {}", self.path, self.detail),
+            Kind::Forbidden => write!(f, "{}: Forbidden: {}", self.path, self.detail),
+        }
+    }
+}
+
+/// The outcome: every violation found, and warnings for what is allowed but unwise.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    pub violations: Vec<Violation>,
+    pub warnings: Vec<String>,
+}
+
+impl Verdict {
+    pub fn allowed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// All violations in one message, Kubernetes style (`[a, b]` when there are several).
+    pub fn message(&self) -> String {
+        match self.violations.as_slice() {
+            [] => String::new(),
+            [one] => one.to_string(),
+            many => format!(
+                "[{}]",
+                many.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
+/// The operations that carry an object to judge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+}
+
+pub const STORAGE_CLASSES: [&str; 3] = ["standard", "ssd", "nvme"];
+pub const MAX_SIZE: i32 = 7;
+
+/// Judges `obj` (written in `version`) for a CREATE, or an UPDATE from `old`.
+pub fn validate(version: Version, op: Operation, obj: &Value, old: Option<&Value>) -> Verdict {
+    let mut out = Verdict::default();
+    let hub = match convert::to_hub(obj) {
+        Ok(hub) => hub,
+        Err(e) => {
+            out.violations.push(decode_violation(e));
+            return out;
+        }
+    };
+    let ctx = Ctx { version, obj };
+    check_spec(&ctx, &hub.spec, &mut out);
+    if op == Operation::Update
+        && let Some(old) = old
+    {
+        match convert::to_hub(old) {
+            Ok(Hub { spec: old_spec, .. }) => check_update(&ctx, &old_spec, &hub.spec, &mut out),
+            Err(e) => out.warnings.push(format!(
+                "the stored object could not be read ({e}); update rules were not checked"
+            )),
+        }
+    }
+    out
+}
+
+struct Ctx<'a> {
+    version: Version,
+    obj: &'a Value,
+}
+
+impl Ctx<'_> {
+    fn path(&self, field: Field) -> String {
+        field.path(self.version)
+    }
+
+    /// The value as the user wrote it, or as the hub holds it when the user's version has no
+    /// such field.
+    fn shown(&self, field: Field, hub_value: impl Into<Value>) -> String {
+        field
+            .pointer(self.version)
+            .and_then(|p| self.obj.pointer(p))
+            .cloned()
+            .unwrap_or_else(|| hub_value.into())
+            .to_string()
+    }
+
+    fn invalid(
+        &self,
+        field: Field,
+        hub_value: impl Into<Value>,
+        detail: impl Into<String>,
+    ) -> Violation {
+        Violation {
+            path: self.path(field),
+            kind: Kind::Invalid(self.shown(field, hub_value)),
+            detail: detail.into(),
+        }
+    }
+
+    fn forbidden(&self, field: Field, detail: impl Into<String>) -> Violation {
+        Violation {
+            path: self.path(field),
+            kind: Kind::Forbidden,
+            detail: detail.into(),
+        }
+    }
+}
+
+fn decode_violation(e: ConvertError) -> Violation {
+    match e {
+        ConvertError::Decode { path, message } => {
+            if let Some(rest) = message.strip_prefix("missing field `") {
+                let name = rest.split('`').next().unwrap_or_default();
+                Violation {
+                    path: format!("{path}.{name}"),
+                    kind: Kind::Required,
+                    detail: "must be set".to_owned(),
+                }
+            } else if message.starts_with("invalid type: null") {
+                Violation {
+                    path,
+                    kind: Kind::Required,
+                    detail: "must be set".to_owned(),
+                }
+            } else {
+                Violation {
+                    path,
+                    kind: Kind::Invalid(String::from("(not decodable)")),
+                    detail: message,
+                }
+            }
+        }
+        other => Violation {
+            path: "apiVersion".to_owned(),
+            kind: Kind::Invalid(String::from("(unexpected)")),
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// `v3.5.10` -> (3, 5, 10); anything else -> None.
+pub fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = v.strip_prefix('v')?.split('.');
+    let mut next = || -> Option<u64> {
+        let p = parts.next()?;
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        p.parse().ok()
+    };
+    let parsed = (next()?, next()?, next()?);
+    parts.next().is_none().then_some(parsed)
+}
+
+/// `10Gi` -> 10; anything else -> None.
+pub fn parse_gi(size: &str) -> Option<u64> {
+    let n = size.strip_suffix("Gi")?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
+}
+
+fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdict) {
+    let size = spec.size;
+    if !(1..=MAX_SIZE).contains(&size) {
+        out.violations.push(ctx.invalid(
+            Field::Size,
+            size,
+            format!("must be between 1 and {MAX_SIZE}"),
+        ));
+    } else if size % 2 == 0 {
+        out.violations.push(ctx.invalid(
+            Field::Size,
+            size,
+            format!(
+                "must be odd: etcd needs a majority quorum, and {size} members survive no more failures than {}",
+                size - 1
+            ),
+        ));
+    } else if size == 1 {
+        out.warnings.push(format!(
+            "{} is 1: a single member has no fault tolerance; use 3 or 5 for production",
+            ctx.path(Field::Size)
+        ));
+    }
+
+    let example = match ctx.version {
+        Version::V1Alpha1 => "3.5.10",
+        _ => "v3.5.10",
+    };
+    match parse_version(&spec.version) {
+        None => out.violations.push(ctx.invalid(
+            Field::Version,
+            spec.version.clone(),
+            format!("must be an etcd release like {example}"),
+        )),
+        Some((major, ..)) if major != 3 => out.violations.push(ctx.invalid(
+            Field::Version,
+            spec.version.clone(),
+            format!("must be an etcd 3.x release (major version 3), like {example}"),
+        )),
+        Some(_) => {}
+    }
+
+    if !STORAGE_CLASSES.contains(&spec.storage_class.as_str()) {
+        out.violations.push(Violation {
+            path: ctx.path(Field::StorageClass),
+            kind: Kind::Unsupported(ctx.shown(Field::StorageClass, spec.storage_class.clone())),
+            detail: r#"supported values: "standard", "ssd", "nvme""#.to_owned(),
+        });
+    }
+
+    match parse_gi(&spec.storage_size) {
+        None => out.violations.push(ctx.invalid(
+            Field::StorageSize,
+            spec.storage_size.clone(),
+            match ctx.version {
+                Version::V1Alpha1 => "must be a whole number of GiB",
+                _ => "must be a whole number of GiB, like 10Gi",
+            },
+        )),
+        Some(0) => out.violations.push(ctx.invalid(
+            Field::StorageSize,
+            spec.storage_size.clone(),
+            "must be at least 1Gi",
+        )),
+        Some(_) => {}
+    }
+
+    if let Some(backup) = &spec.backup {
+        if let Err(why) = cron::check(&backup.schedule) {
+            out.violations.push(ctx.invalid(
+                Field::BackupSchedule,
+                backup.schedule.clone(),
+                format!("must be a 5-field cron schedule: {why}"),
+            ));
+        }
+        if !(1..=100).contains(&backup.retention) {
+            out.violations.push(ctx.invalid(
+                Field::BackupRetention,
+                backup.retention,
+                "must be between 1 and 100 snapshots",
+            ));
+        }
+        if let Some(dest) = &backup.destination {
+            let ok = dest.split_once("://").is_some_and(|(scheme, rest)| {
+                !scheme.is_empty()
+                    && scheme.bytes().all(|b| b.is_ascii_alphanumeric())
+                    && !rest.is_empty()
+            }) && !dest.chars().any(char::is_whitespace);
+            if !ok {
+                out.violations.push(ctx.invalid(
+                    Field::BackupDestination,
+                    dest.clone(),
+                    "must be a URL like s3://bucket/prefix (leave it unset to keep snapshots on a volume)",
+                ));
+            }
+        }
+    }
+}
+
+fn check_update(
+    ctx: &Ctx,
+    old: &v1::EtcdClusterSpec,
+    new: &v1::EtcdClusterSpec,
+    out: &mut Verdict,
+) {
+    if new.size < old.size {
+        out.violations.push(ctx.forbidden(
+            Field::Size,
+            format!(
+                "cannot shrink from {} to {}: removing members can lose quorum; size may only stay or grow",
+                old.size, new.size
+            ),
+        ));
+    }
+
+    if let (Some(o), Some(n)) = (parse_gi(&old.storage_size), parse_gi(&new.storage_size))
+        && n < o
+    {
+        out.violations.push(ctx.forbidden(
+            Field::StorageSize,
+            format!(
+                "cannot shrink from {}Gi to {}Gi: volumes can grow but never shrink",
+                o, n
+            ),
+        ));
+    }
+
+    if old.storage_class != new.storage_class {
+        out.violations.push(ctx.forbidden(
+            Field::StorageClass,
+            format!(
+                "cannot change from {:?} to {:?}: volume claims cannot change class",
+                old.storage_class, new.storage_class
+            ),
+        ));
+    }
+
+    if let (Some(o), Some(n)) = (parse_version(&old.version), parse_version(&new.version)) {
+        if n < o {
+            out.violations.push(ctx.forbidden(
+                Field::Version,
+                format!(
+                    "cannot downgrade from {} to {}: etcd does not support downgrades",
+                    old.version, new.version
+                ),
+            ));
+        } else if n.0 == o.0 && n.1 > o.1 + 1 {
+            out.violations.push(ctx.forbidden(
+                Field::Version,
+                format!(
+                    "cannot upgrade from {} to {}: etcd upgrades one minor release at a time; go to v{}.{}.x first",
+                    old.version,
+                    new.version,
+                    o.0,
+                    o.1 + 1
+                ),
+            ));
+        }
+    }
+}

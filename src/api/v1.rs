@@ -1,0 +1,87 @@
+//! `etcd.example.com/v1`: the hub and storage version.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::{Phase, defaults};
+
+/// Desired state of an etcd cluster.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "etcd.example.com",
+    version = "v1",
+    kind = "EtcdCluster",
+    plural = "etcdclusters",
+    shortname = "ec",
+    namespaced,
+    doc = "An etcd cluster managed by etcd-webhook (storage version).",
+    status = "EtcdClusterStatus",
+    printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "SIZE", type_ = "integer", json_path = ".spec.size"),
+    printcolumn(name = "READY", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "AGE",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdClusterSpec {
+    /// Number of etcd members. Odd, so that a majority quorum survives failures.
+    #[schemars(range(min = 1, max = 7))]
+    pub size: i32,
+    /// etcd release, e.g. v3.5.10.
+    #[serde(default = "defaults::version")]
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"))]
+    pub version: String,
+    /// Storage class of the members' volumes.
+    #[serde(default = "defaults::storage_class")]
+    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]))]
+    pub storage_class: String,
+    /// Size of each member's volume in whole GiB, e.g. 10Gi.
+    #[serde(default = "defaults::storage_size")]
+    #[schemars(regex(pattern = r"^[0-9]+Gi$"))]
+    pub storage_size: String,
+    /// Periodic snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<Backup>,
+}
+
+/// Periodic snapshot settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Backup {
+    /// Take snapshots on the schedule.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Five-field cron schedule.
+    #[serde(default = "defaults::backup_schedule")]
+    pub schedule: String,
+    /// Number of snapshots kept.
+    #[serde(default = "defaults::backup_retention")]
+    #[schemars(range(min = 1, max = 100))]
+    pub retention: i32,
+    /// Where snapshots go, e.g. s3://bucket/prefix; a volume claim when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<String>,
+}
+
+/// Observed state.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::phase_schema")]
+    pub phase: Option<Phase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Client URLs of the members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}

@@ -1,0 +1,18 @@
+#![forbid(unsafe_code)]
+//! etcd-webhook: admission and conversion webhooks for the EtcdCluster custom resource.
+
+pub mod admission;
+pub mod api;
+pub mod cli;
+pub mod server;
+pub mod tls;
+pub mod webhook;
+
+/// Errors of the library; `main` wraps them with context.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

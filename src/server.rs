@@ -1,0 +1,145 @@
+//! The HTTPS accept loop: TCP_NODELAY on every socket, the TLS handshake in the connection's
+//! own task (a slow client never holds up others), HTTP/1.1 with keep-alive (HTTP/2 only when
+//! asked for), and a graceful drain on shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use rustls::ServerConfig;
+use rustls::server::ResolvesServerCert;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+/// How connections are served.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Offer `h2` in ALPN and serve HTTP/2 (off by default: rapid-reset exposure, and the
+    /// apiserver speaks HTTP/1.1 to webhooks).
+    pub http2: bool,
+    /// Time a client has to finish the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Time a client has to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// How long in-flight requests may take to finish after shutdown begins.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            http2: false,
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The rustls server configuration: ring, TLS 1.2 and 1.3 only, certificates from `resolver`.
+pub fn tls_config(
+    resolver: Arc<dyn ResolvesServerCert>,
+    http2: bool,
+) -> Result<ServerConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    Ok(config)
+}
+
+/// Serves `router` on `listener` until `shutdown` is cancelled, then drains open connections.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    router: Router,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(64)
+        .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(64);
+    let builder = if options.http2 {
+        builder
+    } else {
+        builder.http1_only()
+    };
+    let builder = Arc::new(builder);
+    let graceful = GracefulShutdown::new();
+
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(x) => x,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, %peer, "cannot set TCP_NODELAY");
+        }
+        let acceptor = acceptor.clone();
+        let builder = builder.clone();
+        let service = TowerToHyperService::new(router.clone());
+        let watcher = graceful.watcher();
+        let handshake_timeout = options.handshake_timeout;
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, %peer, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(error) = watcher.watch(conn.into_owned()).await {
+                tracing::debug!(%error, %peer, "connection ended with an error");
+            }
+        });
+    }
+
+    drop(listener);
+    tracing::info!(connections = graceful.count(), "draining connections");
+    if tokio::time::timeout(options.drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain timed out; closing remaining connections");
+    }
+}
+
+/// Binds the listener (`127.0.0.1:0` picks a free port).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}

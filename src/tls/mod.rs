@@ -1,0 +1,172 @@
+//! Serving certificates: loading and checking a `tls.crt`/`tls.key` pair, the resolver that
+//! hands the current pair to every handshake, and development certificates.
+
+pub mod dev;
+pub mod resolver;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+pub use resolver::CertStore;
+
+/// File names in a cert-manager Secret (and so in its mounted directory).
+pub const CERT_FILE: &str = "tls.crt";
+pub const KEY_FILE: &str = "tls.key";
+pub const CA_FILE: &str = "ca.crt";
+
+/// Why a certificate pair could not be used. The last good pair keeps serving.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: no PEM certificate found")]
+    NoCertificate { path: PathBuf },
+    #[error("{path}: bad PEM certificate: {reason}")]
+    BadCertificate { path: PathBuf, reason: String },
+    #[error("{path}: no usable private key: {reason}")]
+    BadKey { path: PathBuf, reason: String },
+    #[error("{cert} and {key} do not belong together: {reason}")]
+    Mismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot generate a certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+}
+
+/// What the metrics and logs say about a serving certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertInfo {
+    /// Unix seconds.
+    pub not_after: i64,
+    pub not_before: i64,
+    /// Hex, as openssl prints it.
+    pub serial: String,
+    pub subject: String,
+    /// DNS and IP subject alternative names.
+    pub names: Vec<String>,
+}
+
+/// A parsed, checked pair: ready to serve.
+#[derive(Clone, Debug)]
+pub struct LoadedPair {
+    pub key: Arc<CertifiedKey>,
+    pub info: CertInfo,
+    /// The raw bytes read, to tell whether the files changed.
+    pub fingerprint: (Vec<u8>, Vec<u8>),
+}
+
+/// Reads `tls.crt` and `tls.key` from `dir` (following symlinks, as the kubelet lays them out).
+pub fn read_pair_bytes(dir: &Path) -> Result<(Vec<u8>, Vec<u8>), CertError> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read(&path).map_err(|source| CertError::Read { path, source })
+    };
+    Ok((read(CERT_FILE)?, read(KEY_FILE)?))
+}
+
+/// Parses and checks a pair: the chain parses, the key parses and matches the leaf.
+pub fn parse_pair(
+    dir: &Path,
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    provider: &CryptoProvider,
+) -> Result<LoadedPair, CertError> {
+    let cert_path = dir.join(CERT_FILE);
+    let key_path = dir.join(KEY_FILE);
+    let chain = parse_certs(&cert_path, cert_pem)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| CertError::BadKey {
+        path: key_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let info = cert_info(&chain[0]).map_err(|reason| CertError::BadCertificate {
+        path: cert_path.clone(),
+        reason,
+    })?;
+    let certified =
+        CertifiedKey::from_der(chain, key, provider).map_err(|e| CertError::Mismatch {
+            cert: cert_path,
+            key: key_path,
+            reason: e.to_string(),
+        })?;
+    Ok(LoadedPair {
+        key: Arc::new(certified),
+        info,
+        fingerprint: (cert_pem.to_vec(), key_pem.to_vec()),
+    })
+}
+
+/// Parses every certificate in a PEM bundle (leaf first); at least one.
+pub fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertError> {
+    let chain = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CertError::BadCertificate {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(CertError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    for cert in &chain {
+        x509_parser::parse_x509_certificate(cert).map_err(|e| CertError::BadCertificate {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(chain)
+}
+
+/// Reads expiry, serial and names off a DER certificate.
+pub fn cert_info(der: &CertificateDer<'_>) -> Result<CertInfo, String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| e.to_string())?;
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(d) => names.push((*d).to_owned()),
+                GeneralName::IPAddress(ip) => match ip.len() {
+                    4 => names.push(
+                        std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*ip).unwrap_or_default())
+                            .to_string(),
+                    ),
+                    16 => names.push(
+                        std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*ip).unwrap_or_default())
+                            .to_string(),
+                    ),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    Ok(CertInfo {
+        not_after: cert.validity().not_after.timestamp(),
+        not_before: cert.validity().not_before.timestamp(),
+        serial: cert.raw_serial_as_string().replace(':', ""),
+        subject: cert.subject().to_string(),
+        names,
+    })
+}
+
+/// Loads and checks the pair in `dir`.
+pub fn load_pair(dir: &Path, provider: &CryptoProvider) -> Result<LoadedPair, CertError> {
+    let (cert, key) = read_pair_bytes(dir)?;
+    parse_pair(dir, &cert, &key, provider)
+}

@@ -1,0 +1,128 @@
+//! `POST /convert`: every object to the desired version, in order.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use kube::core::TypeMeta;
+use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use super::{ApiError, AppState, decode_error, json_response, read_body};
+use crate::api::{Version, convert};
+
+pub const CONVERSION_V1: &str = "apiextensions.k8s.io/v1";
+pub const CONVERSION_V1BETA1: &str = "apiextensions.k8s.io/v1beta1";
+
+/// The incoming review. Read with our own struct so that `objects: null` means no objects.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewIn {
+    api_version: String,
+    kind: String,
+    request: Option<RequestIn>,
+}
+
+#[derive(Deserialize)]
+struct RequestIn {
+    uid: String,
+    #[serde(rename = "desiredAPIVersion")]
+    desired_api_version: String,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    objects: Vec<Value>,
+}
+
+fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::Error> {
+    Ok(Option::<Vec<Value>>::deserialize(d)?.unwrap_or_default())
+}
+
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let start = std::time::Instant::now();
+    let bytes = read_body(&headers, body, state.max_body_bytes).await?;
+    let req = parse(&bytes)?;
+    let (uid, count, desired) = (
+        req.uid.clone(),
+        req.objects.len(),
+        req.desired_api_version.clone(),
+    );
+    let review = respond(req);
+    let result = review
+        .response
+        .as_ref()
+        .map(|r| r.result.message.clone())
+        .unwrap_or_default();
+    tracing::info!(%uid, objects = count, %desired, failure = %result, micros = start.elapsed().as_micros() as u64, "conversion");
+    Ok(json_response(&review))
+}
+
+/// Decodes a ConversionReview (v1 or v1beta1) into its request.
+pub fn parse(bytes: &[u8]) -> Result<ConversionRequest, ApiError> {
+    let review: ReviewIn = serde_json::from_slice(bytes)
+        .map_err(|e| decode_error("malformed ConversionReview", &e))?;
+    if review.kind != "ConversionReview"
+        || !(review.api_version == CONVERSION_V1 || review.api_version == CONVERSION_V1BETA1)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "expected a ConversionReview of apiextensions.k8s.io/v1 or v1beta1, got kind {:?} apiVersion {:?}",
+            review.kind, review.api_version
+        )));
+    }
+    let request = review
+        .request
+        .ok_or_else(|| ApiError::BadRequest("ConversionReview has no request".to_owned()))?;
+    Ok(ConversionRequest {
+        types: Some(TypeMeta {
+            api_version: review.api_version,
+            kind: review.kind,
+        }),
+        uid: request.uid,
+        desired_api_version: request.desired_api_version,
+        objects: request.objects,
+    })
+}
+
+/// Converts every object; one that cannot be converted fails the whole review (HTTP 200,
+/// `result.status: Failure`), as the apiserver expects.
+pub fn respond(mut req: ConversionRequest) -> ConversionReview {
+    let objects = std::mem::take(&mut req.objects);
+    let desired = req.desired_api_version.clone();
+    let rsp = ConversionResponse::for_request(req);
+    let Some(version) = Version::from_api_version(&desired) else {
+        return rsp
+            .failure(kube::core::Status::failure(
+                &format!("desiredAPIVersion {desired:?} is not a served version of EtcdCluster (etcd.example.com/v1alpha1, v1beta1, v1)"),
+                "BadRequest",
+            ))
+            .into_review();
+    };
+    let mut converted = Vec::with_capacity(objects.len());
+    for (i, obj) in objects.iter().enumerate() {
+        match convert::convert_object(obj, version) {
+            Ok(v) => converted.push(v),
+            Err(e) => {
+                let name = obj
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let ns = obj
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                return rsp
+                    .failure(kube::core::Status::failure(
+                        &format!("objects[{i}] ({ns}/{name}): cannot convert to {desired}: {e}"),
+                        "Invalid",
+                    ))
+                    .into_review();
+            }
+        }
+    }
+    rsp.success(converted).into_review()
+}

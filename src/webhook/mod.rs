@@ -1,0 +1,293 @@
+//! The HTTP layer: decode a review, call the pure decision code, encode the answer. Nothing is
+//! decided here.
+
+pub mod convert;
+pub mod mutate;
+pub mod validate;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::{BodyExt, Limited};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::api::Version;
+
+/// Default cap on request bodies: the apiserver can send object and oldObject of ~3 MiB each.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    pub max_body_bytes: usize,
+    /// True while the TLS listener is up with a valid certificate.
+    pub ready: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(max_body_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max_body_bytes,
+            ready: AtomicBool::new(false),
+        })
+    }
+}
+
+/// The webhook routes. The apiserver appends `?timeout=10s`; routing looks at the path only.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate::handle))
+        .route("/validate", post(validate::handle))
+        .route("/convert", post(convert::handle))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.ready.load(Ordering::Relaxed) {
+        "ok\n".into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no valid serving certificate\n",
+        )
+            .into_response()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// An HTTP-level failure: the request was not a review we can answer. Encoded as a
+/// `metav1.Status`, whose message the apiserver shows.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("Content-Type must be application/json, got {0}")]
+    UnsupportedMediaType(String),
+    #[error("request body exceeds {0} bytes (--max-body-bytes)")]
+    PayloadTooLarge(usize),
+    #[error("not found: the webhook paths are /mutate, /validate and /convert")]
+    NotFound,
+    #[error("method not allowed: reviews are sent with POST")]
+    MethodNotAllowed,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let reason = match self {
+            ApiError::BadRequest(_) => "BadRequest",
+            ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            ApiError::PayloadTooLarge(_) => "RequestEntityTooLarge",
+            ApiError::NotFound => "NotFound",
+            ApiError::MethodNotAllowed => "MethodNotAllowed",
+            ApiError::Internal(_) => "InternalError",
+        };
+        let body =
+            kube::core::Status::failure(&self.to_string(), reason).with_code(status.as_u16());
+        let mut value = serde_json::to_value(&body).unwrap_or(Value::Null);
+        if let Some(map) = value.as_object_mut() {
+            map.insert("apiVersion".into(), "v1".into());
+            map.insert("kind".into(), "Status".into());
+        }
+        (status, json_bytes(&value)).into_response()
+    }
+}
+
+/// A 200 response with a JSON body.
+pub fn json_response<T: Serialize>(body: &T) -> Response {
+    (StatusCode::OK, json_bytes(body)).into_response()
+}
+
+fn json_bytes<T: Serialize>(body: &T) -> ([(header::HeaderName, HeaderValue); 1], Vec<u8>) {
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|e| {
+        format!(r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"cannot encode response: {e}","code":500}}"#).into_bytes()
+    });
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        bytes,
+    )
+}
+
+/// Reads a review body: JSON only, at most `limit` bytes (checked on Content-Length first, then
+/// while reading, so an oversized body is never buffered whole).
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let is_json = content_type.as_deref().is_some_and(|ct| {
+        ct.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType(
+            content_type.unwrap_or_else(|| "nothing".to_owned()),
+        ));
+    }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::PayloadTooLarge(limit))
+        }
+        Err(e) => Err(ApiError::BadRequest(format!(
+            "cannot read request body: {e}"
+        ))),
+    }
+}
+
+/// Describes a JSON decode error with where it happened.
+pub fn decode_error(what: &str, e: &serde_json::Error) -> ApiError {
+    if e.is_eof() {
+        ApiError::BadRequest(format!("{what}: truncated JSON: {e}"))
+    } else {
+        ApiError::BadRequest(format!("{what}: {e}"))
+    }
+}
+
+pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
+pub const ADMISSION_V1BETA1: &str = "admission.k8s.io/v1beta1";
+
+/// The AdmissionReview sent back. kube's `AdmissionResponse` is how the decision is built, but
+/// its `patch` serializes as an array of numbers; the apiserver's contract is a standard,
+/// padded base64 string (Go's `[]byte`), so the wire form is written here.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionReviewOut<'a> {
+    api_version: &'a str,
+    kind: &'static str,
+    response: AdmissionResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmissionResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a kube::core::Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "std::collections::HashMap::is_empty")]
+    audit_annotations: &'a std::collections::HashMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<&'a Vec<String>>,
+}
+
+impl<'a> AdmissionReviewOut<'a> {
+    /// Wraps `rsp` in a review of the same apiVersion as the request.
+    pub fn new(rsp: &'a kube::core::admission::AdmissionResponse) -> Self {
+        use base64::Engine;
+        let patch = rsp
+            .patch
+            .as_ref()
+            .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
+        Self {
+            api_version: if rsp.types.api_version.is_empty() {
+                ADMISSION_V1
+            } else {
+                &rsp.types.api_version
+            },
+            kind: "AdmissionReview",
+            response: AdmissionResponseOut {
+                uid: &rsp.uid,
+                allowed: rsp.allowed,
+                // Not consulted when allowed; sent only with a denial.
+                status: (!rsp.allowed).then_some(&rsp.result),
+                patch_type: patch.as_ref().map(|_| "JSONPatch"),
+                patch,
+                audit_annotations: &rsp.audit_annotations,
+                warnings: rsp.warnings.as_ref().filter(|w| !w.is_empty()),
+            },
+        }
+    }
+}
+
+/// Decodes an AdmissionReview (v1 or v1beta1) and takes out its request.
+pub fn parse_admission(bytes: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ApiError> {
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_slice(bytes).map_err(|e| decode_error("malformed AdmissionReview", &e))?;
+    let types = &review.types;
+    if types.kind != "AdmissionReview"
+        || !(types.api_version == ADMISSION_V1 || types.api_version == ADMISSION_V1BETA1)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "expected an AdmissionReview of admission.k8s.io/v1 or v1beta1, got kind {:?} apiVersion {:?}",
+            types.kind, types.api_version
+        )));
+    }
+    review
+        .try_into()
+        .map_err(|_| ApiError::BadRequest("AdmissionReview has no request".to_owned()))
+}
+
+/// The version an admitted object is written in: its own apiVersion, else the request's kind.
+pub fn object_version(
+    req: &AdmissionRequest<DynamicObject>,
+    obj: Option<&Value>,
+) -> Option<Version> {
+    if req.kind.group != crate::api::GROUP || req.kind.kind != crate::api::KIND {
+        return None;
+    }
+    obj.and_then(|o| o.get("apiVersion"))
+        .and_then(Value::as_str)
+        .and_then(Version::from_api_version)
+        .or_else(|| Version::from_version(&req.kind.version))
+}
+
+/// The object as JSON, exactly as the review carried it.
+pub fn object_json(obj: Option<&DynamicObject>) -> Result<Option<Value>, ApiError> {
+    obj.map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| ApiError::Internal(format!("cannot re-encode object: {e}")))
+}
