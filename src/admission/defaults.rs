@@ -121,3 +121,200 @@ pub fn patch(obj: &Value, version: Version) -> json_patch::Patch {
     apply(&mut defaulted, version);
     json_patch::diff(obj, &defaulted)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{v1, v1alpha1, v1beta1};
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn obj(version: Version, spec: Value) -> Value {
+        json!({"apiVersion": version.api_version(), "kind": "EtcdCluster",
+               "metadata": {"name": "a", "namespace": "default"}, "spec": spec})
+    }
+
+    fn defaulted(version: Version, spec: Value) -> Value {
+        let mut o = obj(version, spec);
+        apply(&mut o, version);
+        o["spec"].take()
+    }
+
+    /// The schema's defaults, the serde defaults of the Rust types, and what /mutate adds are
+    /// the same values: default a minimal object and compare it with the typed decode.
+    #[test]
+    fn webhook_defaults_equal_schema_and_type_defaults() {
+        let spec = defaulted(Version::V1, json!({"size": 3, "backup": {}}));
+        let typed: v1::EtcdClusterSpec =
+            serde_json::from_value(json!({"size": 3, "backup": {}})).unwrap();
+        assert_eq!(spec, serde_json::to_value(typed).unwrap());
+        assert_eq!(
+            spec,
+            json!({"size": 3, "version": "v3.5.10", "storageClass": "standard", "storageSize": "10Gi",
+                   "backup": {"enabled": false, "schedule": "0 */6 * * *", "retention": 7}})
+        );
+
+        let spec = defaulted(Version::V1Beta1, json!({"size": 3, "backup": {}}));
+        let typed: v1beta1::EtcdClusterSpec =
+            serde_json::from_value(json!({"size": 3, "backup": {}})).unwrap();
+        assert_eq!(spec, serde_json::to_value(typed).unwrap());
+        assert_eq!(
+            spec["storage"],
+            json!({"className": "standard", "size": "10Gi"})
+        );
+
+        let spec = defaulted(
+            Version::V1Alpha1,
+            json!({"replicas": 3, "backupEnabled": true}),
+        );
+        let typed: v1alpha1::EtcdClusterSpec = serde_json::from_value(
+            json!({"replicas": 3, "backupEnabled": true, "backupSchedule": "0 */6 * * *"}),
+        )
+        .unwrap();
+        assert_eq!(spec, serde_json::to_value(typed).unwrap());
+        assert_eq!(spec["etcdVersion"], "3.5.10");
+        assert_eq!(spec["storageSizeGi"], 10);
+    }
+
+    #[test]
+    fn defaults_go_only_where_a_parent_exists() {
+        // v1 backup has no default of its own: a missing backup stays missing.
+        assert!(
+            defaulted(Version::V1, json!({"size": 3}))
+                .get("backup")
+                .is_none()
+        );
+        // v1beta1 storage has one: it is added whole, and a partial one is completed.
+        assert_eq!(
+            defaulted(
+                Version::V1Beta1,
+                json!({"size": 3, "storage": {"size": "20Gi"}})
+            )["storage"],
+            json!({"className": "standard", "size": "20Gi"})
+        );
+        // No spec: nothing to default under.
+        let mut o = json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster", "metadata": {"name": "a"}});
+        assert!(patch(&o, Version::V1).0.is_empty());
+        apply(&mut o, Version::V1);
+        assert!(o.get("spec").is_none());
+    }
+
+    #[test]
+    fn schema_breaking_objects_get_only_safe_defaults() {
+        // A string where an object belongs is left for validation to report.
+        let p = patch(
+            &obj(Version::V1Beta1, json!({"size": 3, "storage": "big"})),
+            Version::V1Beta1,
+        );
+        let ops = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            ops,
+            json!([{"op": "add", "path": "/spec/version", "value": "v3.5.10"}])
+        );
+        // A spec that is not an object gets nothing.
+        assert!(
+            patch(&obj(Version::V1, json!("three")), Version::V1)
+                .0
+                .is_empty()
+        );
+        // Wrong types and unknown enum values are kept as sent.
+        let spec = defaulted(
+            Version::V1,
+            json!({"size": "three", "storageClass": "gold"}),
+        );
+        assert_eq!(spec["size"], "three");
+        assert_eq!(spec["storageClass"], "gold");
+        assert_eq!(spec["version"], "v3.5.10");
+    }
+
+    #[test]
+    fn null_counts_as_missing() {
+        let p = patch(
+            &obj(
+                Version::V1,
+                json!({"size": 3, "version": null, "storageClass": "ssd", "storageSize": "1Gi"}),
+            ),
+            Version::V1,
+        );
+        assert_eq!(
+            serde_json::to_value(&p).unwrap(),
+            json!([{"op": "replace", "path": "/spec/version", "value": "v3.5.10"}])
+        );
+    }
+
+    #[test]
+    fn v1alpha1_backup_pair_completes_itself() {
+        assert_eq!(
+            defaulted(
+                Version::V1Alpha1,
+                json!({"replicas": 3, "backupSchedule": "@daily"})
+            )["backupEnabled"],
+            false
+        );
+        let none = defaulted(Version::V1Alpha1, json!({"replicas": 3}));
+        assert!(none.get("backupEnabled").is_none() && none.get("backupSchedule").is_none());
+    }
+
+    #[test]
+    fn metadata_is_never_patched() {
+        let mut o = obj(Version::V1Alpha1, json!({"replicas": 3}));
+        o["metadata"]["annotations"] = json!({"etcd.example.com/conversion-data": "{}"});
+        let p = patch(&o, Version::V1Alpha1);
+        assert!(p.0.iter().all(|op| {
+            serde_json::to_value(op).unwrap()["path"]
+                .as_str()
+                .unwrap()
+                .starts_with("/spec/")
+        }));
+    }
+
+    fn partial_spec() -> impl Strategy<Value = (Version, Value)> {
+        (
+            crate::api::convert::tests::v1_object(),
+            0usize..3,
+            proptest::collection::vec(any::<bool>(), 8),
+        )
+            .prop_map(|(hub, v, drops)| {
+                let version = Version::ALL[v];
+                let mut o = crate::api::convert::convert_object(&hub, version).unwrap();
+                let spec = o["spec"].as_object_mut().unwrap();
+                let keys: Vec<String> = spec
+                    .keys()
+                    .filter(|k| !matches!(k.as_str(), "size" | "replicas"))
+                    .cloned()
+                    .collect();
+                for (k, drop) in keys.iter().zip(drops.iter()) {
+                    if *drop {
+                        spec.remove(k);
+                    }
+                }
+                if let Some(b) = spec.get_mut("backup").and_then(Value::as_object_mut) {
+                    if drops[6] {
+                        b.remove("schedule");
+                    }
+                    if drops[7] {
+                        b.remove("enabled");
+                    }
+                }
+                (version, o)
+            })
+    }
+
+    proptest! {
+        /// The patch applies with RFC 6902 semantics, touches only /spec, and a second round
+        /// yields no patch.
+        #[test]
+        fn patch_applies_and_is_idempotent((version, o) in partial_spec()) {
+            let p = patch(&o, version);
+            let mut patched = o.clone();
+            json_patch::patch(&mut patched, &p).unwrap();
+            for key in ["apiVersion", "kind", "metadata"] {
+                prop_assert_eq!(&patched[key], &o[key]);
+            }
+            prop_assert!(patch(&patched, version).0.is_empty());
+            let mut expected = o.clone();
+            apply(&mut expected, version);
+            prop_assert_eq!(patched, expected);
+        }
+    }
+}

@@ -366,3 +366,332 @@ fn check_update(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn v1(spec: Value) -> Value {
+        json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster", "metadata": {"name": "a"}, "spec": spec})
+    }
+    fn alpha(spec: Value) -> Value {
+        json!({"apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster", "metadata": {"name": "a"}, "spec": spec})
+    }
+    fn beta(spec: Value) -> Value {
+        json!({"apiVersion": "etcd.example.com/v1beta1", "kind": "EtcdCluster", "metadata": {"name": "a"}, "spec": spec})
+    }
+    fn create(version: Version, o: &Value) -> Verdict {
+        validate(version, Operation::Create, o, None)
+    }
+    fn update(version: Version, old: &Value, new: &Value) -> Verdict {
+        validate(version, Operation::Update, new, Some(old))
+    }
+    fn messages(v: &Verdict) -> Vec<String> {
+        v.violations.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn a_sound_cluster_is_allowed_in_every_version() {
+        assert_eq!(
+            create(Version::V1, &v1(json!({"size": 3}))),
+            Verdict::default()
+        );
+        assert_eq!(
+            create(
+                Version::V1Beta1,
+                &beta(json!({"size": 5, "storage": {"size": "1Gi"}}))
+            ),
+            Verdict::default()
+        );
+        assert_eq!(
+            create(
+                Version::V1Alpha1,
+                &alpha(json!({"replicas": 7, "storageSizeGi": 1}))
+            ),
+            Verdict::default()
+        );
+    }
+
+    #[test]
+    fn size_must_be_odd_and_in_range_named_per_version() {
+        assert_eq!(
+            messages(&create(Version::V1, &v1(json!({"size": 4})))),
+            [
+                "spec.size: Invalid value: 4: must be odd: etcd needs a majority quorum, and 4 members survive no more failures than 3"
+            ]
+        );
+        let m = messages(&create(Version::V1Alpha1, &alpha(json!({"replicas": 2}))));
+        assert!(
+            m[0].starts_with("spec.replicas: Invalid value: 2: must be odd"),
+            "{m:?}"
+        );
+        for size in [0, 8, 9, -1] {
+            let m = messages(&create(Version::V1Beta1, &beta(json!({"size": size}))));
+            assert_eq!(
+                m,
+                [format!(
+                    "spec.size: Invalid value: {size}: must be between 1 and 7"
+                )]
+            );
+        }
+    }
+
+    #[test]
+    fn size_one_is_allowed_with_a_warning() {
+        let v = create(Version::V1Alpha1, &alpha(json!({"replicas": 1})));
+        assert!(v.allowed());
+        assert_eq!(v.warnings.len(), 1);
+        assert!(
+            v.warnings[0].starts_with("spec.replicas is 1: a single member has no fault tolerance")
+        );
+        assert!(v.warnings[0].len() <= 120);
+    }
+
+    #[test]
+    fn version_pattern_and_major() {
+        let m = messages(&create(
+            Version::V1,
+            &v1(json!({"size": 3, "version": "3.5.10"})),
+        ));
+        assert_eq!(
+            m,
+            [r#"spec.version: Invalid value: "3.5.10": must be an etcd release like v3.5.10"#]
+        );
+        let m = messages(&create(
+            Version::V1,
+            &v1(json!({"size": 3, "version": "v4.0.0"})),
+        ));
+        assert_eq!(
+            m,
+            [
+                r#"spec.version: Invalid value: "v4.0.0": must be an etcd 3.x release (major version 3), like v3.5.10"#
+            ]
+        );
+        let m = messages(&create(
+            Version::V1Alpha1,
+            &alpha(json!({"replicas": 3, "etcdVersion": "v3.5.10"})),
+        ));
+        assert_eq!(
+            m,
+            [r#"spec.etcdVersion: Invalid value: "v3.5.10": must be an etcd release like 3.5.10"#]
+        );
+        for bad in [
+            "v3.5",
+            "v3.5.10.1",
+            "v3..1",
+            "v3.5.x",
+            "v3.5.99999999999999999999999",
+        ] {
+            assert!(
+                !create(Version::V1, &v1(json!({"size": 3, "version": bad}))).allowed(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn storage_class_and_size() {
+        let m = messages(&create(
+            Version::V1Beta1,
+            &beta(json!({"size": 3, "storage": {"className": "gold", "size": "0Gi"}})),
+        ));
+        assert_eq!(
+            m,
+            [
+                r#"spec.storage.className: Unsupported value: "gold": supported values: "standard", "ssd", "nvme""#,
+                r#"spec.storage.size: Invalid value: "0Gi": must be at least 1Gi"#,
+            ]
+        );
+        let m = messages(&create(
+            Version::V1,
+            &v1(json!({"size": 3, "storageSize": "10G"})),
+        ));
+        assert_eq!(
+            m,
+            [r#"spec.storageSize: Invalid value: "10G": must be a whole number of GiB, like 10Gi"#]
+        );
+        let m = messages(&create(
+            Version::V1Alpha1,
+            &alpha(json!({"replicas": 3, "storageSizeGi": 0, "storageClassName": "hdd"})),
+        ));
+        assert_eq!(
+            m,
+            [
+                r#"spec.storageClassName: Unsupported value: "hdd": supported values: "standard", "ssd", "nvme""#,
+                "spec.storageSizeGi: Invalid value: 0: must be at least 1Gi",
+            ]
+        );
+    }
+
+    #[test]
+    fn backup_schedule_retention_destination() {
+        let m = messages(&create(
+            Version::V1,
+            &v1(
+                json!({"size": 3, "backup": {"schedule": "0 25 * * *", "retention": 0, "destination": "bucket"}}),
+            ),
+        ));
+        assert_eq!(
+            m,
+            [
+                r#"spec.backup.schedule: Invalid value: "0 25 * * *": must be a 5-field cron schedule: hour field "25": 25 is outside 0-23"#,
+                "spec.backup.retention: Invalid value: 0: must be between 1 and 100 snapshots",
+                r#"spec.backup.destination: Invalid value: "bucket": must be a URL like s3://bucket/prefix (leave it unset to keep snapshots on a volume)"#,
+            ]
+        );
+        let m = messages(&create(
+            Version::V1Alpha1,
+            &alpha(json!({"replicas": 3, "backupSchedule": "daily"})),
+        ));
+        assert!(
+            m[0].starts_with(
+                r#"spec.backupSchedule: Invalid value: "daily": must be a 5-field cron schedule"#
+            ),
+            "{m:?}"
+        );
+        assert!(
+            create(
+                Version::V1,
+                &v1(json!({"size": 3, "backup": {"destination": "s3://b/p"}}))
+            )
+            .allowed()
+        );
+    }
+
+    #[test]
+    fn every_violation_in_one_message() {
+        let v = create(
+            Version::V1,
+            &v1(json!({"size": 4, "version": "v2.0.0", "storageClass": "x", "storageSize": "0Gi"})),
+        );
+        assert_eq!(v.violations.len(), 4);
+        let msg = v.message();
+        assert!(
+            msg.starts_with("[spec.size: Invalid value: 4") && msg.ends_with(']'),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn schema_breaking_objects_are_denied_with_the_path() {
+        let m = messages(&create(
+            Version::V1Alpha1,
+            &alpha(json!({"replicas": "three"})),
+        ));
+        assert_eq!(m.len(), 1);
+        assert!(
+            m[0].starts_with(
+                "spec.replicas: Invalid value: (not decodable): invalid type: string \"three\""
+            ),
+            "{m:?}"
+        );
+        let m = messages(&create(Version::V1, &v1(json!({"version": "v3.5.10"}))));
+        assert_eq!(m, ["spec.size: Required value: must be set"]);
+        let m = messages(&create(
+            Version::V1,
+            &json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster"}),
+        ));
+        assert_eq!(m, ["spec: Required value: must be set"]);
+        let m = messages(&create(
+            Version::V1Beta1,
+            &beta(json!({"size": 3, "storage": "big"})),
+        ));
+        assert!(m[0].starts_with("spec.storage: Invalid value"), "{m:?}");
+    }
+
+    #[test]
+    fn size_only_grows() {
+        let v = update(
+            Version::V1,
+            &v1(json!({"size": 5})),
+            &v1(json!({"size": 3})),
+        );
+        assert_eq!(
+            messages(&v),
+            [
+                "spec.size: Forbidden: cannot shrink from 5 to 3: removing members can lose quorum; size may only stay or grow"
+            ]
+        );
+        assert!(
+            update(
+                Version::V1,
+                &v1(json!({"size": 3})),
+                &v1(json!({"size": 3}))
+            )
+            .allowed()
+        );
+        assert!(
+            update(
+                Version::V1,
+                &v1(json!({"size": 3})),
+                &v1(json!({"size": 5}))
+            )
+            .allowed()
+        );
+        let v = update(
+            Version::V1Alpha1,
+            &alpha(json!({"replicas": 5})),
+            &alpha(json!({"replicas": 1})),
+        );
+        assert!(messages(&v)[0].starts_with("spec.replicas: Forbidden: cannot shrink from 5 to 1"));
+    }
+
+    #[test]
+    fn storage_never_shrinks_nor_changes_class() {
+        let old = beta(json!({"size": 3, "storage": {"className": "ssd", "size": "20Gi"}}));
+        let new = beta(json!({"size": 3, "storage": {"className": "nvme", "size": "10Gi"}}));
+        assert_eq!(
+            messages(&update(Version::V1Beta1, &old, &new)),
+            [
+                "spec.storage.size: Forbidden: cannot shrink from 20Gi to 10Gi: volumes can grow but never shrink",
+                r#"spec.storage.className: Forbidden: cannot change from "ssd" to "nvme": volume claims cannot change class"#,
+            ]
+        );
+        let grown = beta(json!({"size": 3, "storage": {"className": "ssd", "size": "30Gi"}}));
+        assert!(update(Version::V1Beta1, &old, &grown).allowed());
+    }
+
+    #[test]
+    fn version_goes_up_one_minor_at_a_time() {
+        let at = |v: &str| v1(json!({"size": 3, "version": v}));
+        assert!(update(Version::V1, &at("v3.4.9"), &at("v3.5.0")).allowed());
+        assert!(update(Version::V1, &at("v3.5.1"), &at("v3.5.10")).allowed());
+        assert!(update(Version::V1, &at("v3.5.10"), &at("v3.5.10")).allowed());
+        assert_eq!(
+            messages(&update(Version::V1, &at("v3.4.1"), &at("v3.6.0"))),
+            [
+                "spec.version: Forbidden: cannot upgrade from v3.4.1 to v3.6.0: etcd upgrades one minor release at a time; go to v3.5.x first"
+            ]
+        );
+        assert_eq!(
+            messages(&update(Version::V1, &at("v3.5.10"), &at("v3.5.9"))),
+            [
+                "spec.version: Forbidden: cannot downgrade from v3.5.10 to v3.5.9: etcd does not support downgrades"
+            ]
+        );
+        let a = |v: &str| alpha(json!({"replicas": 3, "etcdVersion": v}));
+        assert!(
+            messages(&update(Version::V1Alpha1, &a("3.5.0"), &a("3.4.0")))[0]
+                .starts_with("spec.etcdVersion: Forbidden: cannot downgrade")
+        );
+    }
+
+    #[test]
+    fn unreadable_old_object_skips_update_rules_with_a_warning() {
+        let v = update(Version::V1, &json!({"spec": 1}), &v1(json!({"size": 3})));
+        assert!(v.allowed());
+        assert_eq!(v.warnings.len(), 1);
+    }
+
+    #[test]
+    fn versions_parse_strictly() {
+        assert_eq!(parse_version("v3.5.10"), Some((3, 5, 10)));
+        assert_eq!(parse_version("v03.05.010"), Some((3, 5, 10)));
+        assert_eq!(parse_version("3.5.10"), None);
+        assert_eq!(parse_version("v3.5.+1"), None);
+        assert_eq!(parse_gi("10Gi"), Some(10));
+        assert_eq!(parse_gi("+1Gi"), None);
+        assert_eq!(parse_gi("Gi"), None);
+    }
+}

@@ -423,3 +423,369 @@ fn stash_backup_extras(stash: &mut Stash, retention: i32, destination: Option<St
     }
     stash.backup_destination = destination;
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use proptest::collection::{btree_map, vec};
+    use proptest::option;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn phase() -> impl Strategy<Value = crate::api::Phase> {
+        use crate::api::Phase::*;
+        prop_oneof![Just(Creating), Just(Running), Just(Failed), Just(Deleting)]
+    }
+
+    fn condition() -> impl Strategy<Value = Condition> {
+        (
+            "[A-Z][a-z]{1,8}",
+            prop_oneof![Just("True"), Just("False"), Just("Unknown")],
+            "[A-Z][A-Za-z]{0,10}",
+            ".{0,20}",
+            0i64..2_000_000_000,
+            option::of(0i64..100),
+        )
+            .prop_map(
+                |(type_, status, reason, message, t, generation)| Condition {
+                    type_,
+                    status: status.to_owned(),
+                    reason,
+                    message,
+                    last_transition_time: Time(
+                        k8s_openapi::jiff::Timestamp::from_second(t).unwrap(),
+                    ),
+                    observed_generation: generation,
+                },
+            )
+    }
+
+    /// Valid v1 specs, including spellings an older version cannot hold exactly (`010Gi`).
+    pub fn v1_spec() -> impl Strategy<Value = v1::EtcdClusterSpec> {
+        (
+            1i32..=7,
+            (0u32..12, 0u32..30, 0u32..40, any::<bool>()),
+            prop_oneof![Just("standard"), Just("ssd"), Just("nvme")],
+            "[0-9]{1,7}Gi",
+            option::of((
+                any::<bool>(),
+                prop_oneof![Just("0 */6 * * *"), Just("*/5 * * * *"), Just("@daily")],
+                1i32..=100,
+                option::of("s3://[a-z]{1,8}/[a-z]{0,8}"),
+            )),
+        )
+            .prop_map(|(size, (ma, mi, pa, zero), class, storage, backup)| {
+                v1::EtcdClusterSpec {
+                    size,
+                    version: if zero {
+                        format!("v0{ma}.{mi}.{pa}")
+                    } else {
+                        format!("v{ma}.{mi}.{pa}")
+                    },
+                    storage_class: class.to_owned(),
+                    storage_size: storage,
+                    backup: backup.map(|(enabled, schedule, retention, destination)| v1::Backup {
+                        enabled,
+                        schedule: schedule.to_owned(),
+                        retention,
+                        destination,
+                    }),
+                }
+            })
+    }
+
+    pub fn v1_status() -> impl Strategy<Value = v1::EtcdClusterStatus> {
+        (
+            option::of(phase()),
+            option::of(0i32..8),
+            option::of(vec("http://[a-z]{1,5}-[0-6]\\.[a-z]{1,5}:2379", 0..4)),
+            option::of(0i64..1000),
+            option::of(vec(condition(), 0..3)),
+        )
+            .prop_map(
+                |(phase, ready_replicas, endpoints, observed_generation, conditions)| {
+                    v1::EtcdClusterStatus {
+                        phase,
+                        ready_replicas,
+                        endpoints,
+                        observed_generation,
+                        conditions,
+                    }
+                },
+            )
+    }
+
+    fn metadata() -> impl Strategy<Value = Value> {
+        (
+            "[a-z][a-z0-9-]{0,10}",
+            "[a-z]{1,8}",
+            option::of(btree_map("[a-z]{1,6}", "[a-z0-9]{0,6}", 1..3)),
+            option::of(btree_map("[a-z]{1,6}(/[a-z]{1,4})?", ".{0,10}", 1..3)),
+        )
+            .prop_map(|(name, ns, labels, annotations)| {
+                let mut m = json!({
+                    "name": name, "namespace": ns,
+                    "uid": "3415a7fc-162b-4300-b5da-fd6083580d66",
+                    "resourceVersion": "143", "generation": 2,
+                    "creationTimestamp": "2019-09-04T14:03:02Z",
+                    "finalizers": ["etcd.example.com/finalizer"],
+                });
+                if let Some(l) = labels {
+                    m["labels"] = json!(l);
+                }
+                if let Some(a) = annotations {
+                    m["annotations"] = json!(a);
+                }
+                m
+            })
+    }
+
+    /// Whole v1 objects.
+    pub fn v1_object() -> impl Strategy<Value = Value> {
+        (metadata(), v1_spec(), option::of(v1_status())).prop_map(|(metadata, spec, status)| {
+            let mut o = json!({
+                "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+                "metadata": metadata, "spec": spec,
+            });
+            if let Some(s) = status {
+                o["status"] = json!(s);
+            }
+            o
+        })
+    }
+
+    /// Whole v1alpha1 objects as a user would write them (no conversion data).
+    fn alpha_object() -> impl Strategy<Value = Value> {
+        (
+            metadata(),
+            1i32..=7,
+            (0u32..12, 0u32..30, 0u32..40),
+            prop_oneof![Just("standard"), Just("ssd"), Just("nvme")],
+            1i64..100_000,
+            option::of((
+                any::<bool>(),
+                prop_oneof![Just("0 */6 * * *"), Just("@hourly")],
+            )),
+            option::of((option::of(phase()), option::of(0i32..8))),
+        )
+            .prop_map(
+                |(metadata, replicas, (a, b, c), class, gi, backup, status)| {
+                    let mut o = json!({
+                        "apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster",
+                        "metadata": metadata,
+                        "spec": {"replicas": replicas, "etcdVersion": format!("{a}.{b}.{c}"),
+                                 "storageClassName": class, "storageSizeGi": gi},
+                    });
+                    if let Some((enabled, schedule)) = backup {
+                        o["spec"]["backupEnabled"] = json!(enabled);
+                        o["spec"]["backupSchedule"] = json!(schedule);
+                    }
+                    if let Some((phase, ready)) = status {
+                        o["status"] = json!(v1alpha1::EtcdClusterStatus {
+                            phase,
+                            ready_replicas: ready
+                        });
+                    }
+                    o
+                },
+            )
+    }
+
+    /// Whole v1beta1 objects as a user would write them.
+    fn beta_object() -> impl Strategy<Value = Value> {
+        (v1_object(), any::<bool>()).prop_map(|(hub, keep_backup)| {
+            let mut o = convert_object(&hub, Version::V1Beta1).unwrap();
+            if let Some(a) = o
+                .pointer_mut("/metadata/annotations")
+                .and_then(Value::as_object_mut)
+            {
+                a.remove(CONVERSION_ANNOTATION);
+                if a.is_empty() {
+                    o["metadata"].as_object_mut().unwrap().remove("annotations");
+                }
+            }
+            if !keep_backup {
+                o["spec"].as_object_mut().unwrap().remove("backup");
+            }
+            o
+        })
+    }
+
+    fn round_trip(obj: &Value, via: Version) -> Value {
+        let home = version_of(obj).unwrap();
+        let there = convert_object(obj, via).unwrap();
+        assert_eq!(version_of(&there).unwrap(), via);
+        for key in ["name", "namespace", "uid", "labels"] {
+            assert_eq!(
+                there["metadata"][key], obj["metadata"][key],
+                "{key} changed"
+            );
+        }
+        convert_object(&there, home).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        #[test]
+        fn every_version_round_trips_through_every_other(hub in v1_object()) {
+            for a in Version::ALL {
+                let start = convert_object(&hub, a).unwrap();
+                // Going down and back up is the identity on the hub.
+                prop_assert_eq!(&convert_object(&start, Version::V1).unwrap(), &hub);
+                for b in Version::ALL {
+                    prop_assert_eq!(&round_trip(&start, b), &start, "{} -> {} -> {}", a, b, a);
+                }
+            }
+        }
+
+        #[test]
+        fn v1alpha1_as_written_round_trips(obj in alpha_object()) {
+            for b in Version::ALL {
+                prop_assert_eq!(&round_trip(&obj, b), &obj, "v1alpha1 -> {} -> v1alpha1", b);
+            }
+        }
+
+        #[test]
+        fn v1beta1_as_written_round_trips(obj in beta_object()) {
+            for b in Version::ALL {
+                prop_assert_eq!(&round_trip(&obj, b), &obj, "v1beta1 -> {} -> v1beta1", b);
+            }
+        }
+
+        #[test]
+        fn only_the_stash_annotation_changes_in_metadata(hub in v1_object()) {
+            for a in [Version::V1Alpha1, Version::V1Beta1] {
+                let mut down = convert_object(&hub, a).unwrap();
+                let mut before = hub.clone();
+                for o in [&mut down, &mut before] {
+                    let m = o["metadata"].as_object_mut().unwrap();
+                    if let Some(ann) = m.get_mut("annotations").and_then(Value::as_object_mut) {
+                        ann.remove(CONVERSION_ANNOTATION);
+                        if ann.is_empty() { m.remove("annotations"); }
+                    }
+                }
+                prop_assert_eq!(&down["metadata"], &before["metadata"]);
+            }
+        }
+    }
+
+    #[test]
+    fn maps_fields_by_name() {
+        let alpha = json!({
+            "apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster",
+            "metadata": {"name": "a", "namespace": "default"},
+            "spec": {"replicas": 3, "etcdVersion": "3.5.10", "storageClassName": "ssd",
+                     "storageSizeGi": 20, "backupEnabled": true, "backupSchedule": "0 * * * *"},
+            "status": {"phase": "Running", "readyReplicas": 3}
+        });
+        let v1 = convert_object(&alpha, Version::V1).unwrap();
+        assert_eq!(
+            v1["spec"],
+            json!({"size": 3, "version": "v3.5.10", "storageClass": "ssd", "storageSize": "20Gi",
+                   "backup": {"enabled": true, "schedule": "0 * * * *", "retention": 7}})
+        );
+        assert_eq!(
+            v1["status"],
+            json!({"phase": "Running", "readyReplicas": 3})
+        );
+        assert!(v1["metadata"].get("annotations").is_none());
+        let beta = convert_object(&alpha, Version::V1Beta1).unwrap();
+        assert_eq!(
+            beta["spec"],
+            json!({"size": 3, "version": "v3.5.10", "storage": {"className": "ssd", "size": "20Gi"},
+                   "backup": {"enabled": true, "schedule": "0 * * * *"}})
+        );
+    }
+
+    #[test]
+    fn stash_holds_only_what_the_old_version_lacks() {
+        let hub = json!({
+            "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+            "metadata": {"name": "a", "namespace": "default", "annotations": {"note": "x"}},
+            "spec": {"size": 3, "version": "v3.5.10", "storageClass": "standard", "storageSize": "010Gi",
+                     "backup": {"enabled": true, "schedule": "@daily", "retention": 3, "destination": "s3://b/p"}},
+            "status": {"observedGeneration": 4, "endpoints": ["http://a-0.a.default.svc:2379"]}
+        });
+        let alpha = convert_object(&hub, Version::V1Alpha1).unwrap();
+        let stash: Stash = serde_json::from_str(
+            alpha["metadata"]["annotations"][CONVERSION_ANNOTATION]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            stash,
+            Stash {
+                storage_size: Some("010Gi".into()),
+                backup_retention: Some(3),
+                backup_destination: Some("s3://b/p".into()),
+                endpoints: Some(vec!["http://a-0.a.default.svc:2379".into()]),
+                observed_generation: Some(4),
+                ..Stash::default()
+            }
+        );
+        assert_eq!(alpha["metadata"]["annotations"]["note"], "x");
+        assert_eq!(alpha["spec"]["storageSizeGi"], 10);
+    }
+
+    #[test]
+    fn an_edit_in_the_old_version_wins_over_the_stash() {
+        let hub = json!({
+            "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster", "metadata": {"name": "a"},
+            "spec": {"size": 3, "version": "v3.5.10", "storageClass": "standard", "storageSize": "010Gi"}
+        });
+        let mut alpha = convert_object(&hub, Version::V1Alpha1).unwrap();
+        alpha["spec"]["storageSizeGi"] = json!(20);
+        let back = convert_object(&alpha, Version::V1).unwrap();
+        assert_eq!(back["spec"]["storageSize"], "20Gi");
+    }
+
+    #[test]
+    fn unreadable_stash_is_ignored_not_fatal() {
+        let alpha = json!({
+            "apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster",
+            "metadata": {"name": "a", "annotations": {CONVERSION_ANNOTATION: "{not json"}},
+            "spec": {"replicas": 3, "etcdVersion": "3.5.10", "storageClassName": "standard", "storageSizeGi": 10}
+        });
+        let v1 = convert_object(&alpha, Version::V1).unwrap();
+        assert!(v1["metadata"].get("annotations").is_none());
+    }
+
+    #[test]
+    fn unconvertible_objects_say_why() {
+        let cases = [
+            (json!([1]), "not a JSON object"),
+            (
+                json!({"apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster"}),
+                "spec: invalid type: null",
+            ),
+            (
+                json!({"apiVersion": "etcd.example.com/v1", "kind": "Pod"}),
+                "is not EtcdCluster",
+            ),
+            (
+                json!({"apiVersion": "etcd.example.com/v2", "kind": "EtcdCluster"}),
+                "not a served version",
+            ),
+            (
+                json!({"apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster", "spec": {"replicas": "three"}}),
+                "spec.replicas: invalid type",
+            ),
+            (
+                json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+                       "spec": {"size": 3, "storageSize": "99999999999999999999Gi"}}),
+                "no whole-GiB integer form",
+            ),
+        ];
+        for (obj, want) in cases {
+            let to = match version_of(&obj) {
+                Ok(Version::V1) => Version::V1Alpha1,
+                _ => Version::V1,
+            };
+            let err = convert_object(&obj, to).unwrap_err().to_string();
+            assert!(err.contains(want), "{obj}: {err}");
+        }
+    }
+}
