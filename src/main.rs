@@ -41,6 +41,7 @@ fn init_tracing(args: &LogArgs) -> Result<()> {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if json {
         builder.json().flatten_event(true).init();

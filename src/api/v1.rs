@@ -1,4 +1,6 @@
 //! `etcd.example.com/v1`: the hub and storage version.
+// clippy mistakes the repeated `type_ = "integer"` of two printcolumns for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;

@@ -1,4 +1,6 @@
 //! `etcd.example.com/v1alpha1`: the first, flat shape (`replicas`, versions without `v`).
+// clippy mistakes the repeated `type_ = "integer"` of two printcolumns for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
 
 use kube::CustomResource;
 use schemars::JsonSchema;

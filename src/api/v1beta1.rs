@@ -1,4 +1,6 @@
 //! `etcd.example.com/v1beta1`: storage grouped in one object, no retention or destination.
+// clippy mistakes the repeated `type_ = "integer"` of two printcolumns for a duplicated attribute.
+#![allow(clippy::duplicated_attributes)]
 
 use kube::CustomResource;
 use schemars::JsonSchema;

@@ -128,7 +128,15 @@ impl IntoResponse for ApiError {
             map.insert("apiVersion".into(), "v1".into());
             map.insert("kind".into(), "Status".into());
         }
-        (status, json_bytes(&value)).into_response()
+        let mut response = (status, json_bytes(&value)).into_response();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is not read, so the connection cannot be reused: say so
+            // rather than let the client find out on its next request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 

@@ -1,0 +1,203 @@
+//! Shared by the integration tests: start the real binary on a random loopback port with
+//! certificates from `etcd-webhook certs`, and talk HTTPS to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_etcd-webhook");
+
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+pub fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(fixtures_dir().join(name)).unwrap_or_else(|e| panic!("fixture {name}: {e}"))
+}
+
+pub fn install_crypto() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// Runs `etcd-webhook certs` into a fresh directory.
+pub fn make_certs(dir: &Path, extra: &[&str]) {
+    let status = Command::new(BIN)
+        .args(["certs", "--out"])
+        .arg(dir)
+        .args(["--dns", "localhost", "--ip", "127.0.0.1"])
+        .args(extra)
+        .status()
+        .expect("run etcd-webhook certs");
+    assert!(status.success(), "etcd-webhook certs failed");
+}
+
+/// A running server; killed on drop.
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub cert_dir: PathBuf,
+    pub log: Arc<Mutex<String>>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Certificates in a temp dir, then `serve` on 127.0.0.1:0 with `extra` flags.
+    pub fn start(extra: &[&str]) -> Server {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("certs");
+        make_certs(&dir, &[]);
+        let mut s = Server::start_in(&dir, extra, None);
+        s._tmp = Some(tmp);
+        s
+    }
+
+    /// `serve --cert-dir dir` (or, with `cert_dir` None-like use, whatever `extra` says).
+    pub fn start_in(cert_dir: &Path, extra: &[&str], cwd: Option<&Path>) -> Server {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--log-format", "text", "serve", "--addr", "127.0.0.1:0"]);
+        if !extra.contains(&"--no-cert-dir") {
+            cmd.arg("--cert-dir").arg(cert_dir);
+        }
+        cmd.args(extra.iter().filter(|a| **a != "--no-cert-dir"));
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn etcd-webhook serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("etcd-webhook listening")
+                    && let Some(addr) = line.split("addr=").nth(1)
+                {
+                    let addr = addr.split_whitespace().next().unwrap_or("").to_owned();
+                    let _ = tx.send(addr);
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a.parse().expect("listening address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("server did not start; log:\n{}", log.lock().unwrap());
+            }
+        };
+        Server {
+            child,
+            addr,
+            cert_dir: cert_dir.to_owned(),
+            log,
+            _tmp: None,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{}", self.addr.port(), path)
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.cert_dir.join("ca.crt")
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until the log contains `needle`.
+    pub fn wait_log(&self, needle: &str, within: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if self.log().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A rustls client config trusting `ca` and offering `alpn`.
+pub fn client_tls(ca: &Path, alpn: &[&[u8]]) -> rustls::ClientConfig {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    install_crypto();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config
+}
+
+/// An HTTP/1.1 client the way the apiserver is one: keep-alive, ALPN http/1.1 only.
+pub fn apiserver_client(ca: &Path) -> reqwest::Client {
+    reqwest::Client::builder()
+        .use_preconfigured_tls(client_tls(ca, &[b"http/1.1"]))
+        .http1_only()
+        .user_agent("kube-apiserver-admission")
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// POSTs a review as the apiserver does; returns status, content type and body.
+pub async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u16, String, Value) {
+    let rsp = client
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, */*")
+        .body(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let status = rsp.status().as_u16();
+    assert!(rsp.headers().get("retry-after").is_none(), "Retry-After must never be sent");
+    let ct = rsp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = rsp.bytes().await.unwrap();
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{url}: body is not JSON ({e}): {}", String::from_utf8_lossy(&bytes)));
+    (status, ct, body)
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
