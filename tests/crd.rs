@@ -7,7 +7,10 @@ use std::path::Path;
 const CRD_FILE: &str = "config/crd/bases/etcd.example.com_etcdclusters.yaml";
 
 fn generated() -> String {
-    let out = std::process::Command::new(common::BIN).arg("crd").output().unwrap();
+    let out = std::process::Command::new(common::BIN)
+        .arg("crd")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()
 }
@@ -26,7 +29,10 @@ fn config_crd_matches_the_generator() {
 fn crd_has_storage_v1_deprecations_and_webhook_conversion() {
     let crd: serde_json::Value = serde_yaml_ng::from_str(&generated()).unwrap();
     let versions = crd["spec"]["versions"].as_array().unwrap();
-    let names: Vec<&str> = versions.iter().map(|v| v["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = versions
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["v1alpha1", "v1beta1", "v1"]);
     for v in versions {
         let is_v1 = v["name"] == "v1";
@@ -34,23 +40,52 @@ fn crd_has_storage_v1_deprecations_and_webhook_conversion() {
         assert_eq!(v["served"], true);
         assert_eq!(v["deprecated"].as_bool().unwrap_or(false), !is_v1);
         if !is_v1 {
-            assert!(v["deprecationWarning"].as_str().unwrap().contains("use etcd.example.com/v1"));
+            assert!(
+                v["deprecationWarning"]
+                    .as_str()
+                    .unwrap()
+                    .contains("use etcd.example.com/v1")
+            );
         }
         assert_eq!(v["subresources"]["status"], serde_json::json!({}));
-        let cols: Vec<&str> = v["additionalPrinterColumns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        let cols: Vec<&str> = v["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
         assert_eq!(cols, ["PHASE", "SIZE", "READY", "AGE"]);
     }
-    assert_eq!(crd["spec"]["names"]["shortNames"], serde_json::json!(["ec"]));
+    assert_eq!(
+        crd["spec"]["names"]["shortNames"],
+        serde_json::json!(["ec"])
+    );
     assert_eq!(crd["spec"]["scope"], "Namespaced");
     let conv = &crd["spec"]["conversion"];
     assert_eq!(conv["strategy"], "Webhook");
-    assert_eq!(conv["webhook"]["conversionReviewVersions"], serde_json::json!(["v1"]));
+    assert_eq!(
+        conv["webhook"]["conversionReviewVersions"],
+        serde_json::json!(["v1"])
+    );
     let svc = &conv["webhook"]["clientConfig"]["service"];
-    assert_eq!((svc["name"].as_str(), svc["namespace"].as_str(), svc["path"].as_str()), (Some("etcd-webhook"), Some("etcd-system"), Some("/convert")));
-    assert!(conv["webhook"]["clientConfig"].get("caBundle").is_none(), "caBundle is injected, never written");
+    assert_eq!(
+        (
+            svc["name"].as_str(),
+            svc["namespace"].as_str(),
+            svc["path"].as_str()
+        ),
+        (Some("etcd-webhook"), Some("etcd-system"), Some("/convert"))
+    );
+    assert!(
+        conv["webhook"]["clientConfig"].get("caBundle").is_none(),
+        "caBundle is injected, never written"
+    );
     let v1 = &versions[2]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
     assert_eq!(v1["size"]["minimum"], 1.0);
     assert_eq!(v1["size"]["maximum"], 7.0);
     assert_eq!(v1["version"]["pattern"], r"^v[0-9]+\.[0-9]+\.[0-9]+$");
-    assert_eq!(v1["storageClass"]["enum"], serde_json::json!(["standard", "ssd", "nvme"]));
+    assert_eq!(
+        v1["storageClass"]["enum"],
+        serde_json::json!(["standard", "ssd", "nvme"])
+    );
 }

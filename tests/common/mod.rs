@@ -151,11 +151,13 @@ pub fn client_tls(ca: &Path, alpn: &[&[u8]]) -> rustls::ClientConfig {
     for cert in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(cert.unwrap()).unwrap();
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     config
 }
@@ -182,15 +184,22 @@ pub async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u16, S
         .await
         .unwrap_or_else(|e| panic!("POST {url}: {e}"));
     let status = rsp.status().as_u16();
-    assert!(rsp.headers().get("retry-after").is_none(), "Retry-After must never be sent");
+    assert!(
+        rsp.headers().get("retry-after").is_none(),
+        "Retry-After must never be sent"
+    );
     let ct = rsp
         .headers()
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
     let bytes = rsp.bytes().await.unwrap();
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|e| panic!("{url}: body is not JSON ({e}): {}", String::from_utf8_lossy(&bytes)));
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "{url}: body is not JSON ({e}): {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
     (status, ct, body)
 }
 
