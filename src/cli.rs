@@ -2,6 +2,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -66,6 +67,23 @@ pub struct ServeArgs {
     /// rapid-reset exposure).
     #[arg(long, env = "ETCD_WEBHOOK_HTTP2")]
     pub http2: bool,
+    /// Plain-HTTP port for /healthz, /readyz and /metrics.
+    #[arg(long, env = "ETCD_WEBHOOK_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
+    pub health_addr: SocketAddr,
+    /// Re-read the certificate files this often, in case a file event was missed.
+    #[arg(long, env = "ETCD_WEBHOOK_CERT_POLL_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub cert_poll_interval: Duration,
+    /// How long to wait at start for a usable certificate (cert-manager may not have issued it
+    /// yet) before exiting with an error. Readiness stays false meanwhile.
+    #[arg(long, env = "ETCD_WEBHOOK_CERT_WAIT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub cert_wait: Duration,
+    /// Warn when the serving certificate expires within this long.
+    #[arg(long, env = "ETCD_WEBHOOK_CERT_EXPIRY_WARNING", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub cert_expiry_warning: Duration,
+    /// Require client certificates signed by this CA bundle (PEM); reloaded like the serving
+    /// pair. Without it no client certificate is asked for.
+    #[arg(long, env = "ETCD_WEBHOOK_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -82,4 +100,9 @@ pub struct CertsArgs {
     /// Validity in days.
     #[arg(long, default_value_t = 365)]
     pub days: i64,
+    /// Write the kubelet's layout for a Secret volume (a timestamped folder, a `..data` symlink
+    /// and `tls.crt`/`tls.key`/`ca.crt` links), swapping atomically if it is already there: a
+    /// rehearsal of a cert-manager rotation.
+    #[arg(long)]
+    pub atomic: bool,
 }

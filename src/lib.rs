@@ -4,6 +4,8 @@
 pub mod admission;
 pub mod api;
 pub mod cli;
+pub mod health;
+pub mod metrics;
 pub mod server;
 pub mod tls;
 pub mod webhook;

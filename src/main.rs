@@ -8,6 +8,11 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use etcd_webhook::cli::{CertsArgs, Cli, Command, LogArgs, LogFormat, ServeArgs};
+use std::time::Duration;
+
+use etcd_webhook::metrics::Metrics;
+use etcd_webhook::tls::client_auth::ReloadingVerifier;
+use etcd_webhook::tls::watch::{Reloader, WatchOptions};
 use etcd_webhook::tls::{self, CertStore};
 use etcd_webhook::{api, server, webhook};
 
@@ -53,7 +58,11 @@ fn init_tracing(args: &LogArgs) -> Result<()> {
 
 fn certs(args: &CertsArgs) -> Result<()> {
     let certs = tls::dev::generate(&args.dns, &args.ip, args.days)?;
-    certs.write_plain(&args.out)?;
+    if args.atomic {
+        tls::dev::write_kubelet_layout(&args.out, &certs.files())?;
+    } else {
+        certs.write_plain(&args.out)?;
+    }
     println!(
         "wrote {}, {} and {} to {}",
         tls::CA_FILE,
@@ -89,44 +98,89 @@ async fn serve(args: ServeArgs) -> Result<()> {
         Some(dir) => (dir.clone(), false),
         None => (dev_cert_dir()?, true),
     };
-    let provider = rustls::crypto::ring::default_provider();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let metrics = Arc::new(Metrics::new());
     let store = CertStore::new();
-    let pair = tls::load_pair(&cert_dir, &provider).with_context(|| {
-        format!(
-            "cannot load the serving certificate from {}",
-            cert_dir.display()
-        )
-    })?;
-    tracing::info!(serial = %pair.info.serial, names = ?pair.info.names, not_after = pair.info.not_after, "serving certificate loaded");
-    store.store(pair);
+    let state = webhook::AppState::new(args.max_body_bytes, store.clone(), metrics.clone());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(shutdown_on_signal(shutdown.clone(), state.clone()));
 
-    let state = webhook::AppState::new(args.max_body_bytes);
+    // The health port comes up first: readiness is false until the TLS listener serves.
+    let health = server::bind(args.health_addr)
+        .await
+        .with_context(|| format!("cannot listen on --health-addr {}", args.health_addr))?;
+    tracing::info!(addr = %health.local_addr()?, "health and metrics listening");
+    let health_task = tokio::spawn(etcd_webhook::health::serve(health, state.clone(), shutdown.clone()));
+
+    let client_ca = match &args.client_ca {
+        Some(path) => Some(
+            ReloadingVerifier::new(path, provider.clone())
+                .with_context(|| format!("cannot load --client-ca {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let reloader = Reloader::new(
+        WatchOptions {
+            cert_dir: cert_dir.clone(),
+            client_ca: args.client_ca.clone(),
+            poll_interval: args.cert_poll_interval,
+            debounce: Duration::from_millis(200),
+            expiry_warning: args.cert_expiry_warning,
+        },
+        store.clone(),
+        client_ca.clone(),
+        metrics.clone(),
+        provider.clone(),
+    );
+    reloader.reload_once();
+    tokio::spawn(reloader.clone().run(shutdown.clone()));
+    wait_for_certificate(&store, &cert_dir, args.cert_wait, &shutdown).await?;
+
     let router = webhook::router(state.clone());
-    let tls_config = Arc::new(server::tls_config(store.clone(), args.http2)?);
+    let verifier = client_ca.map(|v| v as Arc<dyn rustls::server::danger::ClientCertVerifier>);
+    let tls_config = Arc::new(server::tls_config(store.clone(), verifier, args.http2)?);
     let listener = server::bind(args.addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.addr))?;
     let local = listener.local_addr()?;
-    state.ready.store(true, Ordering::Relaxed);
-    tracing::info!(addr = %local, http2 = args.http2, "etcd-webhook listening");
+    state.listening.store(true, Ordering::Relaxed);
+    tracing::info!(addr = %local, http2 = args.http2, client_auth = args.client_ca.is_some(), "etcd-webhook listening");
     if dev {
         print_dev_hint(&cert_dir, local.port());
     }
 
-    let shutdown = CancellationToken::new();
-    tokio::spawn(shutdown_on_signal(shutdown.clone(), state.clone()));
-    server::serve(
-        listener,
-        tls_config,
-        router,
-        server::ServeOptions {
-            http2: args.http2,
-            ..Default::default()
-        },
-        shutdown,
-    )
-    .await;
+    let options = server::ServeOptions {
+        http2: args.http2,
+        ..Default::default()
+    };
+    server::serve(listener, tls_config, router, options, shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = health_task.await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Waits until a usable pair is served, at most `limit`.
+async fn wait_for_certificate(
+    store: &CertStore,
+    dir: &Path,
+    limit: Duration,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + limit;
+    while store.current().is_none() {
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "no usable serving certificate in {} after {} (--cert-wait): expected tls.crt and tls.key, e.g. the mounted cert-manager Secret",
+                dir.display(),
+                humantime::format_duration(limit)
+            );
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            () = shutdown.cancelled() => anyhow::bail!("shut down while waiting for a certificate"),
+        }
+    }
     Ok(())
 }
 
@@ -154,6 +208,6 @@ async fn shutdown_on_signal(token: CancellationToken, state: Arc<webhook::AppSta
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = int.recv() => tracing::info!("SIGINT: shutting down"),
     }
-    state.ready.store(false, Ordering::Relaxed);
+    state.shutting_down.store(true, Ordering::Relaxed);
     token.cancel();
 }

@@ -13,6 +13,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use rustls::server::ResolvesServerCert;
+use rustls::server::danger::ClientCertVerifier;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -43,15 +44,20 @@ impl Default for ServeOptions {
 }
 
 /// The rustls server configuration: ring, TLS 1.2 and 1.3 only, certificates from `resolver`.
+/// With `client_auth`, every client must present a certificate it accepts.
 pub fn tls_config(
     resolver: Arc<dyn ResolvesServerCert>,
+    client_auth: Option<Arc<dyn ClientCertVerifier>>,
     http2: bool,
 ) -> Result<ServerConfig, rustls::Error> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+    let builder = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = match client_auth {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(resolver);
     config.alpn_protocols = if http2 {
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
     } else {

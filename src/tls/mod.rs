@@ -1,8 +1,10 @@
 //! Serving certificates: loading and checking a `tls.crt`/`tls.key` pair, the resolver that
 //! hands the current pair to every handshake, and development certificates.
 
+pub mod client_auth;
 pub mod dev;
 pub mod resolver;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -21,6 +21,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::Version;
+use crate::metrics::Metrics;
+use crate::tls::CertStore;
 
 /// Default cap on request bodies: the apiserver can send object and oldObject of ~3 MiB each.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -29,16 +31,39 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 #[derive(Debug)]
 pub struct AppState {
     pub max_body_bytes: usize,
-    /// True while the TLS listener is up with a valid certificate.
-    pub ready: AtomicBool,
+    /// True once the TLS listener is up.
+    pub listening: AtomicBool,
+    /// True from the first shutdown signal on.
+    pub shutting_down: AtomicBool,
+    pub certs: Arc<CertStore>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
-    pub fn new(max_body_bytes: usize) -> Arc<Self> {
+    pub fn new(max_body_bytes: usize, certs: Arc<CertStore>, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
             max_body_bytes,
-            ready: AtomicBool::new(false),
+            listening: AtomicBool::new(false),
+            shutting_down: AtomicBool::new(false),
+            certs,
+            metrics,
         })
+    }
+
+    /// Ready: the TLS listener is up, serving a certificate that has not expired, and no
+    /// shutdown has begun. Leadership (of the reconcile loop) plays no part.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return Err("shutting down");
+        }
+        if !self.listening.load(Ordering::Relaxed) {
+            return Err("TLS listener not up yet (waiting for a serving certificate)");
+        }
+        match self.certs.info() {
+            None => Err("no serving certificate"),
+            Some(info) if info.not_after <= crate::metrics::now() => Err("serving certificate has expired"),
+            Some(_) => Ok(()),
+        }
     }
 }
 
@@ -55,19 +80,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn healthz() -> &'static str {
+pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    if state.ready.load(Ordering::Relaxed) {
-        "ok\n".into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: no valid serving certificate\n",
-        )
-            .into_response()
+pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match state.readiness() {
+        Ok(()) => "ok\n".into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
     }
 }
 

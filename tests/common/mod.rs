@@ -44,6 +44,7 @@ pub fn make_certs(dir: &Path, extra: &[&str]) {
 pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
+    pub health: SocketAddr,
     pub cert_dir: PathBuf,
     pub log: Arc<Mutex<String>>,
     _tmp: Option<tempfile::TempDir>,
@@ -60,10 +61,18 @@ impl Server {
         s
     }
 
-    /// `serve --cert-dir dir` (or, with `cert_dir` None-like use, whatever `extra` says).
+    /// `serve --cert-dir dir` with `extra` flags; `--no-cert-dir` leaves the flag out (the
+    /// embedded default). Waits for the TLS listener.
     pub fn start_in(cert_dir: &Path, extra: &[&str], cwd: Option<&Path>) -> Server {
+        let mut s = Server::spawn(cert_dir, extra, cwd);
+        s.wait_listening(Duration::from_secs(30));
+        s
+    }
+
+    /// Starts the process and waits only for the health port.
+    pub fn spawn(cert_dir: &Path, extra: &[&str], cwd: Option<&Path>) -> Server {
         let mut cmd = Command::new(BIN);
-        cmd.args(["--log-format", "text", "serve", "--addr", "127.0.0.1:0"]);
+        cmd.args(["--log-format", "text", "serve", "--addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"]);
         if !extra.contains(&"--no-cert-dir") {
             cmd.arg("--cert-dir").arg(cert_dir);
         }
@@ -78,36 +87,76 @@ impl Server {
             .expect("spawn etcd-webhook serve");
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if line.contains("etcd-webhook listening")
-                    && let Some(addr) = line.split("addr=").nth(1)
-                {
-                    let addr = addr.split_whitespace().next().unwrap_or("").to_owned();
-                    let _ = tx.send(addr);
-                }
                 let mut l = sink.lock().unwrap();
                 l.push_str(&line);
                 l.push('\n');
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(a) => a.parse().expect("listening address"),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("server did not start; log:\n{}", log.lock().unwrap());
-            }
-        };
-        Server {
+        let mut s = Server {
             child,
-            addr,
+            addr: "0.0.0.0:0".parse().unwrap(),
+            health: "0.0.0.0:0".parse().unwrap(),
             cert_dir: cert_dir.to_owned(),
             log,
             _tmp: None,
+        };
+        s.health = s
+            .addr_from_log("health and metrics listening", Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("health port did not come up; log:\n{}", s.log()));
+        s
+    }
+
+    /// Waits (bounded) for the TLS listener and records its address.
+    pub fn wait_listening(&mut self, within: Duration) {
+        self.addr = self
+            .addr_from_log("etcd-webhook listening", within)
+            .unwrap_or_else(|| panic!("TLS listener did not come up; log:\n{}", self.log()));
+    }
+
+    fn addr_from_log(&self, marker: &str, within: Duration) -> Option<SocketAddr> {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            for line in self.log().lines() {
+                if line.contains(marker)
+                    && let Some(rest) = line.split("addr=").nth(1)
+                {
+                    return rest.split_whitespace().next()?.parse().ok();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
+        None
+    }
+
+    /// GET on the health port: (status, body).
+    pub fn health_get(&self, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(self.health).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(tcp, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        tcp.read_to_string(&mut out).unwrap();
+        let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        (status, body)
+    }
+
+    /// The value of one metric sample line (`name{labels} value`), summed over label sets
+    /// that contain `labels`.
+    pub fn metric(&self, name: &str, labels: &str) -> f64 {
+        let (_, body) = self.health_get("/metrics");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| {
+                let key = l.split_whitespace().next().unwrap_or("");
+                (key == name || key.starts_with(&format!("{name}{{"))) && key.contains(labels)
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,258 @@
+//! Keeping the served certificate in step with the files: a watch on the *directory* (the
+//! kubelet swaps a `..data` symlink and never writes `tls.crt` in place, so a watch on the file
+//! dies after the first rotation), a debounce for bursts of events, and a periodic re-read in
+//! case events are missed. A pair is swapped in only when its bytes changed and it checks out;
+//! otherwise the last good pair keeps serving and the reason is logged and counted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use rustls::crypto::CryptoProvider;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::client_auth::ReloadingVerifier;
+use super::{CertError, CertStore, parse_pair, read_pair_bytes};
+use crate::metrics::{self, Metrics, ResultLabel};
+
+/// How the files are followed.
+#[derive(Clone, Debug)]
+pub struct WatchOptions {
+    pub cert_dir: PathBuf,
+    pub client_ca: Option<PathBuf>,
+    pub poll_interval: Duration,
+    pub debounce: Duration,
+    pub expiry_warning: Duration,
+}
+
+/// What one look at the files found.
+#[derive(Debug)]
+pub enum Outcome {
+    Unchanged,
+    Loaded,
+    Rejected(CertError),
+}
+
+/// Reloads the serving pair (and the client CA) from disk into the stores.
+pub struct Reloader {
+    options: WatchOptions,
+    store: Arc<CertStore>,
+    client_ca: Option<Arc<ReloadingVerifier>>,
+    metrics: Arc<Metrics>,
+    provider: Arc<CryptoProvider>,
+    /// The bytes last rejected, so a broken file is reported once, not at every poll.
+    rejected: std::sync::Mutex<Option<(Vec<u8>, Vec<u8>)>>,
+    /// The CA bundle read error last reported.
+    ca_error: std::sync::Mutex<Option<String>>,
+    warned_expiry_of: std::sync::Mutex<Option<String>>,
+}
+
+impl Reloader {
+    pub fn new(
+        options: WatchOptions,
+        store: Arc<CertStore>,
+        client_ca: Option<Arc<ReloadingVerifier>>,
+        metrics: Arc<Metrics>,
+        provider: Arc<CryptoProvider>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            options,
+            store,
+            client_ca,
+            metrics,
+            provider,
+            rejected: Default::default(),
+            ca_error: Default::default(),
+            warned_expiry_of: Default::default(),
+        })
+    }
+
+    /// Reads the pair; swaps it in when it changed and checks out.
+    pub fn reload_once(&self) -> Outcome {
+        let dir = &self.options.cert_dir;
+        let (cert, key) = match read_pair_bytes(dir) {
+            Ok(bytes) => bytes,
+            Err(e) => return self.reject(None, e),
+        };
+        if self.store.is_current(&cert, &key) {
+            return Outcome::Unchanged;
+        }
+        let pair = match parse_pair(dir, &cert, &key, &self.provider) {
+            Ok(pair) => pair,
+            Err(e) => return self.reject(Some((cert, key)), e),
+        };
+        let previous = self.store.info();
+        tracing::info!(
+            serial = %pair.info.serial,
+            previous = previous.as_ref().map(|i| i.serial.as_str()).unwrap_or("none"),
+            not_after = pair.info.not_after,
+            names = ?pair.info.names,
+            dir = %dir.display(),
+            "serving certificate loaded"
+        );
+        self.metrics.cert_loaded(&pair.info, metrics::now());
+        self.store.store(pair);
+        *self.rejected.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Outcome::Loaded
+    }
+
+    fn reject(&self, bytes: Option<(Vec<u8>, Vec<u8>)>, error: CertError) -> Outcome {
+        let serving = self.store.current().is_some();
+        let mut last = self.rejected.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = bytes.is_some() && *last == bytes;
+        let unreadable_again = bytes.is_none() && last.as_ref().is_some_and(|b| b.0.is_empty());
+        if !seen && !unreadable_again {
+            if serving {
+                tracing::error!(%error, "certificate files rejected; the previous certificate keeps serving");
+                self.metrics.cert_rejected();
+            } else {
+                tracing::warn!(%error, "waiting for a usable serving certificate");
+            }
+            *last = Some(bytes.unwrap_or_default());
+        }
+        Outcome::Rejected(error)
+    }
+
+    fn reload_client_ca(&self) {
+        let (Some(verifier), Some(path)) = (&self.client_ca, &self.options.client_ca) else {
+            return;
+        };
+        let mut last = self.ca_error.lock().unwrap_or_else(|e| e.into_inner());
+        match verifier.reload(path) {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(path = %path.display(), "client CA bundle reloaded");
+                self.metrics
+                    .client_ca_reloads
+                    .get_or_create(&ResultLabel { result: "success" })
+                    .inc();
+                *last = None;
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if last.as_deref() != Some(text.as_str()) {
+                    tracing::error!(error = %text, "client CA bundle rejected; the previous one stays in force");
+                    self.metrics
+                        .client_ca_reloads
+                        .get_or_create(&ResultLabel { result: "failure" })
+                        .inc();
+                    *last = Some(text);
+                }
+            }
+        }
+    }
+
+    /// Warns (once per certificate) when the served certificate expires soon.
+    fn check_expiry(&self) {
+        let Some(info) = self.store.info() else {
+            return;
+        };
+        let left = info.not_after - metrics::now();
+        if left > self.options.expiry_warning.as_secs() as i64 {
+            return;
+        }
+        let mut warned = self.warned_expiry_of.lock().unwrap_or_else(|e| e.into_inner());
+        if warned.as_deref() == Some(info.serial.as_str()) {
+            return;
+        }
+        if left <= 0 {
+            tracing::error!(serial = %info.serial, not_after = info.not_after, "serving certificate has expired; readiness is false");
+        } else {
+            tracing::warn!(serial = %info.serial, not_after = info.not_after, hours_left = left / 3600, "serving certificate expires soon");
+        }
+        *warned = Some(info.serial);
+    }
+
+    /// One full pass: pair (retrying once after the debounce if a half-written pair was seen),
+    /// client CA, expiry.
+    async fn pass(&self) {
+        if let Outcome::Rejected(_) = self.reload_once() {
+            tokio::time::sleep(self.options.debounce).await;
+            let _ = self.reload_once();
+        }
+        self.reload_client_ca();
+        self.check_expiry();
+    }
+
+    /// Follows the files until `shutdown`.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let wake = Arc::new(Notify::new());
+        let mut watches = DirWatches::new(wake.clone());
+        // The parent too, so a directory that is removed and comes back is seen at once.
+        let mut dirs = vec![self.options.cert_dir.clone()];
+        dirs.extend(self.options.cert_dir.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_owned));
+        if let Some(ca) = &self.options.client_ca {
+            dirs.extend(ca.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_owned));
+        }
+        dirs.dedup();
+        let mut poll = tokio::time::interval(self.options.poll_interval);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            watches.ensure(&dirs);
+            tokio::select! {
+                () = wake.notified() => tokio::time::sleep(self.options.debounce).await,
+                _ = poll.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            self.pass().await;
+        }
+    }
+}
+
+/// inotify watches on directories, re-established when a directory appears, disappears or is
+/// replaced (checked at every wake-up).
+struct DirWatches {
+    wake: Arc<Notify>,
+    watcher: Option<RecommendedWatcher>,
+    /// (dir, identity of the watched inode)
+    watched: Vec<(PathBuf, Option<(u64, u64)>)>,
+}
+
+fn identity(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
+}
+
+impl DirWatches {
+    fn new(wake: Arc<Notify>) -> Self {
+        Self {
+            wake,
+            watcher: None,
+            watched: Vec::new(),
+        }
+    }
+
+    fn ensure(&mut self, dirs: &[PathBuf]) {
+        let now: Vec<(PathBuf, Option<(u64, u64)>)> =
+            dirs.iter().map(|d| (d.clone(), identity(d))).collect();
+        if self.watcher.is_some() && now == self.watched {
+            return;
+        }
+        let wake = self.wake.clone();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok() {
+                wake.notify_one();
+            }
+        });
+        let mut watcher = match watcher {
+            Ok(w) => w,
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch for certificate changes; relying on polling");
+                return;
+            }
+        };
+        for (dir, id) in &now {
+            if id.is_none() {
+                tracing::debug!(dir = %dir.display(), "directory missing; polling until it appears");
+                continue;
+            }
+            if let Err(error) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+                tracing::warn!(%error, dir = %dir.display(), "cannot watch directory; relying on polling");
+            }
+        }
+        self.watcher = Some(watcher);
+        self.watched = now;
+    }
+}
