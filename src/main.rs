@@ -110,7 +110,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on --health-addr {}", args.health_addr))?;
     tracing::info!(addr = %health.local_addr()?, "health and metrics listening");
-    let health_task = tokio::spawn(etcd_webhook::health::serve(health, state.clone(), shutdown.clone()));
+    let health_task = tokio::spawn(etcd_webhook::health::serve(
+        health,
+        state.clone(),
+        shutdown.clone(),
+    ));
 
     let client_ca = match &args.client_ca {
         Some(path) => Some(
@@ -132,8 +136,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         metrics.clone(),
         provider.clone(),
     );
-    reloader.reload_once();
-    tokio::spawn(reloader.clone().run(shutdown.clone()));
+    reloader.spawn(shutdown.clone());
     wait_for_certificate(&store, &cert_dir, args.cert_wait, &shutdown).await?;
 
     let router = webhook::router(state.clone());

@@ -37,12 +37,10 @@ pub fn verifier_from_pem(
 ) -> Result<Arc<dyn ClientCertVerifier>, CertError> {
     let mut roots = RootCertStore::empty();
     for cert in parse_certs(path, pem)? {
-        roots
-            .add(cert)
-            .map_err(|e| CertError::BadCertificate {
-                path: path.to_owned(),
-                reason: e.to_string(),
-            })?;
+        roots.add(cert).map_err(|e| CertError::BadCertificate {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
     }
     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
@@ -115,7 +113,9 @@ impl ClientCertVerifier for ReloadingVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current.load().verify_tls12_signature(message, cert, dss)
+        self.current
+            .load()
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -124,7 +124,9 @@ impl ClientCertVerifier for ReloadingVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current.load().verify_tls13_signature(message, cert, dss)
+        self.current
+            .load()
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

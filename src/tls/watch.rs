@@ -153,7 +153,10 @@ impl Reloader {
         if left > self.options.expiry_warning.as_secs() as i64 {
             return;
         }
-        let mut warned = self.warned_expiry_of.lock().unwrap_or_else(|e| e.into_inner());
+        let mut warned = self
+            .warned_expiry_of
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         if warned.as_deref() == Some(info.serial.as_str()) {
             return;
         }
@@ -176,28 +179,45 @@ impl Reloader {
         self.check_expiry();
     }
 
-    /// Follows the files until `shutdown`.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Starts following the files: the watches are in place before the first read, so no
+    /// change can slip between the two. Runs until `shutdown`.
+    pub fn spawn(self: Arc<Self>, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
         let wake = Arc::new(Notify::new());
         let mut watches = DirWatches::new(wake.clone());
         // The parent too, so a directory that is removed and comes back is seen at once.
         let mut dirs = vec![self.options.cert_dir.clone()];
-        dirs.extend(self.options.cert_dir.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_owned));
+        dirs.extend(
+            self.options
+                .cert_dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(Path::to_owned),
+        );
         if let Some(ca) = &self.options.client_ca {
-            dirs.extend(ca.parent().filter(|p| !p.as_os_str().is_empty()).map(Path::to_owned));
+            dirs.extend(
+                ca.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map(Path::to_owned),
+            );
         }
         dirs.dedup();
-        let mut poll = tokio::time::interval(self.options.poll_interval);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            watches.ensure(&dirs);
-            tokio::select! {
-                () = wake.notified() => tokio::time::sleep(self.options.debounce).await,
-                _ = poll.tick() => {}
-                () = shutdown.cancelled() => return,
+        watches.ensure(&dirs);
+        self.reload_once();
+        self.check_expiry();
+        tokio::spawn(async move {
+            let mut poll = tokio::time::interval(self.options.poll_interval);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            poll.tick().await;
+            loop {
+                tokio::select! {
+                    () = wake.notified() => tokio::time::sleep(self.options.debounce).await,
+                    _ = poll.tick() => {}
+                    () = shutdown.cancelled() => return,
+                }
+                watches.ensure(&dirs);
+                self.pass().await;
             }
-            self.pass().await;
-        }
+        })
     }
 }
 

@@ -61,7 +61,9 @@ impl AppState {
         }
         match self.certs.info() {
             None => Err("no serving certificate"),
-            Some(info) if info.not_after <= crate::metrics::now() => Err("serving certificate has expired"),
+            Some(info) if info.not_after <= crate::metrics::now() => {
+                Err("serving certificate has expired")
+            }
             Some(_) => Ok(()),
         }
     }
@@ -87,7 +89,11 @@ pub async fn healthz() -> &'static str {
 pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     match state.readiness() {
         Ok(()) => "ok\n".into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
     }
 }
 

@@ -72,7 +72,15 @@ impl Server {
     /// Starts the process and waits only for the health port.
     pub fn spawn(cert_dir: &Path, extra: &[&str], cwd: Option<&Path>) -> Server {
         let mut cmd = Command::new(BIN);
-        cmd.args(["--log-format", "text", "serve", "--addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"]);
+        cmd.args([
+            "--log-format",
+            "text",
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--health-addr",
+            "127.0.0.1:0",
+        ]);
         if !extra.contains(&"--no-cert-dir") {
             cmd.arg("--cert-dir").arg(cert_dir);
         }
@@ -137,11 +145,18 @@ impl Server {
         use std::io::{Read, Write};
         let mut tcp = std::net::TcpStream::connect(self.health).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(tcp, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            tcp,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut out = String::new();
         tcp.read_to_string(&mut out).unwrap();
         let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         (status, body)
     }
 
@@ -256,6 +271,169 @@ pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A test CA that issues leaves (and intermediates) with rcgen.
+pub struct TestCa {
+    pub cert_pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+/// One issued certificate.
+pub struct Issued {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub der: Vec<u8>,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key).unwrap();
+        TestCa {
+            cert_pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    fn params(names: &[&str], days: (i64, i64)) -> rcgen::CertificateParams {
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now + time::Duration::days(days.0);
+        params.not_after = now + time::Duration::days(days.1);
+        params
+    }
+
+    /// A serving certificate for localhost valid from `days.0` to `days.1` days from now.
+    pub fn issue_valid(&self, days: (i64, i64)) -> Issued {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = Self::params(&["localhost"], days);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().to_vec(),
+        }
+    }
+
+    pub fn issue(&self) -> Issued {
+        self.issue_valid((-1, 30))
+    }
+
+    /// A client certificate.
+    pub fn issue_client(&self, name: &str) -> Issued {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = Self::params(&[name], (-1, 30));
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().to_vec(),
+        }
+    }
+
+    /// An intermediate CA signed by this one.
+    pub fn intermediate(&self, name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        TestCa {
+            cert_pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    pub fn write_ca(&self, path: &Path) {
+        std::fs::write(path, &self.cert_pem).unwrap();
+    }
+}
+
+/// Writes a pair in place (plain files, no symlinks).
+pub fn write_in_place(dir: &Path, cert_pem: &str, key_pem: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("tls.crt"), cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), key_pem).unwrap();
+}
+
+/// A client config (ALPN http/1.1) trusting the CA in `ca_pem`, and optionally presenting a
+/// client certificate.
+pub fn client_config(ca_pem: &str, client: Option<&Issued>) -> Arc<rustls::ClientConfig> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    install_crypto();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let mut config = match client {
+        Some(c) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from(c.der.clone())],
+                PrivateKeyDer::from_pem_slice(c.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // Full handshakes only: a resumed session would report the certificate of the session it
+    // resumes, not the one served now (the apiserver's Go client keeps no session cache either).
+    config.resumption = rustls::client::Resumption::disabled();
+    Arc::new(config)
+}
+
+/// Opens a fresh TLS connection and returns the leaf certificate the server presented.
+pub async fn served_leaf(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> Result<Vec<u8>, std::io::Error> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(
+            rustls_pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await?;
+    Ok(tls.get_ref().1.peer_certificates().unwrap()[0].to_vec())
+}
+
+/// A reqwest client (HTTP/1.1) on a given TLS config.
+pub fn reqwest_client(config: Arc<rustls::ClientConfig>) -> reqwest::Client {
+    reqwest::Client::builder()
+        .use_preconfigured_tls((*config).clone())
+        .http1_only()
+        .timeout(Duration::from_secs(10))
         .build()
         .unwrap()
 }
