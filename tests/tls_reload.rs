@@ -150,6 +150,15 @@ fn in_place_writes_broken_files_and_recovery() {
     let config = client_config(&ca.cert_pem, None);
     let rt = runtime();
     rt.block_on(async {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let load = traffic(
+            &server,
+            config.clone(),
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+        );
         // A plain in-place rewrite is picked up.
         let second = ca.issue();
         write_in_place(&dir, &second.cert_pem, &second.key_pem);
@@ -228,6 +237,15 @@ fn directory_missing_for_a_while() {
     let server = Server::start_in(&dir, &["--cert-poll-interval", "1s"], None);
     let config = client_config(&ca.cert_pem, None);
     runtime().block_on(async {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let load = traffic(
+            &server,
+            config.clone(),
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+        );
         std::fs::remove_dir_all(&dir).unwrap();
         tokio::time::sleep(Duration::from_millis(1500)).await;
         // Still serving the last good pair.

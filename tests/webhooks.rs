@@ -503,3 +503,61 @@ fn http2_only_when_asked() {
         assert_eq!(rsp.status(), 200);
     });
 }
+
+/// `serve` with no --cert-dir: a development CA and certificate under ./certs/dev, made once,
+/// logged with a ready-to-paste curl command, and the README's example answers.
+#[test]
+fn embedded_default_certificate() {
+    let cwd = tempfile::tempdir().unwrap();
+    let dev = cwd.path().join("certs/dev");
+    let first_ca;
+    {
+        let server = Server::start_in(&dev, &["--no-cert-dir"], Some(cwd.path()));
+        assert!(
+            dev.join("ca.crt").exists()
+                && dev.join("tls.crt").exists()
+                && dev.join("tls.key").exists()
+        );
+        let log = server.log();
+        assert!(log.contains("created a development CA"), "{log}");
+        assert!(log.contains("try: curl --cacert"), "{log}");
+        first_ca = std::fs::read(dev.join("ca.crt")).unwrap();
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--cacert"])
+            .arg(dev.join("ca.crt"))
+            .args(["-H", "Content-Type: application/json", "--data"])
+            .arg(format!(
+                "@{}",
+                fixtures_dir()
+                    .join("validate-v1-create-even-size.json")
+                    .display()
+            ))
+            .arg(server.url("/validate"))
+            .output()
+            .unwrap();
+        let body: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(body["response"]["allowed"], false);
+        assert!(
+            body["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("spec.size: Invalid value: 4: must be odd")
+        );
+    }
+    let server = Server::start_in(&dev, &["--no-cert-dir"], Some(cwd.path()));
+    assert!(
+        !server.log().contains("created a development CA"),
+        "reused, not re-made"
+    );
+    assert_eq!(std::fs::read(dev.join("ca.crt")).unwrap(), first_ca);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dev.join("tls.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "the private key is readable by its owner only"
+    );
+}
