@@ -27,6 +27,61 @@ pub enum Command {
     Crd,
     /// Write a development CA (ca.crt) and a serving pair (tls.crt, tls.key) signed by it.
     Certs(CertsArgs),
+    /// Decide offline what the webhooks would: defaults, then the rules. Exit 0 allowed,
+    /// 1 denied, 2 bad input.
+    Review(ReviewArgs),
+    /// Convert EtcdCluster manifests between versions, like `kubectl convert`.
+    Convert(ConvertArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReviewArgs {
+    /// AdmissionReviews or EtcdCluster manifests (YAML or JSON, several documents allowed);
+    /// `-` for stdin.
+    #[arg(short = 'f', long = "filename", default_value = "-")]
+    pub file: String,
+    /// The stored objects, to review the input as an UPDATE of them.
+    #[arg(long)]
+    pub old: Option<String>,
+    /// Print the JSON Patch instead of the patched objects.
+    #[arg(long)]
+    pub patch: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Target version.
+    #[arg(long, value_enum)]
+    pub to: TargetVersion,
+    /// EtcdCluster manifests (YAML or JSON, several documents or a List allowed); `-` for stdin.
+    #[arg(short = 'f', long = "filename", default_value = "-")]
+    pub file: String,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
+    pub output: OutputFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TargetVersion {
+    V1,
+    V1beta1,
+    V1alpha1,
+}
+
+impl From<TargetVersion> for crate::api::Version {
+    fn from(t: TargetVersion) -> Self {
+        match t {
+            TargetVersion::V1 => crate::api::Version::V1,
+            TargetVersion::V1beta1 => crate::api::Version::V1Beta1,
+            TargetVersion::V1alpha1 => crate::api::Version::V1Alpha1,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Yaml,
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -84,6 +139,27 @@ pub struct ServeArgs {
     /// pair. Without it no client certificate is asked for.
     #[arg(long, env = "ETCD_WEBHOOK_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
+    /// Longest a request may take (kept below the apiserver's default 10 s webhook timeout).
+    #[arg(long, env = "ETCD_WEBHOOK_REQUEST_TIMEOUT", default_value = "9s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Time a client has to send a request's headers; also how long a kept-alive connection
+    /// may sit idle before it is closed (slow and idle clients cannot pile up).
+    #[arg(long, env = "ETCD_WEBHOOK_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+    /// Most connections served at once; further ones wait in the listen backlog.
+    #[arg(long, env = "ETCD_WEBHOOK_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// On SIGTERM/SIGINT readiness turns false at once; new connections are still accepted
+    /// for this long, so endpoints can drop the pod first.
+    #[arg(long, env = "ETCD_WEBHOOK_SHUTDOWN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
+    /// After the delay, how long in-flight requests may take to finish.
+    #[arg(long, env = "ETCD_WEBHOOK_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+    /// Test hook: a review with this uid panics (proves panic isolation). Never set it in a
+    /// cluster.
+    #[arg(long, hide = true)]
+    pub test_panic_uid: Option<String>,
 }
 
 #[derive(Debug, Args)]

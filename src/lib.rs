@@ -6,6 +6,7 @@ pub mod api;
 pub mod cli;
 pub mod health;
 pub mod metrics;
+pub mod offline;
 pub mod server;
 pub mod tls;
 pub mod webhook;

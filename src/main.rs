@@ -7,7 +7,10 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use etcd_webhook::cli::{CertsArgs, Cli, Command, LogArgs, LogFormat, ServeArgs};
+use etcd_webhook::cli::{
+    CertsArgs, Cli, Command, ConvertArgs, LogArgs, LogFormat, OutputFormat, ReviewArgs, ServeArgs,
+};
+use etcd_webhook::offline;
 use std::time::Duration;
 
 use etcd_webhook::metrics::Metrics;
@@ -18,6 +21,12 @@ use etcd_webhook::{api, server, webhook};
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // The offline commands print results, not logs; and they exit 0/1/2 on their own.
+    match &cli.command {
+        Command::Review(args) => std::process::exit(review(args)),
+        Command::Convert(args) => std::process::exit(convert(args)),
+        _ => {}
+    }
     init_tracing(&cli.log)?;
     rustls::crypto::ring::default_provider()
         .install_default()
@@ -28,6 +37,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Certs(args) => certs(&args),
+        Command::Review(_) | Command::Convert(_) => unreachable!("handled above"),
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -54,6 +64,72 @@ fn init_tracing(args: &LogArgs) -> Result<()> {
         builder.init();
     }
     Ok(())
+}
+
+/// `review`: exit 0 when every document is allowed, 1 when any is denied, 2 on bad input.
+fn review(args: &ReviewArgs) -> i32 {
+    let run = || -> Result<bool, offline::OfflineError> {
+        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let old = match &args.old {
+            Some(path) => offline::parse_documents(&offline::read_source(path)?, path)?,
+            None => Vec::new(),
+        };
+        let decisions = offline::review(&docs, &old)?;
+        let mut outputs = Vec::new();
+        for d in &decisions {
+            if d.allowed {
+                eprintln!("{}: allowed", d.label);
+            } else {
+                eprintln!("{}: denied: {}", d.label, d.message);
+            }
+            for w in &d.warnings {
+                eprintln!("{}: warning: {w}", d.label);
+            }
+            outputs.push(if args.patch {
+                d.patch.clone()
+            } else {
+                d.patched.clone()
+            });
+        }
+        if args.patch {
+            for p in outputs {
+                println!("{p}");
+            }
+        } else {
+            print!("{}", offline::render(&outputs, false));
+        }
+        Ok(decisions.iter().all(|d| d.allowed))
+    };
+    match run() {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+    }
+}
+
+/// `convert`: exit 0 on success, 2 on bad input.
+fn convert(args: &ConvertArgs) -> i32 {
+    let run = || -> Result<String, offline::OfflineError> {
+        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let converted = offline::convert(&docs, args.to.into())?;
+        Ok(offline::render(
+            &converted,
+            args.output == OutputFormat::Json,
+        ))
+    };
+    match run() {
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+    }
 }
 
 fn certs(args: &CertsArgs) -> Result<()> {
@@ -101,9 +177,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let metrics = Arc::new(Metrics::new());
     let store = CertStore::new();
-    let state = webhook::AppState::new(args.max_body_bytes, store.clone(), metrics.clone());
+    let mut state = webhook::AppState::new(args.max_body_bytes, store.clone(), metrics.clone());
+    state.request_timeout = args.request_timeout;
+    state.test_panic_uid = args.test_panic_uid.clone();
+    let state = Arc::new(state);
     let shutdown = CancellationToken::new();
-    tokio::spawn(shutdown_on_signal(shutdown.clone(), state.clone()));
+    tokio::spawn(shutdown_on_signal(
+        shutdown.clone(),
+        state.clone(),
+        args.shutdown_delay,
+    ));
 
     // The health port comes up first: readiness is false until the TLS listener serves.
     let health = server::bind(args.health_addr)
@@ -154,9 +237,20 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
     let options = server::ServeOptions {
         http2: args.http2,
+        header_read_timeout: args.header_read_timeout,
+        drain_timeout: args.shutdown_timeout,
+        max_connections: args.max_connections,
         ..Default::default()
     };
-    server::serve(listener, tls_config, router, options, shutdown.clone()).await;
+    server::serve(
+        listener,
+        tls_config,
+        router,
+        options,
+        metrics.clone(),
+        shutdown.clone(),
+    )
+    .await;
     shutdown.cancel();
     let _ = health_task.await;
     tracing::info!("stopped");
@@ -198,7 +292,13 @@ fn print_dev_hint(dir: &Path, port: u16) {
     );
 }
 
-async fn shutdown_on_signal(token: CancellationToken, state: Arc<webhook::AppState>) {
+/// First signal: readiness false at once; keep accepting for `delay` (endpoints catch up),
+/// then stop accepting and drain. A second signal skips the rest of the delay.
+async fn shutdown_on_signal(
+    token: CancellationToken,
+    state: Arc<webhook::AppState>,
+    delay: Duration,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -208,9 +308,15 @@ async fn shutdown_on_signal(token: CancellationToken, state: Arc<webhook::AppSta
         return;
     };
     tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        _ = term.recv() => tracing::info!("SIGTERM: readiness off, shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: readiness off, shutting down"),
     }
     state.shutting_down.store(true, Ordering::Relaxed);
+    tokio::select! {
+        () = tokio::time::sleep(delay) => {}
+        _ = term.recv() => tracing::info!("second signal: skipping the shutdown delay"),
+        _ = int.recv() => tracing::info!("second signal: skipping the shutdown delay"),
+    }
+    tracing::info!("no longer accepting connections; draining");
     token.cancel();
 }

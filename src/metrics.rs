@@ -4,6 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::tls::CertInfo;
@@ -14,6 +15,48 @@ pub struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    pub endpoint: &'static str,
+    pub operation: &'static str,
+    pub version: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    pub endpoint: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConversionLabels {
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+/// Latency buckets that resolve sub-millisecond answers: 50us .. 1s.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+fn size_histogram() -> Histogram {
+    // 256 B .. 16 MiB
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        256.0, 4.0, 9,
+    ))
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CertLabels {
     pub serial: String,
     pub subject: String,
@@ -22,6 +65,15 @@ pub struct CertLabels {
 /// Every metric the server keeps.
 pub struct Metrics {
     registry: Registry,
+    pub admission_requests: Family<AdmissionLabels, Counter>,
+    pub request_duration: HistogramFamily<EndpointLabel>,
+    pub requests_in_flight: Family<EndpointLabel, Gauge>,
+    pub request_body_bytes: HistogramFamily<EndpointLabel>,
+    pub conversion_requests: Family<ResultLabel, Counter>,
+    pub converted_objects: Family<ConversionLabels, Counter>,
+    pub http_errors: Family<StatusLabel, Counter>,
+    pub tls_handshake_failures: Counter,
+    pub panics: Counter,
     pub cert_not_after: Gauge,
     pub cert_info: Family<CertLabels, Gauge>,
     pub cert_reloads: Family<ResultLabel, Counter>,
@@ -46,6 +98,15 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("etcd_webhook");
         let m = Metrics {
+            admission_requests: Family::default(),
+            request_duration: Family::new_with_constructor(latency_histogram),
+            requests_in_flight: Family::default(),
+            request_body_bytes: Family::new_with_constructor(size_histogram),
+            conversion_requests: Family::default(),
+            converted_objects: Family::default(),
+            http_errors: Family::default(),
+            tls_handshake_failures: Counter::default(),
+            panics: Counter::default(),
             cert_not_after: Gauge::default(),
             cert_info: Family::default(),
             cert_reloads: Family::default(),
@@ -54,6 +115,51 @@ impl Metrics {
             client_ca_reloads: Family::default(),
             registry: Registry::default(),
         };
+        registry.register(
+            "admission_requests",
+            "Admission reviews answered, by endpoint, operation, object version and result (allowed, denied, error)",
+            m.admission_requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time to answer a webhook request, by endpoint",
+            m.request_duration.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "Webhook requests being answered, by endpoint",
+            m.requests_in_flight.clone(),
+        );
+        registry.register(
+            "request_body_bytes",
+            "Size of webhook request bodies, by endpoint",
+            m.request_body_bytes.clone(),
+        );
+        registry.register(
+            "conversion_requests",
+            "ConversionReviews answered, by result (success, failure)",
+            m.conversion_requests.clone(),
+        );
+        registry.register(
+            "converted_objects",
+            "Objects converted, by source and target version",
+            m.converted_objects.clone(),
+        );
+        registry.register(
+            "http_errors",
+            "Webhook requests answered with an HTTP error, by status",
+            m.http_errors.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed or timed out",
+            m.tls_handshake_failures.clone(),
+        );
+        registry.register(
+            "panics",
+            "Panics caught while answering a request (answered 500; the server keeps serving)",
+            m.panics.clone(),
+        );
         registry.register(
             "cert_not_after_timestamp_seconds",
             "notAfter of the serving certificate, Unix seconds",

@@ -15,8 +15,11 @@ use rustls::ServerConfig;
 use rustls::server::ResolvesServerCert;
 use rustls::server::danger::ClientCertVerifier;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
 
 /// How connections are served.
 #[derive(Clone, Debug)]
@@ -30,6 +33,8 @@ pub struct ServeOptions {
     pub header_read_timeout: Duration,
     /// How long in-flight requests may take to finish after shutdown begins.
     pub drain_timeout: Duration,
+    /// Most connections at once; more wait in the kernel's listen backlog.
+    pub max_connections: usize,
 }
 
 impl Default for ServeOptions {
@@ -39,6 +44,7 @@ impl Default for ServeOptions {
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(30),
+            max_connections: 4096,
         }
     }
 }
@@ -72,6 +78,7 @@ pub async fn serve(
     tls: Arc<ServerConfig>,
     router: Router,
     options: ServeOptions,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(tls);
@@ -94,8 +101,16 @@ pub async fn serve(
     };
     let builder = Arc::new(builder);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(options.max_connections));
 
     loop {
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = shutdown.cancelled() => break,
+        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(x) => x,
@@ -116,15 +131,19 @@ pub async fn serve(
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
         let handshake_timeout = options.handshake_timeout;
+        let metrics = metrics.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
                     tracing::debug!(%error, %peer, "TLS handshake failed");
+                    metrics.tls_handshake_failures.inc();
                     return;
                 }
                 Err(_) => {
                     tracing::debug!(%peer, "TLS handshake timed out");
+                    metrics.tls_handshake_failures.inc();
                     return;
                 }
             };

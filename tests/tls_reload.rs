@@ -223,6 +223,14 @@ fn in_place_writes_broken_files_and_recovery() {
         )
         .await
         .expect("recovered");
+        stop.store(true, Ordering::Relaxed);
+        load.await.unwrap();
+        assert_eq!(
+            failed.load(Ordering::Relaxed),
+            0,
+            "requests failed around broken files"
+        );
+        assert!(ok.load(Ordering::Relaxed) > 0);
     });
     assert_eq!(server.metric("etcd_webhook_cert_files_rejected", ""), 0.0);
 }
@@ -270,6 +278,14 @@ fn directory_missing_for_a_while() {
         )
         .await
         .expect("served after the directory came back");
+        stop.store(true, Ordering::Relaxed);
+        load.await.unwrap();
+        assert_eq!(
+            failed.load(Ordering::Relaxed),
+            0,
+            "requests failed while the directory was missing"
+        );
+        assert!(ok.load(Ordering::Relaxed) > 0);
     });
 }
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::{ApiError, AppState, decode_error, json_response, read_body};
 use crate::api::{Version, convert};
+use crate::metrics::{ConversionLabels, ResultLabel};
 
 pub const CONVERSION_V1: &str = "apiextensions.k8s.io/v1";
 pub const CONVERSION_V1BETA1: &str = "apiextensions.k8s.io/v1beta1";
@@ -47,17 +48,45 @@ pub async fn handle(
     let start = std::time::Instant::now();
     let bytes = read_body(&headers, body, state.max_body_bytes).await?;
     let req = parse(&bytes)?;
+    state.test_hook(&req.uid);
     let (uid, count, desired) = (
         req.uid.clone(),
         req.objects.len(),
         req.desired_api_version.clone(),
     );
+    let from: Vec<&'static str> = req
+        .objects
+        .iter()
+        .map(|o| {
+            o.get("apiVersion")
+                .and_then(Value::as_str)
+                .and_then(Version::from_api_version)
+                .map(Version::as_str)
+                .unwrap_or("other")
+        })
+        .collect();
     let review = respond(req);
-    let result = review
-        .response
-        .as_ref()
-        .map(|r| r.result.message.clone())
-        .unwrap_or_default();
+    let rsp = review.response.as_ref();
+    let success = rsp.is_some_and(|r| r.result.is_success());
+    let metrics = &state.metrics;
+    metrics
+        .conversion_requests
+        .get_or_create(&ResultLabel {
+            result: if success { "success" } else { "failure" },
+        })
+        .inc();
+    if success {
+        let to = Version::from_api_version(&desired)
+            .map(Version::as_str)
+            .unwrap_or("other");
+        for from in from {
+            metrics
+                .converted_objects
+                .get_or_create(&ConversionLabels { from, to })
+                .inc();
+        }
+    }
+    let result = rsp.map(|r| r.result.message.clone()).unwrap_or_default();
     tracing::info!(%uid, objects = count, %desired, failure = %result, micros = start.elapsed().as_micros() as u64, "conversion");
     Ok(json_response(&review))
 }

@@ -7,6 +7,7 @@ pub mod validate;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -21,8 +22,21 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::Version;
-use crate::metrics::Metrics;
+use crate::metrics::{AdmissionLabels, EndpointLabel, Metrics, StatusLabel};
 use crate::tls::CertStore;
+
+/// Default per-request time limit.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(9);
+
+fn operation_label(op: &kube::core::admission::Operation) -> &'static str {
+    use kube::core::admission::Operation;
+    match op {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
 
 /// Default cap on request bodies: the apiserver can send object and oldObject of ~3 MiB each.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -31,6 +45,10 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 #[derive(Debug)]
 pub struct AppState {
     pub max_body_bytes: usize,
+    /// Longest a request may take; below the apiserver's default 10 s webhook timeout.
+    pub request_timeout: Duration,
+    /// Test hook (hidden flag): a review with this uid panics, to prove panic isolation.
+    pub test_panic_uid: Option<String>,
     /// True once the TLS listener is up.
     pub listening: AtomicBool,
     /// True from the first shutdown signal on.
@@ -40,14 +58,50 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(max_body_bytes: usize, certs: Arc<CertStore>, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Self {
+    pub fn new(max_body_bytes: usize, certs: Arc<CertStore>, metrics: Arc<Metrics>) -> Self {
+        Self {
             max_body_bytes,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            test_panic_uid: None,
             listening: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             certs,
             metrics,
-        })
+        }
+    }
+
+    /// Panics when `uid` is the test hook's uid (never set in production).
+    pub fn test_hook(&self, uid: &str) {
+        if self.test_panic_uid.as_deref() == Some(uid) {
+            panic!("test hook: panic requested for review {uid}");
+        }
+    }
+
+    /// Counts an admission answer.
+    pub fn count_admission(
+        &self,
+        endpoint: &'static str,
+        req: Option<&AdmissionRequest<DynamicObject>>,
+        result: &'static str,
+    ) {
+        let (operation, version) = match req {
+            Some(r) => (
+                operation_label(&r.operation),
+                Version::from_version(&r.kind.version)
+                    .map(Version::as_str)
+                    .unwrap_or("other"),
+            ),
+            None => ("unknown", "unknown"),
+        };
+        self.metrics
+            .admission_requests
+            .get_or_create(&AdmissionLabels {
+                endpoint,
+                operation,
+                version,
+                result,
+            })
+            .inc();
     }
 
     /// Ready: the TLS listener is up, serving a certificate that has not expired, and no
@@ -79,7 +133,86 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state)
+}
+
+fn endpoint_label(path: &str) -> &'static str {
+    match path {
+        "/mutate" => "mutate",
+        "/validate" => "validate",
+        "/convert" => "convert",
+        _ => "other",
+    }
+}
+
+/// Around every request: in-flight and latency metrics, body size, the per-request time limit,
+/// panic isolation (a panic answers 500 for that request only) and HTTP error counts.
+async fn guard(
+    State(state): State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use futures_util::FutureExt;
+    let endpoint = endpoint_label(req.uri().path());
+    let labels = EndpointLabel { endpoint };
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        state
+            .metrics
+            .request_body_bytes
+            .get_or_create(&labels)
+            .observe(len);
+    }
+    let in_flight = state
+        .metrics
+        .requests_in_flight
+        .get_or_create_owned(&labels);
+    in_flight.inc();
+    let start = std::time::Instant::now();
+    let run = std::panic::AssertUnwindSafe(next.run(req)).catch_unwind();
+    let response = match tokio::time::timeout(state.request_timeout, run).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(panic)) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            tracing::error!(
+                endpoint,
+                panic = what,
+                "panic while answering a request; answered 500"
+            );
+            state.metrics.panics.inc();
+            ApiError::Internal(format!("panic while answering the request: {what}")).into_response()
+        }
+        Err(_) => {
+            tracing::warn!(endpoint, timeout = ?state.request_timeout, "request timed out");
+            ApiError::Timeout(state.request_timeout).into_response()
+        }
+    };
+    in_flight.dec();
+    state
+        .metrics
+        .request_duration
+        .get_or_create(&labels)
+        .observe(start.elapsed().as_secs_f64());
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        state
+            .metrics
+            .http_errors
+            .get_or_create(&StatusLabel {
+                status: status.as_u16(),
+            })
+            .inc();
+    }
+    response
 }
 
 pub async fn healthz() -> &'static str {
@@ -121,6 +254,8 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("request took longer than {0:?} (--request-timeout)")]
+    Timeout(Duration),
 }
 
 impl ApiError {
@@ -132,6 +267,7 @@ impl ApiError {
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Timeout(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -146,6 +282,7 @@ impl IntoResponse for ApiError {
             ApiError::NotFound => "NotFound",
             ApiError::MethodNotAllowed => "MethodNotAllowed",
             ApiError::Internal(_) => "InternalError",
+            ApiError::Timeout(_) => "Timeout",
         };
         let body =
             kube::core::Status::failure(&self.to_string(), reason).with_code(status.as_u16());

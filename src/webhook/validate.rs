@@ -21,9 +21,29 @@ pub async fn handle(
     body: Body,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let bytes = read_body(&headers, body, state.max_body_bytes).await?;
-    let req = parse_admission(&bytes)?;
-    let rsp = respond(&req)?;
+    let req = match read_body(&headers, body, state.max_body_bytes)
+        .await
+        .and_then(|b| parse_admission(&b))
+    {
+        Ok(req) => req,
+        Err(e) => {
+            state.count_admission("validate", None, "error");
+            return Err(e);
+        }
+    };
+    state.test_hook(&req.uid);
+    let rsp = match respond(&req) {
+        Ok(rsp) => rsp,
+        Err(e) => {
+            state.count_admission("validate", Some(&req), "error");
+            return Err(e);
+        }
+    };
+    state.count_admission(
+        "validate",
+        Some(&req),
+        if rsp.allowed { "allowed" } else { "denied" },
+    );
     log_decision("validate", &req, &rsp, start);
     Ok(json_response(&super::AdmissionReviewOut::new(&rsp)))
 }

@@ -1,0 +1,284 @@
+//! The offline commands `review` and `convert`: the server's decisions from the command line,
+//! for CI pipelines that check manifests before they reach a cluster. They call the same code
+//! the webhook endpoints call.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::api::{self, Version};
+use crate::webhook::{self, mutate, validate};
+
+/// Why input could not be reviewed or converted (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum OfflineError {
+    #[error("{source_name}: cannot read: {error}")]
+    Read {
+        source_name: String,
+        error: std::io::Error,
+    },
+    #[error("{source_name}: document {doc}: not valid YAML or JSON: {message}")]
+    Parse {
+        source_name: String,
+        doc: usize,
+        message: String,
+    },
+    #[error("{source_name}: document {doc}: {message}")]
+    Document {
+        source_name: String,
+        doc: usize,
+        message: String,
+    },
+    #[error("{source_name}: no documents")]
+    Empty { source_name: String },
+}
+
+/// One input document, numbered from 1 in its source.
+#[derive(Clone, Debug)]
+pub struct Document {
+    pub source_name: String,
+    pub index: usize,
+    pub value: Value,
+}
+
+impl Document {
+    fn error(&self, message: impl Into<String>) -> OfflineError {
+        OfflineError::Document {
+            source_name: self.source_name.clone(),
+            doc: self.index,
+            message: message.into(),
+        }
+    }
+
+    fn label(&self) -> String {
+        let meta = |k: &str| {
+            self.value
+                .pointer(&format!("/metadata/{k}"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+        };
+        let (ns, name) = (meta("namespace"), meta("name"));
+        let what = self
+            .value
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        if ns.is_empty() {
+            format!("{name} ({what})")
+        } else {
+            format!("{ns}/{name} ({what})")
+        }
+    }
+}
+
+/// Parses YAML or JSON, several documents allowed (`---`); a `kind: List` is expanded into its
+/// items; empty documents are skipped.
+pub fn parse_documents(text: &str, source_name: &str) -> Result<Vec<Document>, OfflineError> {
+    let mut out = Vec::new();
+    for (i, de) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(de).map_err(|e| OfflineError::Parse {
+            source_name: source_name.to_owned(),
+            doc: i + 1,
+            message: e.to_string(),
+        })?;
+        let doc = Document {
+            source_name: source_name.to_owned(),
+            index: i + 1,
+            value,
+        };
+        match &doc.value {
+            Value::Null => {}
+            Value::Object(m) if m.get("kind").and_then(Value::as_str) == Some("List") => {
+                for item in m
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    out.push(Document {
+                        value: item.clone(),
+                        ..doc.clone()
+                    });
+                }
+            }
+            Value::Object(_) => out.push(doc),
+            _ => return Err(doc.error("expected an object (a manifest or an AdmissionReview)")),
+        }
+    }
+    if out.is_empty() {
+        return Err(OfflineError::Empty {
+            source_name: source_name.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// Reads a file, or stdin for `-`.
+pub fn read_source(path: &str) -> Result<String, OfflineError> {
+    let read = if path == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    };
+    read.map_err(|error| OfflineError::Read {
+        source_name: path.to_owned(),
+        error,
+    })
+}
+
+/// What `review` decided for one document.
+#[derive(Debug)]
+pub struct Decision {
+    pub label: String,
+    pub allowed: bool,
+    pub message: String,
+    pub warnings: Vec<String>,
+    /// The JSON Patch /mutate answered (an empty array when none).
+    pub patch: Value,
+    /// The object after the patch, as the apiserver would store it (or judge it).
+    pub patched: Value,
+}
+
+/// Builds the AdmissionReview the apiserver would send for `object` (UPDATE when `old`).
+fn synthetic_review(object: &Value, old: Option<&Value>, version: Version) -> Value {
+    let meta = |k: &str| {
+        object
+            .pointer(&format!("/metadata/{k}"))
+            .cloned()
+            .unwrap_or(json!(""))
+    };
+    json!({
+        "apiVersion": webhook::ADMISSION_V1, "kind": "AdmissionReview",
+        "request": {
+            "uid": "00000000-0000-0000-0000-000000000000",
+            "kind": {"group": api::GROUP, "version": version.as_str(), "kind": api::KIND},
+            "resource": {"group": api::GROUP, "version": version.as_str(), "resource": api::PLURAL},
+            "name": meta("name"), "namespace": meta("namespace"),
+            "operation": if old.is_some() { "UPDATE" } else { "CREATE" },
+            "userInfo": {"username": "etcd-webhook-review"},
+            "object": object, "oldObject": old, "dryRun": true,
+        }
+    })
+}
+
+/// Runs /mutate then /validate on a review, as the apiserver runs mutating then validating
+/// webhooks.
+fn decide(review: &Value, doc: &Document) -> Result<Decision, OfflineError> {
+    let bytes = serde_json::to_vec(review).map_err(|e| doc.error(e.to_string()))?;
+    let req = webhook::parse_admission(&bytes).map_err(|e| doc.error(e.to_string()))?;
+    let mutated = mutate::respond(&req).map_err(|e| doc.error(e.to_string()))?;
+    let patch: Value = match &mutated.patch {
+        Some(p) => serde_json::from_slice(p).map_err(|e| doc.error(e.to_string()))?,
+        None => json!([]),
+    };
+    let object = review
+        .pointer("/request/object")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let mut patched = object.clone();
+    if !object.is_null() {
+        let ops: json_patch::Patch =
+            serde_json::from_value(patch.clone()).map_err(|e| doc.error(e.to_string()))?;
+        json_patch::patch(&mut patched, &ops)
+            .map_err(|e| doc.error(format!("patch does not apply: {e}")))?;
+    }
+    let mut judged = review.clone();
+    if let Some(o) = judged.pointer_mut("/request/object") {
+        *o = patched.clone();
+    }
+    let bytes = serde_json::to_vec(&judged).map_err(|e| doc.error(e.to_string()))?;
+    let req = webhook::parse_admission(&bytes).map_err(|e| doc.error(e.to_string()))?;
+    let verdict = validate::respond(&req).map_err(|e| doc.error(e.to_string()))?;
+    let mut warnings = mutated.warnings.unwrap_or_default();
+    warnings.extend(verdict.warnings.unwrap_or_default());
+    let label = Document {
+        value: patched.clone(),
+        ..doc.clone()
+    }
+    .label();
+    Ok(Decision {
+        label: if patched.is_null() {
+            format!("review {}", req.uid)
+        } else {
+            label
+        },
+        allowed: verdict.allowed,
+        message: verdict.result.message,
+        warnings,
+        patch,
+        patched,
+    })
+}
+
+/// Reviews every document: an AdmissionReview as it is, an EtcdCluster as a CREATE (or an
+/// UPDATE against the document of the same namespace/name in `old`).
+pub fn review(docs: &[Document], old: &[Document]) -> Result<Vec<Decision>, OfflineError> {
+    docs.iter()
+        .map(|doc| {
+            let kind = doc.value.get("kind").and_then(Value::as_str).unwrap_or("");
+            match kind {
+                "AdmissionReview" => decide(&doc.value, doc),
+                k if k == api::KIND => {
+                    let version = api::convert::version_of(&doc.value)
+                        .map_err(|e| doc.error(e.to_string()))?;
+                    let key = |v: &Value| {
+                        (
+                            v.pointer("/metadata/namespace").cloned(),
+                            v.pointer("/metadata/name").cloned(),
+                        )
+                    };
+                    let previous = match old {
+                        [] => None,
+                        [only] if docs.len() == 1 => Some(&only.value),
+                        many => Some(
+                            &many
+                                .iter()
+                                .find(|o| key(&o.value) == key(&doc.value))
+                                .ok_or_else(|| {
+                                    doc.error("no object with the same namespace/name in --old")
+                                })?
+                                .value,
+                        ),
+                    };
+                    decide(&synthetic_review(&doc.value, previous, version), doc)
+                }
+                other => Err(doc.error(format!(
+                    "kind {other:?} is neither an EtcdCluster nor an AdmissionReview"
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// Converts every document to `to`, through the same function `/convert` uses.
+pub fn convert(docs: &[Document], to: Version) -> Result<Vec<Value>, OfflineError> {
+    docs.iter()
+        .map(|doc| {
+            api::convert::convert_object(&doc.value, to).map_err(|e| {
+                doc.error(format!(
+                    "{}: cannot convert to {}: {e}",
+                    doc.label(),
+                    to.api_version()
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Renders objects as multi-document YAML, or JSON (one object, or a List of several).
+pub fn render(objects: &[Value], json_output: bool) -> String {
+    if json_output {
+        let value = match objects {
+            [one] => one.clone(),
+            many => json!({"apiVersion": "v1", "kind": "List", "items": many}),
+        };
+        let mut s = serde_json::to_string_pretty(&value).expect("JSON values serialize");
+        s.push('\n');
+        s
+    } else {
+        objects
+            .iter()
+            .map(|o| serde_yaml_ng::to_string(o).expect("JSON values serialize as YAML"))
+            .collect::<Vec<_>>()
+            .join("---\n")
+    }
+}

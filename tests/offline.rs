@@ -1,0 +1,289 @@
+//! `etcd-webhook review` and `etcd-webhook convert` on every fixture and sample, multi-document
+//! input, bad input, and their exit codes.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+fn run(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn samples() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/samples");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("etcd_")
+        })
+        .collect();
+    v.sort();
+    assert_eq!(v.len(), 3, "one sample per version");
+    v
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap()
+}
+
+#[test]
+fn review_every_admission_fixture() {
+    let expectations: Vec<Value> = serde_json::from_slice(&fixture("expectations.json")).unwrap();
+    for e in expectations {
+        let file = e["file"].as_str().unwrap();
+        let path = fixtures_dir().join(file);
+        let out = run(&["review", "-f", path.to_str().unwrap()], None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let want = if file == "malformed-admission-to-convert.json" {
+            0 // a sound AdmissionReview, sent to the wrong endpoint in the HTTP test
+        } else if e["status"] != 200 || file.starts_with("convert-") {
+            2
+        } else if file.starts_with("validate-") {
+            if e["allowed"] == true { 0 } else { 1 }
+        } else if file == "mutate-v1-create-schema-breaking.json" {
+            1
+        } else {
+            0
+        };
+        assert_eq!(code(&out), want, "{file}: {stderr}");
+        if want == 1 {
+            for m in e["message"].as_array().into_iter().flatten() {
+                assert!(stderr.contains(m.as_str().unwrap()), "{file}: {stderr}");
+            }
+        }
+        if want == 2 {
+            assert!(stderr.starts_with("error: "), "{file}: {stderr}");
+        }
+    }
+}
+
+#[test]
+fn review_samples_and_multi_document_input() {
+    let mut all = String::new();
+    for s in samples() {
+        let out = run(&["review", "-f", s.to_str().unwrap(), "--patch"], None);
+        assert_eq!(
+            code(&out),
+            0,
+            "{}: {}",
+            s.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap().trim(),
+            "[]",
+            "samples are complete: no defaults to add"
+        );
+        all.push_str(&std::fs::read_to_string(&s).unwrap());
+        all.push_str("---\n");
+    }
+    let out = run(&["review"], Some(&all));
+    assert_eq!(code(&out), 0);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.matches(": allowed").count(), 3, "{stderr}");
+    let bad = format!(
+        "{all}apiVersion: etcd.example.com/v1beta1\nkind: EtcdCluster\nmetadata: {{name: even}}\nspec: {{size: 2}}\n"
+    );
+    let out = run(&["review", "-f", "-"], Some(&bad));
+    assert_eq!(code(&out), 1);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains(
+            "even (etcd.example.com/v1beta1): denied: spec.size: Invalid value: 2: must be odd"
+        ),
+        "{stderr}"
+    );
+    // The patched objects come out as YAML documents, with defaults filled in.
+    let out = run(
+        &["review"],
+        Some(
+            "apiVersion: etcd.example.com/v1\nkind: EtcdCluster\nmetadata: {name: a}\nspec: {size: 3}\n",
+        ),
+    );
+    assert_eq!(code(&out), 0);
+    let patched: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    assert_eq!(patched["spec"]["version"], "v3.5.10");
+    assert_eq!(patched["spec"]["storageSize"], "10Gi");
+}
+
+#[test]
+fn review_an_update_with_old() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.yaml");
+    std::fs::write(&old, "apiVersion: etcd.example.com/v1alpha1\nkind: EtcdCluster\nmetadata: {name: a, namespace: ns}\nspec: {replicas: 5, etcdVersion: 3.5.0}\n").unwrap();
+    let new = "apiVersion: etcd.example.com/v1alpha1\nkind: EtcdCluster\nmetadata: {name: a, namespace: ns}\nspec: {replicas: 3, etcdVersion: 3.4.0}\n";
+    let out = run(&["review", "--old", old.to_str().unwrap()], Some(new));
+    assert_eq!(code(&out), 1);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("spec.replicas: Forbidden: cannot shrink from 5 to 3"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("spec.etcdVersion: Forbidden: cannot downgrade"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_where_and_why() {
+    let cases: [(&[&str], &str, &str); 6] = [
+        (
+            &["review"],
+            "a: [\n",
+            "-: document 1: not valid YAML or JSON",
+        ),
+        (&["review"], "", "-: no documents"),
+        (
+            &["review"],
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
+            "document 1: kind \"Pod\" is neither an EtcdCluster nor an AdmissionReview",
+        ),
+        (&["review"], "- 1\n- 2\n", "document 1: expected an object"),
+        (
+            &["convert", "--to", "v1"],
+            "apiVersion: etcd.example.com/v1alpha1\nkind: EtcdCluster\nmetadata: {name: a}\nspec: {replicas: 3}\n---\napiVersion: etcd.example.com/v1alpha1\nkind: EtcdCluster\nmetadata: {name: b}\nspec: {replicas: three}\n",
+            "-: document 2: b (etcd.example.com/v1alpha1): cannot convert to etcd.example.com/v1: spec.replicas: invalid type: string \"three\"",
+        ),
+        (
+            &["convert", "--to", "v1beta1", "-f", "/nonexistent.yaml"],
+            "",
+            "/nonexistent.yaml: cannot read",
+        ),
+    ];
+    for (args, input, want) in cases {
+        let out = run(args, Some(input));
+        let rc = code(&out);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(rc, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn convert_samples_to_every_version_and_back() {
+    for s in samples() {
+        let original: Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&s).unwrap()).unwrap();
+        let home = original["apiVersion"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        for to in ["v1", "v1beta1", "v1alpha1"] {
+            let there = run(&["convert", "--to", to, "-f", s.to_str().unwrap()], None);
+            assert_eq!(
+                code(&there),
+                0,
+                "{}",
+                String::from_utf8_lossy(&there.stderr)
+            );
+            let converted: Value = serde_yaml_ng::from_slice(&there.stdout).unwrap();
+            assert_eq!(converted["apiVersion"], format!("etcd.example.com/{to}"));
+            let back = run(
+                &["convert", "--to", &home, "-o", "json"],
+                Some(&String::from_utf8(there.stdout).unwrap()),
+            );
+            assert_eq!(code(&back), 0);
+            let back: Value = serde_json::from_slice(&back.stdout).unwrap();
+            assert_eq!(back, original, "{} -> {to} -> {home}", s.display());
+        }
+    }
+}
+
+#[test]
+fn convert_multi_document_and_lists() {
+    let all: String = samples()
+        .iter()
+        .map(|s| std::fs::read_to_string(s).unwrap())
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let out = run(&["convert", "--to", "v1", "-o", "json"], Some(&all));
+    assert_eq!(code(&out), 0);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["kind"], "List");
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 3);
+    assert!(
+        items
+            .iter()
+            .all(|i| i["apiVersion"] == "etcd.example.com/v1")
+    );
+    // A List goes in as its items; YAML comes out as documents.
+    let out = run(
+        &["convert", "--to", "v1alpha1"],
+        Some(&serde_json::to_string(&list).unwrap()),
+    );
+    assert_eq!(code(&out), 0);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text.matches("apiVersion: etcd.example.com/v1alpha1")
+            .count(),
+        3,
+        "{text}"
+    );
+    // The objects of every admission fixture that holds a sound object convert and come back.
+    for entry in std::fs::read_dir(fixtures_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let Ok(review) = serde_json::from_slice::<Value>(&std::fs::read(&path).unwrap()) else {
+            continue;
+        };
+        let Some(obj) = review.pointer("/request/object").filter(|o| o.is_object()) else {
+            continue;
+        };
+        let home = obj["apiVersion"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let to = if home == "v1" { "v1alpha1" } else { "v1" };
+        let there = run(
+            &["convert", "--to", to, "-o", "json"],
+            Some(&obj.to_string()),
+        );
+        if code(&there) == 2 {
+            let stderr = String::from_utf8_lossy(&there.stderr);
+            assert!(
+                stderr.contains("document 1"),
+                "{}: {stderr}",
+                path.display()
+            );
+            continue;
+        }
+        let back = run(
+            &["convert", "--to", &home, "-o", "json"],
+            Some(&String::from_utf8(there.stdout).unwrap()),
+        );
+        let back: Value = serde_json::from_slice(&back.stdout).unwrap();
+        let mut expected = obj.clone();
+        etcd_webhook::admission::defaults::apply(
+            &mut expected,
+            etcd_webhook::api::Version::from_version(&home).unwrap(),
+        );
+        assert_eq!(back, expected, "{}", path.display());
+    }
+}

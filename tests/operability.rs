@@ -1,0 +1,388 @@
+//! Metrics that match a scripted sequence, graceful shutdown under slow in-flight requests,
+//! panic isolation and the per-request time limit.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn sample(body: &str, name_and_labels: &str) -> f64 {
+    body.lines()
+        .find(|l| l.split_whitespace().next() == Some(name_and_labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .map(|v| v.parse().unwrap())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn metrics_count_exactly_what_was_sent() {
+    let server = Server::start(&[]);
+    let client = apiserver_client(&server.ca());
+    runtime().block_on(async {
+        for f in [
+            "mutate-v1-create-minimal.json",
+            "mutate-v1-create-complete.json",
+        ] {
+            assert_eq!(
+                post(&client, &server.url("/mutate"), fixture(f)).await.0,
+                200
+            );
+        }
+        assert_eq!(
+            post(
+                &client,
+                &server.url("/validate"),
+                fixture("validate-v1-create-even-size.json")
+            )
+            .await
+            .0,
+            200
+        );
+        assert_eq!(
+            post(
+                &client,
+                &server.url("/validate"),
+                fixture("validate-v1-update-upgrade-dry-run.json")
+            )
+            .await
+            .0,
+            200
+        );
+        assert_eq!(
+            post(
+                &client,
+                &server.url("/validate"),
+                fixture("malformed-no-request.json")
+            )
+            .await
+            .0,
+            400
+        );
+        let rsp = client
+            .post(server.url("/mutate"))
+            .header("Content-Type", "text/yaml")
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rsp.status(), 415);
+        assert_eq!(
+            post(
+                &client,
+                &server.url("/convert"),
+                fixture("convert-mixed-to-v1.json")
+            )
+            .await
+            .0,
+            200
+        );
+        assert_eq!(
+            post(
+                &client,
+                &server.url("/convert"),
+                fixture("convert-unconvertible.json")
+            )
+            .await
+            .0,
+            200
+        );
+    });
+    let (status, body) = server.health_get("/metrics");
+    assert_eq!(status, 200);
+    // It parses as OpenMetrics text: HELP/TYPE comments, `name{labels} value` samples, # EOF.
+    assert!(body.ends_with("# EOF\n"));
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let (key, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample line {line:?}"));
+        assert!(value.parse::<f64>().is_ok(), "bad value in {line:?}");
+        assert!(key.starts_with("etcd_webhook_"), "{line}");
+        assert_eq!(key.matches('{').count(), key.matches('}').count(), "{line}");
+    }
+    let adm = |ep: &str, op: &str, v: &str, r: &str| {
+        sample(
+            &body,
+            &format!(
+                r#"etcd_webhook_admission_requests_total{{endpoint="{ep}",operation="{op}",version="{v}",result="{r}"}}"#
+            ),
+        )
+    };
+    assert_eq!(adm("mutate", "CREATE", "v1", "allowed"), 2.0);
+    assert_eq!(adm("validate", "CREATE", "v1", "denied"), 1.0);
+    assert_eq!(adm("validate", "UPDATE", "v1", "allowed"), 1.0);
+    assert_eq!(adm("validate", "unknown", "unknown", "error"), 1.0);
+    assert_eq!(adm("mutate", "unknown", "unknown", "error"), 1.0);
+    assert_eq!(
+        sample(&body, r#"etcd_webhook_http_errors_total{status="400"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(&body, r#"etcd_webhook_http_errors_total{status="415"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_conversion_requests_total{result="success"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_conversion_requests_total{result="failure"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_converted_objects_total{from="v1alpha1",to="v1"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_converted_objects_total{from="v1beta1",to="v1"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_request_duration_seconds_count{endpoint="validate"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_request_duration_seconds_count{endpoint="mutate"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_request_duration_seconds_bucket{le="1.0",endpoint="validate"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_requests_in_flight{endpoint="validate"}"#
+        ),
+        0.0
+    );
+    assert_eq!(sample(&body, "etcd_webhook_panics_total"), 0.0);
+    assert_eq!(
+        sample(
+            &body,
+            r#"etcd_webhook_cert_reloads_total{result="success"}"#
+        ),
+        1.0
+    );
+    // One log line per admission decision, with the reason; no object bodies.
+    let log = server.log();
+    assert_eq!(log.matches("admission decision").count(), 4, "{log}");
+    assert!(log.contains("allowed=false") && log.contains("must be odd"));
+    assert!(
+        !log.contains("storageClass"),
+        "object bodies are never logged at info"
+    );
+}
+
+/// Opens a TLS connection and sends headers plus part of a body; the rest comes later.
+async fn half_sent(
+    server: &Server,
+    body: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let config = client_config(&std::fs::read_to_string(server.ca()).unwrap(), None);
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(
+            rustls_pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /validate?timeout=10s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tls.write_all(&body[..body.len() / 2]).await.unwrap();
+    tls.flush().await.unwrap();
+    tls
+}
+
+async fn finish(
+    mut tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    body: Vec<u8>,
+) -> String {
+    tls.write_all(&body[body.len() / 2..]).await.unwrap();
+    tls.flush().await.unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&out);
+        if let Some((head, rest)) = text.split_once("\r\n\r\n")
+            && let Some(len) = head.lines().find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")
+                    .map(|v| v.trim().parse::<usize>().unwrap())
+            })
+            && rest.len() >= len
+        {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn sigterm_drains_slow_requests_and_exits_zero() {
+    let mut server = Server::start(&["--shutdown-delay", "1s", "--shutdown-timeout", "10s"]);
+    let body = fixture("validate-v1-create-valid.json");
+    runtime().block_on(async {
+        let mut pending = Vec::new();
+        for _ in 0..5 {
+            pending.push(half_sent(&server, &body).await);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pid = server.child.id().to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        // Readiness goes false at once.
+        let start = Instant::now();
+        loop {
+            if server.health_get("/readyz").0 == 503 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "readiness did not turn false"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // After the delay, new connections are refused...
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let refused = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::net::TcpStream::connect(server.addr),
+        )
+        .await;
+        assert!(
+            matches!(refused, Ok(Err(_))),
+            "new connections must be refused after the shutdown delay"
+        );
+        // ...while every in-flight request completes with 200.
+        let tasks: Vec<_> = pending
+            .into_iter()
+            .map(|tls| tokio::spawn(finish(tls, body.clone())))
+            .collect();
+        for t in tasks {
+            let reply = t.await.unwrap();
+            assert!(
+                reply.starts_with("HTTP/1.1 200"),
+                "in-flight request not completed: {reply:?}"
+            );
+            let json: Value =
+                serde_json::from_str(reply.split_once("\r\n\r\n").unwrap().1).unwrap();
+            assert_eq!(json["response"]["allowed"], true);
+        }
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "did not exit within the shutdown timeout"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        server.log()
+    );
+    assert!(server.log().contains("draining"));
+}
+
+#[test]
+fn a_panic_answers_500_once_and_serving_goes_on() {
+    let uid = "00000000-dead-4000-8000-000000000000";
+    let server = Server::start(&["--test-panic-uid", uid]);
+    let client = apiserver_client(&server.ca());
+    runtime().block_on(async {
+        let mut review: Value =
+            serde_json::from_slice(&fixture("validate-v1-create-valid.json")).unwrap();
+        review["request"]["uid"] = json!(uid);
+        let (status, _, body) = post(
+            &client,
+            &server.url("/validate"),
+            serde_json::to_vec(&review).unwrap(),
+        )
+        .await;
+        assert_eq!(status, 500);
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("panic while answering the request"),
+            "{body}"
+        );
+        let (status, _, body) = post(
+            &client,
+            &server.url("/validate"),
+            fixture("validate-v1-create-valid.json"),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(body["response"]["allowed"], true);
+    });
+    assert_eq!(server.metric("etcd_webhook_panics_total", ""), 1.0);
+    assert!(server.log().contains("panic while answering a request"));
+}
+
+#[test]
+fn a_request_slower_than_the_limit_gets_503() {
+    let server = Server::start(&["--request-timeout", "500ms"]);
+    let body = fixture("validate-v1-create-valid.json");
+    runtime().block_on(async {
+        let tls = half_sent(&server, &body).await;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let reply = finish(tls, body.clone()).await;
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        assert!(reply.contains("--request-timeout"), "{reply}");
+        assert!(!reply.to_ascii_lowercase().contains("retry-after"));
+        let (status, _, _) = post(
+            &apiserver_client(&server.ca()),
+            &server.url("/validate"),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(status, 200);
+    });
+}
