@@ -27,6 +27,9 @@ pub const CONVERSION_ANNOTATION: &str = "etcd.example.com/conversion-data";
 pub const WEBHOOK_SERVICE: &str = "etcd-webhook";
 pub const WEBHOOK_NAMESPACE: &str = "etcd-system";
 pub const CONVERT_PATH: &str = "/convert";
+/// The cert-manager Certificate whose CA cainjector writes into the conversion webhook's
+/// caBundle (and the admission webhooks'); the caBundle itself is never written in a file.
+pub const SERVING_CERTIFICATE: &str = "etcd-webhook-serving";
 
 /// A served version of the API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,6 +111,13 @@ pub fn crd() -> CustomResourceDefinition {
     crd.spec
         .versions
         .sort_by_key(|v| Version::from_version(&v.name));
+    crd.metadata.annotations = Some(
+        [(
+            "cert-manager.io/inject-ca-from".to_owned(),
+            format!("{WEBHOOK_NAMESPACE}/{SERVING_CERTIFICATE}"),
+        )]
+        .into(),
+    );
     crd.spec.conversion = Some(CustomResourceConversion {
         strategy: "Webhook".to_owned(),
         webhook: Some(WebhookConversion {

@@ -1,0 +1,16 @@
+# Multi-stage build: a static (musl) binary in a distroless image, running as non-root.
+#   docker build -t ghcr.io/example/etcd-webhook:0.1.0 .
+FROM rust:1.95-alpine AS build
+RUN apk add --no-cache musl-dev
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+RUN cargo build --release --locked --bin etcd-webhook \
+ && cp target/release/etcd-webhook /etcd-webhook
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /etcd-webhook /etcd-webhook
+USER 65532:65532
+EXPOSE 8443 8081
+ENTRYPOINT ["/etcd-webhook"]
+CMD ["serve"]

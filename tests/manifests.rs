@@ -1,0 +1,662 @@
+//! The install manifests, rendered with the real kubectl (kustomize) and helm, checked for the
+//! invariants that break clusters when they drift. helm and kubectl come from
+//! tests/tools/k8s-cli.sh (PATH first, else the Python package registry); no check is skipped.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use etcd_webhook::admission::{defaults, validate};
+use etcd_webhook::api::{self, convert};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The folder with helm and kubectl, installed once per test run.
+fn tools() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(root().join("tests/tools/k8s-cli.sh"))
+            .output()
+            .expect("run tests/tools/k8s-cli.sh");
+        assert!(
+            out.status.success(),
+            "k8s-cli.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+fn tool(name: &str, args: &[&str]) -> String {
+    let out = Command::new(tools().join(name))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{name} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(yaml)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// A rendered install: every document, with typed access by kind.
+struct Install {
+    name: String,
+    docs: Vec<Value>,
+}
+
+impl Install {
+    fn all<T: DeserializeOwned>(&self, kind: &str) -> Vec<T> {
+        self.docs
+            .iter()
+            .filter(|d| d["kind"] == kind)
+            .map(|d| {
+                serde_json::from_value(d.clone())
+                    .unwrap_or_else(|e| panic!("{}: {kind} does not parse: {e}", self.name))
+            })
+            .collect()
+    }
+    fn one<T: DeserializeOwned>(&self, kind: &str) -> T {
+        let mut v = self.all(kind);
+        assert_eq!(v.len(), 1, "{}: exactly one {kind}", self.name);
+        v.remove(0)
+    }
+    fn raw(&self, kind: &str) -> Vec<&Value> {
+        self.docs.iter().filter(|d| d["kind"] == kind).collect()
+    }
+}
+
+fn kustomize() -> Install {
+    Install {
+        name: "config/default".into(),
+        docs: documents(&tool("kubectl", &["kustomize", "config/default"])),
+    }
+}
+
+fn helm(values: Option<&str>) -> Install {
+    let mut args = vec![
+        "template",
+        "etcd-webhook",
+        "charts/etcd-webhook",
+        "--namespace",
+        "etcd-system",
+        "--include-crds",
+    ];
+    if let Some(v) = values {
+        args.extend(["-f", v]);
+    }
+    Install {
+        name: format!("helm {}", values.unwrap_or("defaults")),
+        docs: documents(&tool("helm", &args)),
+    }
+}
+
+fn value_sets() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(root().join("charts/etcd-webhook/ci"))
+        .unwrap()
+        .map(|e| {
+            format!(
+                "charts/etcd-webhook/ci/{}",
+                e.unwrap().file_name().into_string().unwrap()
+            )
+        })
+        .collect();
+    v.sort();
+    assert!(
+        v.len() >= 3,
+        "at least three value sets besides the defaults"
+    );
+    v
+}
+
+fn arg<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter()
+        .find_map(|a| a.strip_prefix(&format!("{flag}=")))
+}
+
+fn has_key(v: &Value, key: &str) -> bool {
+    match v {
+        Value::Object(m) => m.contains_key(key) || m.values().any(|x| has_key(x, key)),
+        Value::Array(a) => a.iter().any(|x| has_key(x, key)),
+        _ => false,
+    }
+}
+
+/// Everything that must hold in any rendering.
+fn check(install: &Install, cert_manager: bool) {
+    let n = &install.name;
+    let ns = "etcd-system";
+    assert!(
+        !install.docs.iter().any(|d| has_key(d, "caBundle")),
+        "{n}: no caBundle anywhere"
+    );
+
+    // The Deployment: replicas, security, probes, the certificate volume as a directory.
+    let deploy: Deployment = install.one("Deployment");
+    let spec = deploy.spec.as_ref().unwrap();
+    assert!(spec.replicas.unwrap() >= 2, "{n}: at least 2 replicas");
+    let pod = spec.template.spec.as_ref().unwrap();
+    let psc = pod.security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true), "{n}");
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault",
+        "{n}"
+    );
+    let c = &pod.containers[0];
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false), "{n}");
+    assert_eq!(sc.read_only_root_filesystem, Some(true), "{n}");
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_owned()][..]),
+        "{n}"
+    );
+    assert!(
+        c.resources.as_ref().unwrap().requests.is_some()
+            && c.resources.as_ref().unwrap().limits.is_some(),
+        "{n}"
+    );
+    let args = c.args.clone().unwrap();
+    assert_eq!(args[0], "serve");
+    let port_of = |name: &str| {
+        c.ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap()
+            .container_port
+    };
+    let addr_port: i32 = arg(&args, "--addr")
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let health_port: i32 = arg(&args, "--health-addr")
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        port_of("webhook"),
+        addr_port,
+        "{n}: containerPort webhook is what --addr listens on"
+    );
+    assert_eq!(port_of("health"), health_port, "{n}");
+    for probe in [
+        c.readiness_probe.as_ref().unwrap(),
+        c.liveness_probe.as_ref().unwrap(),
+    ] {
+        assert_eq!(
+            probe.http_get.as_ref().unwrap().port,
+            IntOrString::String("health".into()),
+            "{n}: probes on the health port"
+        );
+    }
+    assert_eq!(
+        c.readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/readyz")
+    );
+    assert_eq!(
+        c.liveness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/healthz")
+    );
+    let cert_dir = arg(&args, "--cert-dir").unwrap();
+    let mount = c
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.mount_path == cert_dir)
+        .expect("--cert-dir is a mount");
+    assert!(
+        mount.sub_path.is_none() && mount.sub_path_expr.is_none(),
+        "{n}: never subPath (never updated)"
+    );
+    let volume = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    let secret_name = volume.secret.as_ref().unwrap().secret_name.clone().unwrap();
+    assert_eq!(deploy.metadata.namespace.as_deref(), Some(ns));
+    let pod_labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    let selects = |sel: &std::collections::BTreeMap<String, String>| {
+        sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
+    };
+
+    // A PodDisruptionBudget over those pods.
+    let pdb: PodDisruptionBudget = install.one("PodDisruptionBudget");
+    assert!(
+        selects(
+            pdb.spec
+                .as_ref()
+                .unwrap()
+                .selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()
+        ),
+        "{n}: PDB selects the pods"
+    );
+
+    // The Service reaches the webhook container port.
+    let svc: Service = install.one("Service");
+    let svc_name = svc.metadata.name.clone().unwrap();
+    assert_eq!(svc.metadata.namespace.as_deref(), Some(ns));
+    assert!(
+        selects(svc.spec.as_ref().unwrap().selector.as_ref().unwrap()),
+        "{n}: Service selects the pods"
+    );
+    let ports = svc.spec.as_ref().unwrap().ports.clone().unwrap();
+    let https = ports.iter().find(|p| p.port == 443).expect("port 443");
+    assert_eq!(
+        https.target_port,
+        Some(IntOrString::String("webhook".into())),
+        "{n}"
+    );
+
+    // Every client config: our Service, port 443, a path the server serves.
+    let check_client = |cc: &WebhookClientConfig, path: &str| {
+        let s = cc.service.as_ref().unwrap();
+        assert_eq!(
+            (s.name.as_str(), s.namespace.as_str()),
+            (svc_name.as_str(), ns),
+            "{n}"
+        );
+        assert_eq!(s.port, Some(443), "{n}");
+        assert_eq!(s.path.as_deref(), Some(path), "{n}");
+        assert!(cc.url.is_none() && cc.ca_bundle.is_none(), "{n}");
+    };
+    let m: MutatingWebhookConfiguration = install.one("MutatingWebhookConfiguration");
+    let v: ValidatingWebhookConfiguration = install.one("ValidatingWebhookConfiguration");
+    let mw = &m.webhooks.as_ref().unwrap()[0];
+    let vw = &v.webhooks.as_ref().unwrap()[0];
+    check_client(&mw.client_config, "/mutate");
+    check_client(&vw.client_config, "/validate");
+    for (rules, mp, arv, se, ns_sel, timeout) in [
+        (
+            &mw.rules,
+            &mw.match_policy,
+            &mw.admission_review_versions,
+            &mw.side_effects,
+            &mw.namespace_selector,
+            mw.timeout_seconds,
+        ),
+        (
+            &vw.rules,
+            &vw.match_policy,
+            &vw.admission_review_versions,
+            &vw.side_effects,
+            &vw.namespace_selector,
+            vw.timeout_seconds,
+        ),
+    ] {
+        let rule = &rules.as_ref().unwrap()[0];
+        assert_eq!(
+            rule.api_groups.as_deref(),
+            Some(&["etcd.example.com".to_owned()][..])
+        );
+        assert_eq!(rule.api_versions.as_deref(), Some(&["v1".to_owned()][..]));
+        assert_eq!(
+            rule.resources.as_deref(),
+            Some(&["etcdclusters".to_owned()][..])
+        );
+        let mut ops = rule.operations.clone().unwrap();
+        ops.sort();
+        assert_eq!(ops, ["CREATE", "UPDATE"]);
+        assert_eq!(mp.as_deref(), Some("Equivalent"));
+        assert_eq!(arv, &["v1".to_owned()]);
+        assert_eq!(se, "None");
+        assert!((1..=30).contains(&timeout.unwrap()), "{n}");
+        // Our own namespace is never intercepted.
+        let expr = &ns_sel.as_ref().unwrap().match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (expr.key.as_str(), expr.operator.as_str()),
+            ("kubernetes.io/metadata.name", "NotIn")
+        );
+        assert!(
+            expr.values.as_ref().unwrap().contains(&ns.to_owned()),
+            "{n}: own namespace excluded"
+        );
+    }
+
+    // The CRD: generated, converting through our Service.
+    let crds: Vec<CustomResourceDefinition> = install.all("CustomResourceDefinition");
+    if let Some(crd) = crds.first() {
+        let conv = crd
+            .spec
+            .conversion
+            .as_ref()
+            .unwrap()
+            .webhook
+            .as_ref()
+            .unwrap();
+        let cc = conv.client_config.as_ref().unwrap();
+        let s = cc.service.as_ref().unwrap();
+        assert_eq!(
+            (
+                s.name.as_str(),
+                s.namespace.as_str(),
+                s.port,
+                s.path.as_deref()
+            ),
+            (svc_name.as_str(), ns, Some(443), Some("/convert")),
+            "{n}"
+        );
+        assert!(cc.url.is_none() && cc.ca_bundle.is_none(), "{n}");
+        let generated = serde_json::to_value(api::crd()).unwrap();
+        assert_eq!(
+            serde_json::to_value(crd).unwrap(),
+            generated,
+            "{n}: CRD equals `etcd-webhook crd`"
+        );
+    }
+
+    // cert-manager: the serving Certificate's Secret is what the Deployment mounts, its names are
+    // the Service's, and every cainjector annotation names it.
+    let certs = install.raw("Certificate");
+    let annotated: Vec<String> = install
+        .docs
+        .iter()
+        .filter_map(|d| {
+            d.pointer("/metadata/annotations/cert-manager.io~1inject-ca-from")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect();
+    if cert_manager {
+        let serving = certs
+            .iter()
+            .find(|c| c["spec"]["secretName"] == secret_name.as_str())
+            .expect("a Certificate writes the mounted Secret");
+        let cert_name = serving["metadata"]["name"].as_str().unwrap();
+        let dns: Vec<&str> = serving["spec"]["dnsNames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap())
+            .collect();
+        assert!(
+            dns.contains(&format!("{svc_name}.{ns}.svc").as_str()),
+            "{n}: {dns:?}"
+        );
+        assert!(
+            dns.contains(&format!("{svc_name}.{ns}.svc.cluster.local").as_str()),
+            "{n}: {dns:?}"
+        );
+        assert_eq!(serving["spec"]["duration"], "8760h");
+        assert_eq!(serving["spec"]["renewBefore"], "720h");
+        // Issued by a CA issuer whose CA comes from a SelfSigned issuer: a stable caBundle.
+        let issuer_name = serving["spec"]["issuerRef"]["name"].as_str().unwrap();
+        let issuer = install
+            .raw("Issuer")
+            .into_iter()
+            .find(|i| i["metadata"]["name"] == issuer_name)
+            .unwrap();
+        let ca_secret = issuer["spec"]["ca"]["secretName"]
+            .as_str()
+            .expect("serving cert comes from a CA issuer");
+        let ca_cert = certs
+            .iter()
+            .find(|c| c["spec"]["secretName"] == ca_secret)
+            .unwrap();
+        assert_eq!(ca_cert["spec"]["isCA"], true);
+        let self_signed = ca_cert["spec"]["issuerRef"]["name"].as_str().unwrap();
+        assert!(
+            install
+                .raw("Issuer")
+                .iter()
+                .any(|i| i["metadata"]["name"] == self_signed
+                    && i["spec"].get("selfSigned").is_some())
+        );
+        let want = format!("{ns}/{cert_name}");
+        let expected = if crds.is_empty() { 2 } else { 3 };
+        assert_eq!(
+            annotated.len(),
+            expected,
+            "{n}: CRD and both webhook configurations carry inject-ca-from"
+        );
+        assert!(
+            annotated.iter().all(|a| *a == want),
+            "{n}: {annotated:?} vs {want}"
+        );
+    } else {
+        assert!(certs.is_empty(), "{n}: no cert-manager resources");
+        assert!(
+            install
+                .docs
+                .iter()
+                .filter(|d| d["kind"] != "CustomResourceDefinition")
+                .all(|d| d
+                    .pointer("/metadata/annotations/cert-manager.io~1inject-ca-from")
+                    .is_none()),
+            "{n}: no inject annotations without cert-manager"
+        );
+    }
+
+    // RBAC: the server makes no API calls, so it is granted nothing and gets no token.
+    let roles: Vec<ClusterRole> = install.all("ClusterRole");
+    let ns_roles: Vec<Role> = install.all("Role");
+    assert!(
+        roles.is_empty() && ns_roles.is_empty(),
+        "{n}: no Role: the binary calls no API"
+    );
+    assert!(install.raw("ClusterRoleBinding").is_empty() && install.raw("RoleBinding").is_empty());
+    let sa: ServiceAccount = install.one("ServiceAccount");
+    assert_eq!(sa.automount_service_account_token, Some(false));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        sa.metadata.name.as_deref()
+    );
+}
+
+#[test]
+fn kustomize_config_default() {
+    let install = kustomize();
+    check(&install, true);
+    let ns = install.raw("Namespace");
+    assert_eq!(ns.len(), 1);
+    assert_eq!(ns[0]["metadata"]["name"], "etcd-system");
+}
+
+#[test]
+fn helm_lint_strict() {
+    let out = tool(
+        "helm",
+        &[
+            "lint",
+            "--strict",
+            "--namespace",
+            "etcd-system",
+            "charts/etcd-webhook",
+        ],
+    );
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+    for v in value_sets() {
+        let out = tool(
+            "helm",
+            &[
+                "lint",
+                "--strict",
+                "--namespace",
+                "etcd-system",
+                "charts/etcd-webhook",
+                "-f",
+                &v,
+            ],
+        );
+        assert!(out.contains("0 chart(s) failed"), "{v}: {out}");
+    }
+}
+
+#[test]
+fn helm_template_default_and_value_sets() {
+    check(&helm(None), true);
+    for v in value_sets() {
+        let install = helm(Some(&v));
+        check(&install, !v.contains("cert-manager-off"));
+        if v.contains("network-policy") {
+            let np: NetworkPolicy = install.one("NetworkPolicy");
+            let ports: Vec<i32> = np
+                .spec
+                .unwrap()
+                .ingress
+                .unwrap()
+                .iter()
+                .flat_map(|r| r.ports.clone().unwrap())
+                .map(|p| match p.port.unwrap() {
+                    IntOrString::Int(i) => i,
+                    IntOrString::String(s) => panic!("{s}"),
+                })
+                .collect();
+            assert_eq!(
+                ports,
+                [8443, 8081],
+                "apiserver -> 8443, scraping -> health port"
+            );
+            let sm = install.raw("ServiceMonitor");
+            assert_eq!(sm.len(), 1);
+            assert_eq!(sm[0]["spec"]["endpoints"][0]["port"], "metrics");
+        }
+        if v.contains("custom") {
+            let m: MutatingWebhookConfiguration = install.one("MutatingWebhookConfiguration");
+            assert_eq!(
+                m.webhooks.unwrap()[0].failure_policy.as_deref(),
+                Some("Ignore")
+            );
+            let d: Deployment = install.one("Deployment");
+            assert_eq!(d.spec.unwrap().replicas, Some(3));
+        }
+    }
+    // Defaults: off by default.
+    let install = helm(None);
+    assert!(install.raw("NetworkPolicy").is_empty() && install.raw("ServiceMonitor").is_empty());
+    let m: MutatingWebhookConfiguration = install.one("MutatingWebhookConfiguration");
+    assert_eq!(
+        m.webhooks.unwrap()[0].failure_policy.as_deref(),
+        Some("Fail")
+    );
+}
+
+#[test]
+fn helm_refuses_another_namespace() {
+    let out = Command::new(tools().join("helm"))
+        .args([
+            "template",
+            "x",
+            "charts/etcd-webhook",
+            "--namespace",
+            "default",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("install etcd-webhook into the namespace etcd-system")
+    );
+}
+
+#[test]
+fn chart_crd_is_the_generated_crd() {
+    let chart = std::fs::read_to_string(
+        root().join("charts/etcd-webhook/crds/etcd.example.com_etcdclusters.yaml"),
+    )
+    .unwrap();
+    assert!(
+        chart == api::crd_yaml(),
+        "charts/etcd-webhook/crds drifted: run `cargo run -- crd > charts/etcd-webhook/crds/etcd.example.com_etcdclusters.yaml`"
+    );
+}
+
+#[test]
+fn samples_pass_validate_and_mutate_only_adds_defaults() {
+    let dir = root().join("config/samples");
+    let mut versions = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if !name.starts_with("etcd_") {
+            continue;
+        }
+        let obj: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let version = convert::version_of(&obj).unwrap();
+        versions.push(version);
+        let verdict = validate::validate(version, validate::Operation::Create, &obj, None);
+        assert!(verdict.allowed(), "{name}: {}", verdict.message());
+        let patch = serde_json::to_value(defaults::patch(&obj, version)).unwrap();
+        for op in patch.as_array().unwrap() {
+            assert_eq!(
+                op["op"], "add",
+                "{name}: /mutate may only add defaults, not change what is there: {op}"
+            );
+        }
+    }
+    versions.sort();
+    assert_eq!(versions, api::Version::ALL, "one sample per version");
+    // And the kustomization lists them all.
+    let k = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    assert_eq!(k.matches("etcd_").count(), 3);
+}
