@@ -115,9 +115,13 @@ pub struct ServeArgs {
     /// development CA and certificate for localhost are created under ./certs/dev.
     #[arg(long, env = "ETCD_WEBHOOK_CERT_DIR")]
     pub cert_dir: Option<PathBuf>,
-    /// Largest request body accepted; larger ones get 413.
+    /// Largest AdmissionReview body accepted (/mutate, /validate); larger ones get 413.
     #[arg(long, env = "ETCD_WEBHOOK_MAX_BODY_BYTES", default_value_t = crate::webhook::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Largest ConversionReview body accepted (/convert): a LIST in an old version converts
+    /// every object in one review.
+    #[arg(long, env = "ETCD_WEBHOOK_MAX_CONVERT_BODY_BYTES", default_value_t = crate::webhook::DEFAULT_MAX_CONVERT_BODY_BYTES)]
+    pub max_convert_body_bytes: usize,
     /// Also offer HTTP/2 (off by default: the apiserver uses HTTP/1.1, and HTTP/2 brings
     /// rapid-reset exposure).
     #[arg(long, env = "ETCD_WEBHOOK_HTTP2")]

@@ -19,6 +19,10 @@ use etcd_webhook::tls::watch::{Reloader, WatchOptions};
 use etcd_webhook::tls::{self, CertStore};
 use etcd_webhook::{api, server, webhook};
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     // The offline commands print results, not logs; and they exit 0/1/2 on their own.
@@ -179,6 +183,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let store = CertStore::new();
     let mut state = webhook::AppState::new(args.max_body_bytes, store.clone(), metrics.clone());
     state.request_timeout = args.request_timeout;
+    state.max_convert_body_bytes = args.max_convert_body_bytes;
     state.test_panic_uid = args.test_panic_uid.clone();
     let state = Arc::new(state);
     let shutdown = CancellationToken::new();

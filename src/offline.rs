@@ -187,9 +187,9 @@ fn decide(review: &Value, doc: &Document) -> Result<Decision, OfflineError> {
     }
     let bytes = serde_json::to_vec(&judged).map_err(|e| doc.error(e.to_string()))?;
     let req = webhook::parse_admission(&bytes).map_err(|e| doc.error(e.to_string()))?;
-    let verdict = validate::respond(&req).map_err(|e| doc.error(e.to_string()))?;
-    let mut warnings = mutated.warnings.unwrap_or_default();
-    warnings.extend(verdict.warnings.unwrap_or_default());
+    let verdict = validate::respond(&req);
+    let mut warnings = mutated.warnings;
+    warnings.extend(verdict.warnings.iter().cloned());
     let label = Document {
         value: patched.clone(),
         ..doc.clone()
@@ -202,7 +202,7 @@ fn decide(review: &Value, doc: &Document) -> Result<Decision, OfflineError> {
             label
         },
         allowed: verdict.allowed,
-        message: verdict.result.message,
+        message: verdict.message().to_owned(),
         warnings,
         patch,
         patched,

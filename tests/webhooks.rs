@@ -336,7 +336,12 @@ fn every_fixture_answers_through_curl() {
 
 #[test]
 fn http_errors_are_clear() {
-    let server = Server::start(&["--max-body-bytes", "4096"]);
+    let server = Server::start(&[
+        "--max-body-bytes",
+        "4096",
+        "--max-convert-body-bytes",
+        "4096",
+    ]);
     let client = apiserver_client(&server.ca());
     runtime().block_on(async {
         let valid = fixture("validate-v1-create-valid.json");

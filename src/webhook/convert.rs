@@ -46,7 +46,7 @@ pub async fn handle(
     body: Body,
 ) -> Result<Response, ApiError> {
     let start = std::time::Instant::now();
-    let bytes = read_body(&headers, body, state.max_body_bytes).await?;
+    let bytes = read_body(&headers, body, state.max_convert_body_bytes).await?;
     let req = parse(&bytes)?;
     state.test_hook(&req.uid);
     let (uid, count, desired) = (
@@ -93,6 +93,7 @@ pub async fn handle(
 
 /// Decodes a ConversionReview (v1 or v1beta1) into its request.
 pub fn parse(bytes: &[u8]) -> Result<ConversionRequest, ApiError> {
+    super::expect_object("ConversionReview", bytes)?;
     let review: ReviewIn = serde_json::from_slice(bytes)
         .map_err(|e| decode_error("malformed ConversionReview", &e))?;
     if review.kind != "ConversionReview"

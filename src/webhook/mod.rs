@@ -3,7 +3,12 @@
 
 pub mod convert;
 pub mod mutate;
+pub mod review;
 pub mod validate;
+
+pub use review::{
+    ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest, AdmissionReviewOut, Answer, parse_admission,
+};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +21,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, Limited};
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -38,13 +41,17 @@ fn operation_label(op: &kube::core::admission::Operation) -> &'static str {
     }
 }
 
-/// Default cap on request bodies: the apiserver can send object and oldObject of ~3 MiB each.
+/// Default cap on admission bodies: the apiserver can send object and oldObject of ~3 MiB each.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+/// Default cap on conversion bodies: a LIST in an old version is one ConversionReview holding
+/// every object (5,000 EtcdClusters are about 11 MB).
+pub const DEFAULT_MAX_CONVERT_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// What the handlers share.
 #[derive(Debug)]
 pub struct AppState {
     pub max_body_bytes: usize,
+    pub max_convert_body_bytes: usize,
     /// Longest a request may take; below the apiserver's default 10 s webhook timeout.
     pub request_timeout: Duration,
     /// Test hook (hidden flag): a review with this uid panics, to prove panic isolation.
@@ -61,6 +68,7 @@ impl AppState {
     pub fn new(max_body_bytes: usize, certs: Arc<CertStore>, metrics: Arc<Metrics>) -> Self {
         Self {
             max_body_bytes,
+            max_convert_body_bytes: DEFAULT_MAX_CONVERT_BODY_BYTES.max(max_body_bytes),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             test_panic_uid: None,
             listening: AtomicBool::new(false),
@@ -81,7 +89,7 @@ impl AppState {
     pub fn count_admission(
         &self,
         endpoint: &'static str,
-        req: Option<&AdmissionRequest<DynamicObject>>,
+        req: Option<&AdmissionRequest>,
         result: &'static str,
     ) {
         let (operation, version) = match req {
@@ -246,7 +254,9 @@ pub enum ApiError {
     BadRequest(String),
     #[error("Content-Type must be application/json, got {0}")]
     UnsupportedMediaType(String),
-    #[error("request body exceeds {0} bytes (--max-body-bytes)")]
+    #[error(
+        "request body exceeds {0} bytes (--max-body-bytes, or --max-convert-body-bytes for /convert)"
+    )]
     PayloadTooLarge(usize),
     #[error("not found: the webhook paths are /mutate, /validate and /convert")]
     NotFound,
@@ -355,6 +365,20 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     }
 }
 
+/// Refuses a body that is not a JSON object before decoding it (a struct decoder would also
+/// take an array, with a confusing message).
+pub fn expect_object(what: &str, bytes: &[u8]) -> Result<(), ApiError> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Ok(()),
+        None => Err(ApiError::BadRequest(format!(
+            "malformed {what}: empty body (truncated JSON)"
+        ))),
+        Some(_) => Err(ApiError::BadRequest(format!(
+            "malformed {what}: invalid type: the body must be a JSON object, not a sequence or a scalar"
+        ))),
+    }
+}
+
 /// Describes a JSON decode error with where it happened.
 pub fn decode_error(what: &str, e: &serde_json::Error) -> ApiError {
     if e.is_eof() {
@@ -362,103 +386,4 @@ pub fn decode_error(what: &str, e: &serde_json::Error) -> ApiError {
     } else {
         ApiError::BadRequest(format!("{what}: {e}"))
     }
-}
-
-pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
-pub const ADMISSION_V1BETA1: &str = "admission.k8s.io/v1beta1";
-
-/// The AdmissionReview sent back. kube's `AdmissionResponse` is how the decision is built, but
-/// its `patch` serializes as an array of numbers; the apiserver's contract is a standard,
-/// padded base64 string (Go's `[]byte`), so the wire form is written here.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AdmissionReviewOut<'a> {
-    api_version: &'a str,
-    kind: &'static str,
-    response: AdmissionResponseOut<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct AdmissionResponseOut<'a> {
-    uid: &'a str,
-    allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<&'a kube::core::Status>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "std::collections::HashMap::is_empty")]
-    audit_annotations: &'a std::collections::HashMap<String, String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    warnings: Option<&'a Vec<String>>,
-}
-
-impl<'a> AdmissionReviewOut<'a> {
-    /// Wraps `rsp` in a review of the same apiVersion as the request.
-    pub fn new(rsp: &'a kube::core::admission::AdmissionResponse) -> Self {
-        use base64::Engine;
-        let patch = rsp
-            .patch
-            .as_ref()
-            .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
-        Self {
-            api_version: if rsp.types.api_version.is_empty() {
-                ADMISSION_V1
-            } else {
-                &rsp.types.api_version
-            },
-            kind: "AdmissionReview",
-            response: AdmissionResponseOut {
-                uid: &rsp.uid,
-                allowed: rsp.allowed,
-                // Not consulted when allowed; sent only with a denial.
-                status: (!rsp.allowed).then_some(&rsp.result),
-                patch_type: patch.as_ref().map(|_| "JSONPatch"),
-                patch,
-                audit_annotations: &rsp.audit_annotations,
-                warnings: rsp.warnings.as_ref().filter(|w| !w.is_empty()),
-            },
-        }
-    }
-}
-
-/// Decodes an AdmissionReview (v1 or v1beta1) and takes out its request.
-pub fn parse_admission(bytes: &[u8]) -> Result<AdmissionRequest<DynamicObject>, ApiError> {
-    let review: AdmissionReview<DynamicObject> =
-        serde_json::from_slice(bytes).map_err(|e| decode_error("malformed AdmissionReview", &e))?;
-    let types = &review.types;
-    if types.kind != "AdmissionReview"
-        || !(types.api_version == ADMISSION_V1 || types.api_version == ADMISSION_V1BETA1)
-    {
-        return Err(ApiError::BadRequest(format!(
-            "expected an AdmissionReview of admission.k8s.io/v1 or v1beta1, got kind {:?} apiVersion {:?}",
-            types.kind, types.api_version
-        )));
-    }
-    review
-        .try_into()
-        .map_err(|_| ApiError::BadRequest("AdmissionReview has no request".to_owned()))
-}
-
-/// The version an admitted object is written in: its own apiVersion, else the request's kind.
-pub fn object_version(
-    req: &AdmissionRequest<DynamicObject>,
-    obj: Option<&Value>,
-) -> Option<Version> {
-    if req.kind.group != crate::api::GROUP || req.kind.kind != crate::api::KIND {
-        return None;
-    }
-    obj.and_then(|o| o.get("apiVersion"))
-        .and_then(Value::as_str)
-        .and_then(Version::from_api_version)
-        .or_else(|| Version::from_version(&req.kind.version))
-}
-
-/// The object as JSON, exactly as the review carried it.
-pub fn object_json(obj: Option<&DynamicObject>) -> Result<Option<Value>, ApiError> {
-    obj.map(serde_json::to_value)
-        .transpose()
-        .map_err(|e| ApiError::Internal(format!("cannot re-encode object: {e}")))
 }

@@ -7,11 +7,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::admission::Operation;
 
 use super::{
-    ApiError, AppState, json_response, object_json, object_version, parse_admission, read_body,
+    AdmissionRequest, AdmissionReviewOut, Answer, ApiError, AppState, json_response,
+    parse_admission, read_body,
 };
 use crate::admission::defaults;
 
@@ -32,8 +32,8 @@ pub async fn handle(
         }
     };
     state.test_hook(&req.uid);
-    let rsp = match respond(&req) {
-        Ok(rsp) => rsp,
+    let answer = match respond(&req) {
+        Ok(answer) => answer,
         Err(e) => {
             state.count_admission("mutate", Some(&req), "error");
             return Err(e);
@@ -42,31 +42,27 @@ pub async fn handle(
     state.count_admission(
         "mutate",
         Some(&req),
-        if rsp.allowed { "allowed" } else { "denied" },
+        if answer.allowed { "allowed" } else { "denied" },
     );
-    super::validate::log_decision("mutate", &req, &rsp, start);
-    Ok(json_response(&super::AdmissionReviewOut::new(&rsp)))
+    super::validate::log_decision("mutate", &req, &answer, start);
+    Ok(json_response(&AdmissionReviewOut::new(&answer)))
 }
 
 /// The mutating decision: always allowed; a patch when defaults are missing. DELETE, CONNECT
 /// and subresource requests (status) get no patch: the apiserver would discard spec changes on
 /// a status update, and a patch on DELETE fails the request.
-pub fn respond(req: &AdmissionRequest<DynamicObject>) -> Result<AdmissionResponse, ApiError> {
-    let rsp = AdmissionResponse::from(req);
+pub fn respond(req: &AdmissionRequest) -> Result<Answer, ApiError> {
+    let answer = Answer::allow(req);
     if !matches!(req.operation, Operation::Create | Operation::Update) || req.sub_resource.is_some()
     {
-        return Ok(rsp);
+        return Ok(answer);
     }
-    let Some(obj) = object_json(req.object.as_ref())? else {
-        return Ok(rsp);
+    let (Some(obj), Some(version)) = (req.object.as_ref(), req.object_version()) else {
+        return Ok(answer);
     };
-    let Some(version) = object_version(req, Some(&obj)) else {
-        return Ok(rsp);
-    };
-    let patch = defaults::patch(&obj, version);
+    let patch = defaults::patch(obj, version);
     if patch.0.is_empty() {
-        return Ok(rsp);
+        return Ok(answer);
     }
-    rsp.with_patch(patch)
-        .map_err(|e| ApiError::Internal(format!("cannot encode patch: {e}")))
+    answer.with_patch(&patch)
 }

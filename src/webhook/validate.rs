@@ -7,11 +7,11 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use kube::core::admission::Operation;
 
 use super::{
-    ApiError, AppState, json_response, object_json, object_version, parse_admission, read_body,
+    AdmissionRequest, AdmissionReviewOut, Answer, ApiError, AppState, json_response,
+    parse_admission, read_body,
 };
 use crate::admission::validate::{self, Operation as Op};
 
@@ -32,67 +32,52 @@ pub async fn handle(
         }
     };
     state.test_hook(&req.uid);
-    let rsp = match respond(&req) {
-        Ok(rsp) => rsp,
-        Err(e) => {
-            state.count_admission("validate", Some(&req), "error");
-            return Err(e);
-        }
-    };
+    let answer = respond(&req);
     state.count_admission(
         "validate",
         Some(&req),
-        if rsp.allowed { "allowed" } else { "denied" },
+        if answer.allowed { "allowed" } else { "denied" },
     );
-    log_decision("validate", &req, &rsp, start);
-    Ok(json_response(&super::AdmissionReviewOut::new(&rsp)))
+    log_decision("validate", &req, &answer, start);
+    Ok(json_response(&AdmissionReviewOut::new(&answer)))
 }
 
 /// The validating decision. DELETE and CONNECT are always allowed; so are status updates,
 /// which cannot change the spec.
-pub fn respond(req: &AdmissionRequest<DynamicObject>) -> Result<AdmissionResponse, ApiError> {
-    let mut rsp = AdmissionResponse::from(req);
+pub fn respond(req: &AdmissionRequest) -> Answer {
+    let mut answer = Answer::allow(req);
     let op = match req.operation {
         Operation::Create => Op::Create,
         Operation::Update => Op::Update,
-        Operation::Delete | Operation::Connect => return Ok(rsp),
+        Operation::Delete | Operation::Connect => return answer,
     };
     if req.sub_resource.is_some() {
-        return Ok(rsp);
+        return answer;
     }
-    let obj = object_json(req.object.as_ref())?;
-    let old = object_json(req.old_object.as_ref())?;
-    let Some(version) = object_version(req, obj.as_ref()) else {
-        rsp.warnings = Some(vec![format!(
+    let Some(version) = req.object_version() else {
+        answer.warnings.push(format!(
             "etcd-webhook judges only etcd.example.com EtcdCluster; {}/{} {} was not checked",
             req.kind.group, req.kind.version, req.kind.kind
-        )]);
-        return Ok(rsp);
+        ));
+        return answer;
     };
-    let Some(obj) = obj else {
-        return Ok(rsp.deny(format!("{op:?} request carries no object")));
+    let Some(obj) = req.object.as_ref() else {
+        return answer.deny(
+            400,
+            "BadRequest",
+            format!("{op:?} request carries no object"),
+        );
     };
-    let verdict = validate::validate(version, op, &obj, old.as_ref());
-    if !verdict.warnings.is_empty() {
-        rsp.warnings = Some(verdict.warnings.clone());
-    }
+    let verdict = validate::validate(version, op, obj, req.old_object.as_ref());
+    answer.warnings = verdict.warnings.clone();
     if verdict.allowed() {
-        return Ok(rsp);
+        return answer;
     }
-    let mut rsp = rsp.deny(verdict.message());
-    rsp.result.code = 422;
-    rsp.result.reason = "Invalid".to_owned();
-    rsp.result.status = Some(kube::core::response::StatusSummary::Failure);
-    Ok(rsp)
+    answer.deny(422, "Invalid", verdict.message())
 }
 
 /// One line per admission decision; object bodies are never logged.
-pub fn log_decision(
-    endpoint: &str,
-    req: &AdmissionRequest<DynamicObject>,
-    rsp: &AdmissionResponse,
-    start: Instant,
-) {
+pub fn log_decision(endpoint: &str, req: &AdmissionRequest, answer: &Answer, start: Instant) {
     tracing::info!(
         endpoint,
         uid = %req.uid,
@@ -101,9 +86,9 @@ pub fn log_decision(
         name = %req.name,
         operation = ?req.operation,
         user = %req.user_info.username.as_deref().unwrap_or(""),
-        allowed = rsp.allowed,
-        patched = rsp.patch.is_some(),
-        reason = %rsp.result.message,
+        allowed = answer.allowed,
+        patched = answer.patch.is_some(),
+        reason = %answer.message(),
         micros = start.elapsed().as_micros() as u64,
         "admission decision"
     );

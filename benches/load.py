@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Load benchmark: etcd-webhook against the floor server (benches/floor.rs), side by side.
+
+Builds release binaries, generates payloads (benches/payloads.py), starts both servers pinned to
+core 0 with one tokio worker each, drives them with h2load pinned to core 1, alternates which
+goes first over the rounds, and prints one table: absolute numbers, the ratio to the floor, and
+pass/fail for every target of docs/benchmarks.md. Only loopback addresses are used.
+
+  python3 benches/load.py                 # full run (~15 min on 2 cores)
+  python3 benches/load.py --smoke         # ~10 s: checks the harness works (CI)
+  python3 benches/load.py --allocator mimalloc
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def pin(core):
+    return ["taskset", "-c", str(core)] if shutil.which("taskset") and os.cpu_count() >= 2 else []
+
+
+class Proc:
+    """A server process: address, CPU time and memory from /proc."""
+
+    def __init__(self, name, argv, env, marker, log_path):
+        self.name = name
+        self.log = open(log_path, "w+")
+        self.p = subprocess.Popen(argv, env=env, stdout=self.log, stderr=self.log, cwd=ROOT)
+        deadline = time.time() + 30
+        self.addr = None
+        while time.time() < deadline and self.addr is None:
+            time.sleep(0.05)
+            self.log.seek(0)
+            for line in self.log.read().splitlines():
+                if marker in line:
+                    m = re.search(r'addr"?[=:]"?([0-9.]+:[0-9]+)', line)
+                    if m:
+                        self.addr = m.group(1)
+            if self.p.poll() is not None:
+                break
+        if self.addr is None:
+            self.log.seek(0)
+            raise SystemExit(f"{name} did not start:\n{self.log.read()}")
+
+    def cpu(self):
+        fields = open(f"/proc/{self.p.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    def mem(self, key):
+        for line in open(f"/proc/{self.p.pid}/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024.0
+        return 0.0
+
+    def stop(self):
+        self.p.send_signal(signal.SIGINT)
+        try:
+            self.p.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+
+def h2load(url, payload, conns, seconds=None, requests=None, h1=True, log=None):
+    argv = pin(1) + ["h2load", "-c", str(conns), "-t", "1", "-d", payload,
+                     "-H", "content-type: application/json", "--connect-to", url.split("//")[1].split("/")[0]]
+    if h1:
+        argv.append("--h1")
+    if seconds:
+        argv += ["-D", str(seconds)]
+    if requests:
+        argv += ["-n", str(requests)]
+    if log:
+        argv += ["--log-file", log]
+    out = sh(argv + [url]).stdout
+    rps = float(re.search(r"finished in [0-9.]+m?s, ([0-9.]+) req/s", out).group(1))
+    m = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    done, ok = int(m.group(3)), int(m.group(4))
+    codes = re.search(r"status codes: (\d+) 2xx", out)
+    if ok != done or ok == 0 or int(codes.group(1)) != ok:
+        raise SystemExit(f"h2load saw failures:\n{out}")
+    return rps, ok
+
+
+def percentiles(log):
+    durations = sorted(int(line.split("\t")[2]) for line in open(log) if line.strip())
+    pick = lambda q: durations[min(len(durations) - 1, int(q * len(durations)))] / 1000.0
+    return pick(0.50), pick(0.99), len(durations)
+
+
+def measure(server, url, payload, conns, seconds, log=None, h1=True):
+    c0 = server.cpu()
+    rps, n = h2load(url, payload, conns, seconds=seconds, h1=h1, log=log)
+    cpu = server.cpu() - c0
+    return {"rps": rps, "n": n, "cpu_us": cpu / n * 1e6}
+
+
+def run_round(servers, paths, payloads, args, tmp, results, order):
+    for name in order:
+        s = servers[name]
+        url = lambda p: f"https://localhost:{s.addr.split(':')[1]}{p}"
+        r = results.setdefault(name, {})
+        D = args.seconds
+        r.setdefault("rss_idle", []).append(s.mem("VmRSS"))
+        log = os.path.join(tmp, f"{name}.log")
+        # P4: latency at concurrency 1.
+        measure(s, url(paths[name]["validate"]), payloads["validate"], 1, D, log=log)
+        p50, p99, _ = percentiles(log)
+        r.setdefault("c1_p50_ms", []).append(p50)
+        r.setdefault("c1_p99_ms", []).append(p99)
+        for c in (16, 64):
+            for what in ("validate", "mutate"):
+                m = measure(s, url(paths[name][what]), payloads[what], c, D, log=log if c == 16 else None)
+                r.setdefault(f"{what}_c{c}_rps", []).append(m["rps"])
+                r.setdefault(f"{what}_c{c}_cpu_us", []).append(m["cpu_us"])
+                if c == 16 and what == "validate":
+                    r.setdefault("c16_p99_ms", []).append(percentiles(log)[1])
+        r.setdefault("rss_peak", []).append(s.mem("VmHWM"))
+        # P8: 100-object conversions.
+        c0 = s.cpu()
+        rps, n = h2load(url(paths[name]["convert"]), payloads["convert-100"], 16, seconds=D)
+        r.setdefault("convert100_rps", []).append(rps)
+        r.setdefault("convert100_cpu_us_per_object", []).append((s.cpu() - c0) / (n * 100) * 1e6)
+        # P9: 1,000 and 5,000 objects, one at a time.
+        for objects, count in ((1000, 20), (5000, 5)) if not args.smoke else ((1000, 3),):
+            h2load(url(paths[name]["convert"]), payloads[f"convert-{objects}"], 1, requests=count, log=log)
+            durations = sorted(int(l.split("\t")[2]) for l in open(log) if l.strip())
+            r.setdefault(f"convert{objects}_ms", []).append(durations[len(durations) // 2] / 1000.0)
+        # P10: new connections, one request each.
+        c0 = s.cpu()
+        total = 0
+        for _ in range(4 if args.smoke else 20):
+            _, n = h2load(url(paths[name]["validate"]), payloads["validate"], 50, requests=50)
+            total += n
+        r.setdefault("handshake_cpu_us", []).append((s.cpu() - c0) / total * 1e6)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="a ~10 s run that only checks the harness works")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=int, default=8, help="length of each throughput run")
+    ap.add_argument("--allocator", choices=["system", "mimalloc"], default="system")
+    ap.add_argument("--json", help="also write the raw results here")
+    ap.add_argument("--skip-build", action="store_true")
+    args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.seconds = 1, 1
+    for tool in ("h2load",):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is needed (Debian package nghttp2-client)")
+
+    features = "floor" + (",mimalloc" if args.allocator == "mimalloc" else "")
+    if not args.skip_build:
+        subprocess.run(["cargo", "build", "--release", "--locked", "--features", features,
+                        "--bin", "etcd-webhook", "--bin", "etcd-webhook-floor"], check=True, cwd=ROOT)
+    tmp = tempfile.mkdtemp(prefix="etcd-webhook-bench-")
+    sh([sys.executable, os.path.join(ROOT, "benches/payloads.py"), os.path.join(tmp, "payloads")])
+    pl = lambda f: os.path.join(tmp, "payloads", f)
+    payloads = {"validate": pl("admission-v1.json"), "mutate": pl("admission-mutate.json"),
+                "convert-100": pl("convert-100.json"), "convert-1000": pl("convert-1000.json"),
+                "convert-5000": pl("convert-5000.json")}
+    certs = os.path.join(tmp, "certs")
+    sh([os.path.join(ROOT, "target/release/etcd-webhook"), "certs", "--out", certs, "--dns", "localhost", "--ip", "127.0.0.1"])
+    env = dict(os.environ, TOKIO_WORKER_THREADS="1")
+    ours_argv = lambda extra: pin(0) + [os.path.join(ROOT, "target/release/etcd-webhook"), "--log-format", "json",
+                                        "serve", "--addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
+                                        "--cert-dir", certs] + extra
+    floor_argv = lambda extra: pin(0) + [os.path.join(ROOT, "target/release/etcd-webhook-floor"), "127.0.0.1:0", certs] + extra
+    paths = {"ours": {"validate": "/validate", "mutate": "/mutate", "convert": "/convert"},
+             "floor": {"validate": "/parse", "mutate": "/parse", "convert": "/convert"}}
+
+    results = {}
+    rss_after = {"ours": [], "floor": []}
+    for rnd in range(args.rounds):
+        servers = {"ours": Proc("ours", ours_argv([]), env, "etcd-webhook listening", os.path.join(tmp, "ours.out")),
+                   "floor": Proc("floor", floor_argv([]), env, "floor listening", os.path.join(tmp, "floor.out"))}
+        try:
+            order = ["ours", "floor"] if rnd % 2 == 0 else ["floor", "ours"]
+            run_round(servers, paths, payloads, args, tmp, results, order)
+            if not args.smoke:
+                time.sleep(60)  # P7: memory handed back after the load
+                for name, s in servers.items():
+                    rss_after[name].append(s.mem("VmRSS"))
+        finally:
+            for s in servers.values():
+                s.stop()
+    # P5 over HTTP/2: both servers with h2 enabled.
+    servers = {"ours": Proc("ours-h2", ours_argv(["--http2"]), env, "etcd-webhook listening", os.path.join(tmp, "ours-h2.out")),
+               "floor": Proc("floor-h2", floor_argv(["h2"]), env, "floor listening", os.path.join(tmp, "floor-h2.out"))}
+    try:
+        for name in (["ours", "floor"] if args.rounds % 2 else ["floor", "ours"]):
+            s = servers[name]
+            log = os.path.join(tmp, f"{name}-h2.log")
+            measure(s, f"https://localhost:{s.addr.split(':')[1]}{paths[name]['validate']}", payloads["validate"], 16,
+                    args.seconds, log=log, h1=False)
+            results[name].setdefault("h2_c16_p99_ms", []).append(percentiles(log)[1])
+    finally:
+        for s in servers.values():
+            s.stop()
+
+    avg = {n: {k: sum(v) / len(v) for k, v in r.items()} for n, r in results.items()}
+    for n in rss_after:
+        if rss_after[n]:
+            avg[n]["rss_after_first"] = rss_after[n][0]
+            avg[n]["rss_after_last"] = rss_after[n][-1]
+    report(avg, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rounds": results, "mean": avg, "rss_after": rss_after}, f, indent=2)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def report(avg, args):
+    o, f = avg["ours"], avg["floor"]
+    rows = []
+
+    def row(target, what, key, must, stretch=None, higher_is_better=True, unit=""):
+        ov, fv = o.get(key), f.get(key)
+        if ov is None or fv is None:
+            return
+        ratio = ov / fv if fv else float("inf")
+        ok = ratio >= must if higher_is_better else ratio <= must
+        st = "" if stretch is None else ("stretch" if (ratio >= stretch if higher_is_better else ratio <= stretch) else "")
+        rows.append((target, what, f"{ov:.2f}{unit}", f"{fv:.2f}{unit}", f"{ratio:.2f}x", ("pass " + st).strip() if ok else "FAIL"))
+
+    row("P1", "/validate req/s, c16", "validate_c16_rps", 0.70, 0.85)
+    row("P1", "/validate req/s, c64", "validate_c64_rps", 0.70, 0.85)
+    row("P2", "/mutate req/s, c16", "mutate_c16_rps", 0.60, 0.75)
+    row("P2", "/mutate req/s, c64", "mutate_c64_rps", 0.60, 0.75)
+    row("P3", "CPU per request, validate c16", "validate_c16_cpu_us", 1.4, 1.2, False, " us")
+    row("P3", "CPU per request, mutate c16", "mutate_c16_cpu_us", 1.6, 1.35, False, " us")
+    row("P4", "p50 at c1", "c1_p50_ms", 1.3, 1.15, False, " ms")
+    row("P4", "p99 at c1", "c1_p99_ms", 1.5, 1.3, False, " ms")
+    row("P5", "p99 at c16, HTTP/1.1", "c16_p99_ms", 1.5, 1.25, False, " ms")
+    row("P5", "p99 at c16, HTTP/2", "h2_c16_p99_ms", 1.5, 1.25, False, " ms")
+    row("P6", "idle RSS", "rss_idle", 2.0, 1.5, False, " MiB")
+    row("P6", "peak RSS (c64)", "rss_peak", 2.0, 1.5, False, " MiB")
+    row("P8", "/convert 100 objects req/s", "convert100_rps", 0.6, 0.8)
+    row("P8", "CPU per object, 100 objects", "convert100_cpu_us_per_object", 1.7, None, False, " us")
+    row("P9", "/convert 1,000 objects, time", "convert1000_ms", 1.7, None, False, " ms")
+    row("P9", "/convert 5,000 objects, time", "convert5000_ms", 1.7, None, False, " ms")
+    row("P10", "CPU per new TLS connection", "handshake_cpu_us", 1.2, None, False, " us")
+    print(f"\n{'target':6} {'what':34} {'ours':>14} {'floor':>14} {'ratio':>8}  result")
+    for r in rows:
+        print(f"{r[0]:6} {r[1]:34} {r[2]:>14} {r[3]:>14} {r[4]:>8}  {r[5]}")
+    extra = []
+    if o.get("rss_idle", 0) > 16:
+        extra.append(f"P6 idle RSS {o['rss_idle']:.1f} MiB is over 16 MiB")
+    for n in (1000, 5000):
+        k = f"convert{n}_ms"
+        if k in o:
+            budget = 50 + 8 * n
+            extra.append(f"P9 {n} objects: {o[k]:.1f} ms against the apiserver's trace threshold of {budget} ms")
+    if "rss_after_first" in o:
+        grow = o["rss_after_last"] / o["rss_after_first"]
+        extra.append(f"P7 RSS 60 s after load: first {o['rss_after_first']:.1f} MiB, last {o['rss_after_last']:.1f} MiB "
+                     f"({grow:.2f}x; {'pass' if grow <= 1.2 else 'FAIL'})")
+    for e in extra:
+        print(e)
+    print(f"\nmode: {'smoke' if args.smoke else 'full'}, rounds {args.rounds}, {args.seconds} s runs, allocator {args.allocator}, "
+          f"nproc {os.cpu_count()}")
+
+
+if __name__ == "__main__":
+    main()

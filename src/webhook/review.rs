@@ -1,0 +1,204 @@
+//! The AdmissionReview wire format, both ways.
+//!
+//! Requests are read with our own structs rather than `kube::core::admission::AdmissionReview`:
+//! kube's type reads the object through `#[serde(flatten)]` into a `DynamicObject`, which
+//! buffers every field and then has to be re-encoded to JSON for the decision code; reading
+//! `object` and `oldObject` straight into `serde_json::Value` halves the cost of a review. The
+//! field types (`GroupVersionKind`, `Operation`, `UserInfo`, `Status`) are kube's and
+//! k8s-openapi's. Answers are written by hand too, because kube's `AdmissionResponse` encodes
+//! `patch` as an array of numbers where the apiserver's contract is a padded base64 string.
+
+use std::collections::HashMap;
+
+use base64::Engine;
+use k8s_openapi::api::authentication::v1::UserInfo;
+use kube::core::admission::Operation;
+use kube::core::{GroupVersionKind, Status};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{ApiError, decode_error};
+use crate::api::{self, Version};
+
+pub const ADMISSION_V1: &str = "admission.k8s.io/v1";
+pub const ADMISSION_V1BETA1: &str = "admission.k8s.io/v1beta1";
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmissionReviewIn {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    request: Option<AdmissionRequest>,
+}
+
+/// The request of an AdmissionReview: what the decisions read. Fields the decisions do not use
+/// (resource, requestKind, options, ...) are skipped while decoding.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    /// apiVersion of the review it came in, so the answer goes back in the same one.
+    #[serde(skip)]
+    pub review_api_version: String,
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    #[serde(default)]
+    pub user_info: UserInfo,
+    #[serde(default)]
+    pub object: Option<Value>,
+    #[serde(default)]
+    pub old_object: Option<Value>,
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+}
+
+impl AdmissionRequest {
+    /// The version the object is written in: its own apiVersion, else the request's kind.
+    /// None when the review is not about an EtcdCluster.
+    pub fn object_version(&self) -> Option<Version> {
+        if self.kind.group != api::GROUP || self.kind.kind != api::KIND {
+            return None;
+        }
+        self.object
+            .as_ref()
+            .or(self.old_object.as_ref())
+            .and_then(|o| o.get("apiVersion"))
+            .and_then(Value::as_str)
+            .and_then(Version::from_api_version)
+            .or_else(|| Version::from_version(&self.kind.version))
+    }
+}
+
+/// Decodes an AdmissionReview (v1 or v1beta1) and takes out its request.
+pub fn parse_admission(bytes: &[u8]) -> Result<AdmissionRequest, ApiError> {
+    super::expect_object("AdmissionReview", bytes)?;
+    let review: AdmissionReviewIn =
+        serde_json::from_slice(bytes).map_err(|e| decode_error("malformed AdmissionReview", &e))?;
+    if review.kind != "AdmissionReview"
+        || !(review.api_version == ADMISSION_V1 || review.api_version == ADMISSION_V1BETA1)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "expected an AdmissionReview of admission.k8s.io/v1 or v1beta1, got kind {:?} apiVersion {:?}",
+            review.kind, review.api_version
+        )));
+    }
+    let mut request = review
+        .request
+        .ok_or_else(|| ApiError::BadRequest("AdmissionReview has no request".to_owned()))?;
+    request.review_api_version = review.api_version;
+    Ok(request)
+}
+
+/// A decision: allowed or denied (with a Status), maybe a JSON Patch, maybe warnings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    pub uid: String,
+    pub review_api_version: String,
+    pub allowed: bool,
+    /// Sent with a denial only (the apiserver ignores it when allowed).
+    pub status: Option<Status>,
+    /// The JSON Patch, as JSON bytes.
+    pub patch: Option<Vec<u8>>,
+    pub warnings: Vec<String>,
+}
+
+impl Answer {
+    /// Allowed, nothing else.
+    pub fn allow(req: &AdmissionRequest) -> Self {
+        Self {
+            uid: req.uid.clone(),
+            review_api_version: req.review_api_version.clone(),
+            allowed: true,
+            status: None,
+            patch: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Denied: `code` 403/422, a message a person can act on.
+    pub fn deny(mut self, code: u16, reason: &str, message: String) -> Self {
+        self.allowed = false;
+        self.status = Some(Status::failure(&message, reason).with_code(code));
+        self
+    }
+
+    pub fn with_patch(mut self, patch: &json_patch::Patch) -> Result<Self, ApiError> {
+        let bytes = serde_json::to_vec(patch)
+            .map_err(|e| ApiError::Internal(format!("cannot encode patch: {e}")))?;
+        self.patch = Some(bytes);
+        Ok(self)
+    }
+
+    pub fn message(&self) -> &str {
+        self.status
+            .as_ref()
+            .map(|s| s.message.as_str())
+            .unwrap_or("")
+    }
+}
+
+/// The AdmissionReview sent back, in the apiVersion of the request.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionReviewOut<'a> {
+    api_version: &'a str,
+    kind: &'static str,
+    response: AdmissionResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmissionResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<&'a Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    audit_annotations: HashMap<String, String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
+}
+
+impl<'a> AdmissionReviewOut<'a> {
+    pub fn new(answer: &'a Answer) -> Self {
+        // Go's []byte: standard base64 with padding.
+        let patch = answer
+            .patch
+            .as_ref()
+            .map(|p| base64::engine::general_purpose::STANDARD.encode(p));
+        Self {
+            api_version: if answer.review_api_version.is_empty() {
+                ADMISSION_V1
+            } else {
+                &answer.review_api_version
+            },
+            kind: "AdmissionReview",
+            response: AdmissionResponseOut {
+                uid: &answer.uid,
+                allowed: answer.allowed,
+                status: if answer.allowed {
+                    None
+                } else {
+                    answer.status.as_ref()
+                },
+                patch_type: patch.as_ref().map(|_| "JSONPatch"),
+                patch,
+                audit_annotations: HashMap::new(),
+                warnings: &answer.warnings,
+            },
+        }
+    }
+}
