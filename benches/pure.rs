@@ -67,7 +67,7 @@ fn benches(c: &mut Criterion) {
             hundred
                 .iter()
                 .map(|o| convert::convert_object(o, Version::V1).unwrap())
-                .count()
+                .collect::<Vec<_>>()
         })
     });
 }
