@@ -84,6 +84,9 @@ def h2load(url, payload, conns, seconds=None, requests=None, h1=True, log=None):
     if requests:
         argv += ["-n", str(requests)]
     if log:
+        # h2load appends to an existing log file; each run gets a fresh one.
+        if os.path.exists(log):
+            os.remove(log)
         argv += ["--log-file", log]
     out = sh(argv + [url]).stdout
     rps = float(re.search(r"finished in [0-9.]+m?s, ([0-9.]+) req/s", out).group(1))

@@ -50,26 +50,95 @@ impl Node {
         self.properties.is_empty() && self.items.is_none()
     }
 
+    /// Fills this node's defaults into `value` (used on a default before it is emitted, so
+    /// nested defaults come with it).
     fn apply(&self, value: &mut Value) {
+        let mut fills = Vec::new();
+        self.collect(value, &mut Vec::new(), &mut fills);
+        for fill in fills {
+            fill.set(value);
+        }
+    }
+
+    /// Walks `value` and lists every default it lacks, without copying anything else.
+    fn collect(&self, value: &Value, path: &mut Vec<String>, out: &mut Vec<Fill>) {
         match value {
             Value::Object(map) => {
                 for (name, (default, child)) in &self.properties {
-                    if let Some(default) = default
-                        && matches!(map.get(name), None | Some(Value::Null))
-                    {
-                        map.insert(name.clone(), default.clone());
-                    }
-                    if let Some(v) = map.get_mut(name) {
-                        child.apply(v);
+                    match map.get(name) {
+                        None | Some(Value::Null) => {
+                            if let Some(default) = default {
+                                let mut value = default.clone();
+                                child.apply(&mut value);
+                                let mut at = path.clone();
+                                at.push(name.clone());
+                                out.push(Fill {
+                                    path: at,
+                                    value,
+                                    replace: map.contains_key(name),
+                                });
+                            }
+                        }
+                        Some(v) => {
+                            path.push(name.clone());
+                            child.collect(v, path, out);
+                            path.pop();
+                        }
                     }
                 }
             }
             Value::Array(items) => {
                 if let Some(child) = &self.items {
-                    items.iter_mut().for_each(|v| child.apply(v));
+                    for (i, v) in items.iter().enumerate() {
+                        path.push(i.to_string());
+                        child.collect(v, path, out);
+                        path.pop();
+                    }
                 }
             }
             _ => {}
+        }
+    }
+}
+
+/// One missing default: where it goes, its value, and whether it replaces a `null`.
+#[derive(Debug)]
+struct Fill {
+    path: Vec<String>,
+    value: Value,
+    replace: bool,
+}
+
+impl Fill {
+    fn set(self, root: &mut Value) {
+        let Some((last, parents)) = self.path.split_last() else {
+            return;
+        };
+        let mut at = root;
+        for p in parents {
+            at = match at {
+                Value::Object(m) => match m.get_mut(p) {
+                    Some(v) => v,
+                    None => return,
+                },
+                Value::Array(a) => match p.parse::<usize>().ok().and_then(|i| a.get_mut(i)) {
+                    Some(v) => v,
+                    None => return,
+                },
+                _ => return,
+            };
+        }
+        if let Value::Object(m) = at {
+            m.insert(last.clone(), self.value);
+        }
+    }
+
+    fn into_op(self) -> json_patch::PatchOperation {
+        let path = json_patch::jsonptr::PointerBuf::from_tokens(self.path.iter().map(String::as_str));
+        if self.replace {
+            json_patch::PatchOperation::Replace(json_patch::ReplaceOperation { path, value: self.value })
+        } else {
+            json_patch::PatchOperation::Add(json_patch::AddOperation { path, value: self.value })
         }
     }
 }
@@ -88,38 +157,50 @@ static TREES: LazyLock<BTreeMap<Version, Node>> = LazyLock::new(|| {
         .collect()
 });
 
-/// Fills in the defaults of `version` into `obj` (a whole object: apiVersion, metadata, spec...).
-pub fn apply(obj: &mut Value, version: Version) {
+/// Every default `obj` (a whole object of `version`) lacks, in path order.
+fn fills(obj: &Value, version: Version) -> Vec<Fill> {
+    let mut out = Vec::new();
     if let Some(tree) = TREES.get(&version) {
-        tree.apply(obj);
+        tree.collect(obj, &mut Vec::new(), &mut out);
     }
     if version == Version::V1Alpha1
-        && let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut)
+        && let Some(spec) = obj.get("spec").and_then(Value::as_object)
     {
-        alpha_backup_pair(spec);
+        out.extend(alpha_backup_pair(spec));
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// Fills in the defaults of `version` into `obj` (a whole object: apiVersion, metadata, spec...).
+pub fn apply(obj: &mut Value, version: Version) {
+    for fill in fills(obj, version) {
+        fill.set(obj);
     }
 }
 
-fn alpha_backup_pair(spec: &mut Map<String, Value>) {
+/// The flat v1alpha1 pair behaves like v1's `backup` object: either one set brings in the
+/// other's default.
+fn alpha_backup_pair(spec: &Map<String, Value>) -> Option<Fill> {
     let set = |v: Option<&Value>| !matches!(v, None | Some(Value::Null));
-    let enabled = set(spec.get("backupEnabled"));
-    let schedule = set(spec.get("backupSchedule"));
-    if enabled && !schedule {
-        spec.insert(
-            "backupSchedule".into(),
-            Value::String(defaults::backup_schedule()),
-        );
-    } else if schedule && !enabled {
-        spec.insert("backupEnabled".into(), Value::Bool(false));
-    }
+    let (enabled, schedule) = (spec.get("backupEnabled"), spec.get("backupSchedule"));
+    let (name, value, present) = match (set(enabled), set(schedule)) {
+        (true, false) => ("backupSchedule", Value::String(defaults::backup_schedule()), schedule.is_some()),
+        (false, true) => ("backupEnabled", Value::Bool(false), enabled.is_some()),
+        _ => return None,
+    };
+    Some(Fill {
+        path: vec!["spec".to_owned(), name.to_owned()],
+        value,
+        replace: present,
+    })
 }
 
 /// The JSON Patch (RFC 6902) that takes `obj` to its defaulted form; empty when nothing is
-/// missing. Only adds and replaces of null values under `/spec`: never metadata.
+/// missing. Only adds (and replaces of `null`) where a default belongs: never metadata. Built
+/// while walking, so nothing but the defaults is copied.
 pub fn patch(obj: &Value, version: Version) -> json_patch::Patch {
-    let mut defaulted = obj.clone();
-    apply(&mut defaulted, version);
-    json_patch::diff(obj, &defaulted)
+    json_patch::Patch(fills(obj, version).into_iter().map(Fill::into_op).collect())
 }
 
 #[cfg(test)]
