@@ -134,11 +134,18 @@ impl Fill {
     }
 
     fn into_op(self) -> json_patch::PatchOperation {
-        let path = json_patch::jsonptr::PointerBuf::from_tokens(self.path.iter().map(String::as_str));
+        let path =
+            json_patch::jsonptr::PointerBuf::from_tokens(self.path.iter().map(String::as_str));
         if self.replace {
-            json_patch::PatchOperation::Replace(json_patch::ReplaceOperation { path, value: self.value })
+            json_patch::PatchOperation::Replace(json_patch::ReplaceOperation {
+                path,
+                value: self.value,
+            })
         } else {
-            json_patch::PatchOperation::Add(json_patch::AddOperation { path, value: self.value })
+            json_patch::PatchOperation::Add(json_patch::AddOperation {
+                path,
+                value: self.value,
+            })
         }
     }
 }
@@ -185,7 +192,11 @@ fn alpha_backup_pair(spec: &Map<String, Value>) -> Option<Fill> {
     let set = |v: Option<&Value>| !matches!(v, None | Some(Value::Null));
     let (enabled, schedule) = (spec.get("backupEnabled"), spec.get("backupSchedule"));
     let (name, value, present) = match (set(enabled), set(schedule)) {
-        (true, false) => ("backupSchedule", Value::String(defaults::backup_schedule()), schedule.is_some()),
+        (true, false) => (
+            "backupSchedule",
+            Value::String(defaults::backup_schedule()),
+            schedule.is_some(),
+        ),
         (false, true) => ("backupEnabled", Value::Bool(false), enabled.is_some()),
         _ => return None,
     };
