@@ -1,7 +1,7 @@
 # Multi-stage build: a static (musl) binary in a distroless image, running as non-root.
 #   docker build -t ghcr.io/example/etcd-webhook:0.1.0 .
 FROM rust:1.95-alpine AS build
-RUN apk add --no-cache musl-dev
+RUN apk add --no-cache musl-dev build-base
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
