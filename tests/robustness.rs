@@ -199,8 +199,9 @@ fn a_100_mb_body_is_refused_without_being_read() {
         still_serving(&server).await;
     });
     let after = rss_kib(pid);
+    // What is read is bounded by --max-convert-body-bytes (32 MiB), never by the 100 MB sent.
     assert!(
-        after < before + 48 * 1024,
+        after < before + 64 * 1024,
         "RSS grew from {before} KiB to {after} KiB"
     );
     assert_eq!(

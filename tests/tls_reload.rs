@@ -43,49 +43,78 @@ async fn until_served(
     None
 }
 
-/// Sends reviews until `stop`, on one kept-alive client and on fresh connections; counts both.
-fn traffic(
-    server: &Server,
-    config: Arc<rustls::ClientConfig>,
+/// Reviews sent in the background, alternately on one kept-alive client and on fresh
+/// connections, until stopped; every answer is counted.
+struct Traffic {
     stop: Arc<AtomicBool>,
     ok: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
-) -> tokio::task::JoinHandle<()> {
-    let url = server.url("/validate?timeout=10s");
-    let body = fixture("validate-v1-create-valid.json");
-    tokio::spawn(async move {
-        let kept = reqwest_client(config.clone());
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut i = 0u64;
-        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-            i += 1;
-            let client = if i.is_multiple_of(2) {
-                kept.clone()
-            } else {
-                reqwest_client(config.clone())
-            };
-            let rsp = client
-                .post(&url)
-                .header("Content-Type", "application/json")
-                .body(body.clone())
-                .send()
-                .await;
-            match rsp {
-                Ok(r) if r.status() == 200 => {
-                    let _ = r.bytes().await;
-                    ok.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(r) => {
-                    eprintln!("request failed: HTTP {}", r.status());
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    eprintln!("request failed: {e}");
-                    failed.fetch_add(1, Ordering::Relaxed);
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Traffic {
+    fn start(server: &Server, config: Arc<rustls::ClientConfig>) -> Traffic {
+        let (stop, ok, failed) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let url = server.url("/validate?timeout=10s");
+        let body = fixture("validate-v1-create-valid.json");
+        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
+        let task = tokio::spawn(async move {
+            let kept = reqwest_client(config.clone());
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let mut i = 0u64;
+            while !s.load(Ordering::Relaxed) && Instant::now() < deadline {
+                i += 1;
+                let client = if i.is_multiple_of(2) {
+                    kept.clone()
+                } else {
+                    reqwest_client(config.clone())
+                };
+                let rsp = client
+                    .post(&url)
+                    .header("Content-Type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await;
+                match rsp {
+                    Ok(r) if r.status() == 200 => {
+                        let _ = r.bytes().await;
+                        o.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(r) => {
+                        eprintln!("request failed: HTTP {}", r.status());
+                        f.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        eprintln!("request failed: {e}");
+                        f.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
+        });
+        Traffic {
+            stop,
+            ok,
+            failed,
+            task,
         }
-    })
+    }
+
+    /// Stops the traffic; asserts nothing failed and something succeeded; returns (ok, failed).
+    async fn finish(self, what: &str) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap();
+        let (ok, failed) = (
+            self.ok.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        );
+        assert_eq!(failed, 0, "requests failed {what}");
+        assert!(ok > 0);
+        (ok, failed)
+    }
 }
 
 #[test]
@@ -98,9 +127,7 @@ fn kubelet_atomic_swaps_under_load_drop_nothing() {
     let server = Server::start_in(&dir, &["--cert-poll-interval", "1h"], None);
     let config = client_config(&ca.cert_pem, None);
     runtime().block_on(async {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let load = traffic(&server, config.clone(), stop.clone(), ok.clone(), failed.clone());
+        let load = Traffic::start(&server, config.clone());
         let mut latencies = Vec::new();
         for i in 0..ROTATIONS {
             let leaf = ca.issue();
@@ -110,18 +137,15 @@ fn kubelet_atomic_swaps_under_load_drop_nothing() {
                 .unwrap_or_else(|| panic!("rotation {i}: new certificate not served within 2 s; log:\n{}", server.log()));
             latencies.push(took);
         }
-        stop.store(true, Ordering::Relaxed);
-        load.await.unwrap();
+        let (ok, failed) = load.finish("during rotations").await;
         latencies.sort();
         eprintln!(
             "ROTATION RESULT: {ROTATIONS} kubelet swaps, swap->first new handshake median {:?} max {:?}; requests ok {} failed {}",
             latencies[ROTATIONS / 2],
             latencies[ROTATIONS - 1],
-            ok.load(Ordering::Relaxed),
-            failed.load(Ordering::Relaxed)
+            ok,
+            failed
         );
-        assert_eq!(failed.load(Ordering::Relaxed), 0, "requests failed during rotations");
-        assert!(ok.load(Ordering::Relaxed) > 0);
         // Only the timestamped folder of the last write is left, as the kubelet leaves it.
         let folders = std::fs::read_dir(&dir).unwrap().filter(|e| {
             let n = e.as_ref().unwrap().file_name().into_string().unwrap();
@@ -150,15 +174,7 @@ fn in_place_writes_broken_files_and_recovery() {
     let config = client_config(&ca.cert_pem, None);
     let rt = runtime();
     rt.block_on(async {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let load = traffic(
-            &server,
-            config.clone(),
-            stop.clone(),
-            ok.clone(),
-            failed.clone(),
-        );
+        let load = Traffic::start(&server, config.clone());
         // A plain in-place rewrite is picked up.
         let second = ca.issue();
         write_in_place(&dir, &second.cert_pem, &second.key_pem);
@@ -223,14 +239,7 @@ fn in_place_writes_broken_files_and_recovery() {
         )
         .await
         .expect("recovered");
-        stop.store(true, Ordering::Relaxed);
-        load.await.unwrap();
-        assert_eq!(
-            failed.load(Ordering::Relaxed),
-            0,
-            "requests failed around broken files"
-        );
-        assert!(ok.load(Ordering::Relaxed) > 0);
+        load.finish("around broken files").await;
     });
     assert_eq!(server.metric("etcd_webhook_cert_files_rejected", ""), 0.0);
 }
@@ -245,15 +254,7 @@ fn directory_missing_for_a_while() {
     let server = Server::start_in(&dir, &["--cert-poll-interval", "1s"], None);
     let config = client_config(&ca.cert_pem, None);
     runtime().block_on(async {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let load = traffic(
-            &server,
-            config.clone(),
-            stop.clone(),
-            ok.clone(),
-            failed.clone(),
-        );
+        let load = Traffic::start(&server, config.clone());
         std::fs::remove_dir_all(&dir).unwrap();
         tokio::time::sleep(Duration::from_millis(1500)).await;
         // Still serving the last good pair.
@@ -278,14 +279,7 @@ fn directory_missing_for_a_while() {
         )
         .await
         .expect("served after the directory came back");
-        stop.store(true, Ordering::Relaxed);
-        load.await.unwrap();
-        assert_eq!(
-            failed.load(Ordering::Relaxed),
-            0,
-            "requests failed while the directory was missing"
-        );
-        assert!(ok.load(Ordering::Relaxed) > 0);
+        load.finish("while the directory was missing").await;
     });
 }
 

@@ -85,6 +85,51 @@ impl AppState {
         }
     }
 
+    /// Reads and decodes the AdmissionReview of a request to `endpoint`; a failure is counted
+    /// as an error.
+    pub async fn admission_request(
+        &self,
+        endpoint: &'static str,
+        headers: &HeaderMap,
+        body: Body,
+    ) -> Result<AdmissionRequest, ApiError> {
+        let decoded = read_body(headers, body, self.max_body_bytes)
+            .await
+            .and_then(|b| parse_admission(&b));
+        match decoded {
+            Ok(req) => {
+                self.test_hook(&req.uid);
+                Ok(req)
+            }
+            Err(e) => {
+                self.count_admission(endpoint, None, "error");
+                Err(e)
+            }
+        }
+    }
+
+    /// Counts, logs and encodes an answer (or counts the error it could not become).
+    pub fn finish(
+        &self,
+        endpoint: &'static str,
+        req: &AdmissionRequest,
+        answer: Result<Answer, ApiError>,
+        start: std::time::Instant,
+    ) -> Result<Response, ApiError> {
+        match answer {
+            Ok(answer) => {
+                let result = if answer.allowed { "allowed" } else { "denied" };
+                self.count_admission(endpoint, Some(req), result);
+                validate::log_decision(endpoint, req, &answer, start);
+                Ok(json_response(&AdmissionReviewOut::new(&answer)))
+            }
+            Err(e) => {
+                self.count_admission(endpoint, Some(req), "error");
+                Err(e)
+            }
+        }
+    }
+
     /// Counts an admission answer.
     pub fn count_admission(
         &self,

@@ -9,10 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use kube::core::admission::Operation;
 
-use super::{
-    AdmissionRequest, AdmissionReviewOut, Answer, ApiError, AppState, json_response,
-    parse_admission, read_body,
-};
+use super::{AdmissionRequest, Answer, ApiError, AppState};
 use crate::admission::defaults;
 
 pub async fn handle(
@@ -21,31 +18,8 @@ pub async fn handle(
     body: Body,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let req = match read_body(&headers, body, state.max_body_bytes)
-        .await
-        .and_then(|b| parse_admission(&b))
-    {
-        Ok(req) => req,
-        Err(e) => {
-            state.count_admission("mutate", None, "error");
-            return Err(e);
-        }
-    };
-    state.test_hook(&req.uid);
-    let answer = match respond(&req) {
-        Ok(answer) => answer,
-        Err(e) => {
-            state.count_admission("mutate", Some(&req), "error");
-            return Err(e);
-        }
-    };
-    state.count_admission(
-        "mutate",
-        Some(&req),
-        if answer.allowed { "allowed" } else { "denied" },
-    );
-    super::validate::log_decision("mutate", &req, &answer, start);
-    Ok(json_response(&AdmissionReviewOut::new(&answer)))
+    let req = state.admission_request("mutate", &headers, body).await?;
+    state.finish("mutate", &req, respond(&req), start)
 }
 
 /// The mutating decision: always allowed; a patch when defaults are missing. DELETE, CONNECT

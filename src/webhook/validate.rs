@@ -9,10 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use kube::core::admission::Operation;
 
-use super::{
-    AdmissionRequest, AdmissionReviewOut, Answer, ApiError, AppState, json_response,
-    parse_admission, read_body,
-};
+use super::{AdmissionRequest, Answer, ApiError, AppState};
 use crate::admission::validate::{self, Operation as Op};
 
 pub async fn handle(
@@ -21,25 +18,8 @@ pub async fn handle(
     body: Body,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let req = match read_body(&headers, body, state.max_body_bytes)
-        .await
-        .and_then(|b| parse_admission(&b))
-    {
-        Ok(req) => req,
-        Err(e) => {
-            state.count_admission("validate", None, "error");
-            return Err(e);
-        }
-    };
-    state.test_hook(&req.uid);
-    let answer = respond(&req);
-    state.count_admission(
-        "validate",
-        Some(&req),
-        if answer.allowed { "allowed" } else { "denied" },
-    );
-    log_decision("validate", &req, &answer, start);
-    Ok(json_response(&AdmissionReviewOut::new(&answer)))
+    let req = state.admission_request("validate", &headers, body).await?;
+    state.finish("validate", &req, Ok(respond(&req)), start)
 }
 
 /// The validating decision. DELETE and CONNECT are always allowed; so are status updates,
