@@ -20,7 +20,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -399,15 +399,31 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::PayloadTooLarge(limit));
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::PayloadTooLarge(limit))
+    // Frames are kept as they arrive and joined once at the end: no growing buffer that
+    // reallocates, and a body refused at the limit never becomes one large allocation.
+    let mut frames = Vec::new();
+    let mut len = 0usize;
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::BadRequest(format!("cannot read request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            len += data.len();
+            if len > limit {
+                return Err(ApiError::PayloadTooLarge(limit));
+            }
+            frames.push(data);
         }
-        Err(e) => Err(ApiError::BadRequest(format!(
-            "cannot read request body: {e}"
-        ))),
     }
+    Ok(match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.pop().unwrap_or_default(),
+        _ => {
+            let mut buf = Vec::with_capacity(len);
+            frames.iter().for_each(|f| buf.extend_from_slice(f));
+            Bytes::from(buf)
+        }
+    })
 }
 
 /// Refuses a body that is not a JSON object before decoding it (a struct decoder would also
