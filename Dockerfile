@@ -5,6 +5,8 @@ RUN apk add --no-cache musl-dev build-base
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# Declared targets must exist for cargo to read the manifest (the floor binary and benches).
+COPY benches ./benches
 RUN cargo build --release --locked --bin etcd-webhook \
  && cp target/release/etcd-webhook /etcd-webhook
 
