@@ -289,8 +289,7 @@ pub struct Issued {
 }
 
 impl TestCa {
-    pub fn new(name: &str) -> TestCa {
-        let key = rcgen::KeyPair::generate().unwrap();
+    fn ca_params(name: &str) -> rcgen::CertificateParams {
         let mut params = rcgen::CertificateParams::default();
         params
             .distinguished_name
@@ -300,6 +299,12 @@ impl TestCa {
             rcgen::KeyUsagePurpose::KeyCertSign,
             rcgen::KeyUsagePurpose::DigitalSignature,
         ];
+        params
+    }
+
+    pub fn new(name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = Self::ca_params(name);
         let cert = params.self_signed(&key).unwrap();
         TestCa {
             cert_pem: cert.pem(),
@@ -307,30 +312,43 @@ impl TestCa {
         }
     }
 
-    fn params(names: &[&str], days: (i64, i64)) -> rcgen::CertificateParams {
-        let mut params =
-            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .unwrap();
+    /// An intermediate CA signed by this one.
+    pub fn intermediate(&self, name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = Self::ca_params(name);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        TestCa {
+            cert_pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A leaf for `name` (and 127.0.0.1) valid from `days.0` to `days.1` days from now.
+    fn leaf(&self, name: &str, days: (i64, i64), usage: rcgen::ExtendedKeyUsagePurpose) -> Issued {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
         params
             .subject_alt_names
             .push(rcgen::SanType::IpAddress("127.0.0.1".parse().unwrap()));
         let now = time::OffsetDateTime::now_utc();
         params.not_before = now + time::Duration::days(days.0);
         params.not_after = now + time::Duration::days(days.1);
-        params
-    }
-
-    /// A serving certificate for localhost valid from `days.0` to `days.1` days from now.
-    pub fn issue_valid(&self, days: (i64, i64)) -> Issued {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = Self::params(&["localhost"], days);
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        params.extended_key_usages = vec![usage];
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         Issued {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
             der: cert.der().to_vec(),
         }
+    }
+
+    /// A serving certificate for localhost valid from `days.0` to `days.1` days from now.
+    pub fn issue_valid(&self, days: (i64, i64)) -> Issued {
+        self.leaf(
+            "localhost",
+            days,
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        )
     }
 
     pub fn issue(&self) -> Issued {
@@ -339,34 +357,7 @@ impl TestCa {
 
     /// A client certificate.
     pub fn issue_client(&self, name: &str) -> Issued {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = Self::params(&[name], (-1, 30));
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Issued {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            der: cert.der().to_vec(),
-        }
-    }
-
-    /// An intermediate CA signed by this one.
-    pub fn intermediate(&self, name: &str) -> TestCa {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::default();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        TestCa {
-            cert_pem: cert.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
+        self.leaf(name, (-1, 30), rcgen::ExtendedKeyUsagePurpose::ClientAuth)
     }
 
     pub fn write_ca(&self, path: &Path) {
