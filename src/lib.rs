@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod health;
 pub mod metrics;
 pub mod offline;

@@ -80,6 +80,10 @@ pub struct Metrics {
     pub cert_last_reload: Gauge,
     pub cert_files_rejected: Gauge,
     pub client_ca_reloads: Family<ResultLabel, Counter>,
+    pub reconciles: Family<ResultLabel, Counter>,
+    pub reconcile_duration: Histogram,
+    pub leader: Gauge,
+    pub finalizers_in_progress: Gauge,
 }
 
 impl Default for Metrics {
@@ -113,6 +117,10 @@ impl Metrics {
             cert_last_reload: Gauge::default(),
             cert_files_rejected: Gauge::default(),
             client_ca_reloads: Family::default(),
+            reconciles: Family::default(),
+            reconcile_duration: latency_histogram(),
+            leader: Gauge::default(),
+            finalizers_in_progress: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -189,6 +197,26 @@ impl Metrics {
             "client_ca_reloads",
             "Client CA bundle loads (--client-ca), by result (success, failure)",
             m.client_ca_reloads.clone(),
+        );
+        registry.register(
+            "controller_reconciles",
+            "EtcdCluster reconciles, by result (success, error)",
+            m.reconciles.clone(),
+        );
+        registry.register(
+            "controller_reconcile_duration_seconds",
+            "Time one EtcdCluster reconcile took",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "controller_leader",
+            "1 while this replica holds the etcd-webhook-leader Lease and reconciles",
+            m.leader.clone(),
+        );
+        registry.register(
+            "controller_finalizers_in_progress",
+            "EtcdClusters being deleted whose finalizer is still waiting (alert when it stays up past --finalizer-timeout)",
+            m.finalizers_in_progress.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -1,0 +1,869 @@
+//! The slim reconcile loop: each v1 EtcdCluster becomes a headless and a client Service, a
+//! StatefulSet, a PodDisruptionBudget and (with backups) a CronJob, applied server-side with
+//! the field manager `etcd-webhook`, plus a status and Events.
+//!
+//! The objects come from the pure functions in [`render`], the status from [`status`]; this
+//! module only compares, applies and records. A pass with nothing to change makes no writes:
+//! every child is read, and applied only when it lacks something the rendering says.
+
+pub mod leader;
+pub mod render;
+pub mod status;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::api::v1::EtcdCluster;
+use crate::metrics::{Metrics, ResultLabel};
+use render::{BackupTarget, RenderOptions};
+use status::{Activity, Observation};
+
+/// Field manager of every apply, and the Events' reporting controller.
+pub const MANAGER: &str = "etcd-webhook";
+pub const FINALIZER: &str = "etcd.example.com/finalizer";
+/// Selects the children this loop made (the watches of owned objects use it).
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=etcd-webhook";
+
+/// What a reconcile could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{action} {kind} {name}: {source}")]
+    Kube {
+        action: &'static str,
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error(
+        "member-add Job {0} failed: the new member could not join; see its pod logs, then delete the Job to retry"
+    )]
+    MemberAddFailed(String),
+}
+
+impl Error {
+    fn kube(action: &'static str, kind: &'static str, name: &str, source: kube::Error) -> Self {
+        Error::Kube {
+            action,
+            kind,
+            name: name.to_owned(),
+            source: Box::new(source),
+        }
+    }
+}
+
+/// The controller's settings (flags).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub render: RenderOptions,
+    /// How long the finalizer waits for the final snapshot before giving up.
+    pub finalizer_timeout: Duration,
+    /// Periodic resync of a healthy cluster.
+    pub resync: Duration,
+    /// Restrict to one namespace.
+    pub namespace: Option<String>,
+    /// This replica's name in Events (`reportingInstance`).
+    pub instance: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            render: RenderOptions::default(),
+            finalizer_timeout: Duration::from_secs(600),
+            resync: Duration::from_secs(30),
+            namespace: None,
+            instance: None,
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    recorder: Recorder,
+    /// Consecutive failures per cluster, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+    /// Clusters whose finalizer is waiting (the in-progress gauge).
+    finalizing: Mutex<HashSet<String>>,
+}
+
+impl Context {
+    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.to_owned(),
+            instance: settings.instance.clone(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            settings,
+            metrics,
+            failures: Mutex::default(),
+            finalizing: Mutex::default(),
+        }
+    }
+
+    /// Publishes an Event about `ec`; a failure to publish is logged, never fatal.
+    async fn event(&self, ec: &EtcdCluster, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&ev, &ec.object_ref(&())).await {
+            tracing::warn!(%error, cluster = %key(ec), reason, "cannot publish event");
+        }
+    }
+
+    fn finalizing(&self, ec: &EtcdCluster, waiting: bool) {
+        let mut set = self.finalizing.lock().expect("not poisoned");
+        if waiting {
+            set.insert(key(ec));
+        } else {
+            set.remove(&key(ec));
+        }
+        self.metrics.finalizers_in_progress.set(set.len() as i64);
+    }
+}
+
+fn key(ec: &EtcdCluster) -> String {
+    format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any())
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Whether `actual` has everything `expected` says: objects by key, lists element by element
+/// with the same length, scalars equal. Fields the apiserver adds (defaults, status, uid) do
+/// not count; a field we stopped setting does, through the lists and the lengths.
+pub fn includes(actual: &Value, expected: &Value) -> bool {
+    match (actual, expected) {
+        (Value::Object(a), Value::Object(e)) => e
+            .iter()
+            .all(|(k, v)| a.get(k).is_some_and(|av| includes(av, v))),
+        (Value::Array(a), Value::Array(e)) => {
+            a.len() == e.len() && a.iter().zip(e).all(|(x, y)| includes(x, y))
+        }
+        (a, e) => a == e,
+    }
+}
+
+/// What [`ensure`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+fn kind_of<K: Resource<DynamicType = ()>>() -> &'static str {
+    // Resource::kind returns a Cow of a 'static str for the k8s-openapi types.
+    match K::kind(&()) {
+        std::borrow::Cow::Borrowed(k) => k,
+        std::borrow::Cow::Owned(_) => "object",
+    }
+}
+
+/// Reads the object; applies `desired` (server-side, forced, field manager [`MANAGER`]) only
+/// when what is there does not already include it. Returns what the cluster now holds.
+async fn ensure<K>(api: &Api<K>, desired: &K) -> Result<(Applied, K), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let kind = kind_of::<K>();
+    let observed = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::kube("read", kind, &name, e))?;
+    let want = serde_json::to_value(desired).expect("k8s objects serialize");
+    if let Some(o) = observed.clone() {
+        let have = serde_json::to_value(&o).expect("k8s objects serialize");
+        if includes(&have, &want) {
+            return Ok((Applied::Unchanged, o));
+        }
+    }
+    let applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(|e| Error::kube("apply", kind, &name, e))?;
+    let what = if observed.is_some() {
+        Applied::Updated
+    } else {
+        Applied::Created
+    };
+    tracing::info!(kind, %name, action = ?what, "applied");
+    Ok((what, applied))
+}
+
+/// Deletes the object if it is there; true when it was.
+async fn remove<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
+{
+    let kind = kind_of::<K>();
+    let there = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::kube("read", kind, name, e))?;
+    if there.is_none() {
+        return Ok(false);
+    }
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(Error::kube("delete", kind, name, e)),
+    }
+}
+
+fn has_finalizer(ec: &EtcdCluster) -> bool {
+    ec.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// JSON Pointer escaping of one path segment.
+fn pointer_segment(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+/// Adds the finalizer and records the initial size, in one JSON patch guarded by `test`
+/// operations (a concurrent change to the finalizers fails the patch instead of being lost).
+async fn add_finalizer(api: &Api<EtcdCluster>, ec: &EtcdCluster) -> Result<(), Error> {
+    let mut ops = Vec::new();
+    match &ec.metadata.finalizers {
+        None => {
+            ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}))
+        }
+        Some(list) => {
+            ops.push(json!({"op": "test", "path": "/metadata/finalizers", "value": list}));
+            ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}));
+        }
+    }
+    if initial_size_recorded(ec).is_none() {
+        let size = ec.spec.size.to_string();
+        match &ec.metadata.annotations {
+            None => ops.push(json!({"op": "add", "path": "/metadata/annotations",
+                "value": {render::INITIAL_SIZE_ANNOTATION: size}})),
+            Some(_) => ops.push(json!({"op": "add",
+                "path": format!("/metadata/annotations/{}", pointer_segment(render::INITIAL_SIZE_ANNOTATION)),
+                "value": size})),
+        }
+    }
+    let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).expect("valid ops");
+    api.patch(
+        &ec.name_any(),
+        &PatchParams::default(),
+        &Patch::<()>::Json(patch),
+    )
+    .await
+    .map_err(|e| Error::kube("add finalizer to", "EtcdCluster", &ec.name_any(), e))?;
+    Ok(())
+}
+
+/// Removes our finalizer (and only it), guarded by a `test` of its position.
+async fn remove_finalizer(api: &Api<EtcdCluster>, ec: &EtcdCluster) -> Result<(), Error> {
+    let Some(i) = ec.finalizers().iter().position(|f| f == FINALIZER) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{i}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": FINALIZER},
+        {"op": "remove", "path": path},
+    ]))
+    .expect("valid ops");
+    match api
+        .patch(
+            &ec.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Already gone: nothing to remove.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(
+            "remove finalizer from",
+            "EtcdCluster",
+            &ec.name_any(),
+            e,
+        )),
+    }
+}
+
+fn initial_size_recorded(ec: &EtcdCluster) -> Option<i32> {
+    ec.annotations()
+        .get(render::INITIAL_SIZE_ANNOTATION)?
+        .parse()
+        .ok()
+        .filter(|n| *n >= 1)
+}
+
+/// Writes the status through the status subresource, only when it differs from what the
+/// cluster shows.
+async fn update_status(
+    api: &Api<EtcdCluster>,
+    ec: &EtcdCluster,
+    seen: &Observation,
+) -> Result<bool, Error> {
+    let want = status::desired(ec, seen, now());
+    if ec.status.as_ref() == Some(&want) {
+        return Ok(false);
+    }
+    let body = json!({
+        "apiVersion": crate::api::Version::V1.api_version(),
+        "kind": crate::api::KIND,
+        "status": want,
+    });
+    api.patch_status(
+        &ec.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|e| Error::kube("update status of", "EtcdCluster", &ec.name_any(), e))?;
+    Ok(true)
+}
+
+fn job_outcome(job: &Job) -> Option<bool> {
+    let status = job.status.as_ref()?;
+    let flagged = |t: &str| {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == t && c.status == "True")
+    };
+    if flagged("Complete") || status.succeeded.unwrap_or(0) > 0 {
+        Some(true)
+    } else if flagged("Failed") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+fn template_image(sts: &StatefulSet) -> Option<String> {
+    sts.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+fn template_storage_gib(sts: &StatefulSet) -> Option<i64> {
+    let q = sts
+        .spec
+        .as_ref()?
+        .volume_claim_templates
+        .as_ref()?
+        .first()?
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")?;
+    render::gib(&q.0)
+}
+
+/// One pass over a live (not deleted) cluster: children, then what the status needs.
+async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, Error> {
+    let ns = ec.namespace().unwrap_or_else(|| "default".to_owned());
+    let name = ec.name_any();
+    let client = ctx.client.clone();
+    let opts = &ctx.settings.render;
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    let crons: Api<CronJob> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, &ns);
+    let mut seen = Observation::default();
+
+    ensure(&services, &render::headless_service(ec)).await?;
+    ensure(&services, &render::client_service(ec)).await?;
+
+    let observed = sets
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::kube("read", "StatefulSet", &name, e))?;
+    let initial = initial_size_recorded(ec)
+        .or_else(|| observed.as_ref().and_then(|s| s.spec.as_ref()?.replicas))
+        .unwrap_or(ec.spec.size);
+    let mut apply_set = true;
+    if let Some(current) = &observed {
+        seen.ready = current
+            .status
+            .as_ref()
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0);
+        let replicas = current.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        if current.metadata.deletion_timestamp.is_some() {
+            // Being replaced (storage growth): wait until it is gone, then create it again.
+            seen.activity = Some(Activity::ResizingStorage);
+            apply_set = false;
+        } else if let (Some(have), Some(want)) = (
+            template_storage_gib(current),
+            render::gib(&ec.spec.storage_size),
+        ) && want > have
+        {
+            resize_storage(ec, ctx, &sets, &claims, replicas, have, want).await?;
+            seen.activity = Some(Activity::ResizingStorage);
+            apply_set = false;
+        } else if ec.spec.size > replicas {
+            // New members are added to etcd's membership before their pods start.
+            let mut pending = false;
+            for ordinal in replicas..ec.spec.size {
+                let job_name = render::member_job_name(ec, ordinal);
+                let (applied, job) =
+                    ensure(&jobs, &render::member_add_job(ec, ordinal, opts)).await?;
+                if applied == Applied::Created {
+                    ctx.event(
+                        ec,
+                        EventType::Normal,
+                        "AddingMember",
+                        format!("etcdctl member add {name}-{ordinal} (Job {job_name})"),
+                    )
+                    .await;
+                }
+                match job_outcome(&job) {
+                    Some(true) => {}
+                    Some(false) => return Err(Error::MemberAddFailed(job_name)),
+                    None => pending = true,
+                }
+            }
+            if pending {
+                seen.activity = Some(Activity::AddingMembers);
+                apply_set = false;
+            } else {
+                seen.activity = Some(Activity::Scaling);
+                ctx.event(
+                    ec,
+                    EventType::Normal,
+                    "Scaling",
+                    format!("members {replicas} -> {}", ec.spec.size),
+                )
+                .await;
+            }
+        }
+    }
+    if apply_set {
+        let desired = render::stateful_set(ec, initial, opts);
+        let (applied, set) = ensure(&sets, &desired).await?;
+        let (old_image, new_image) = (
+            observed.as_ref().and_then(template_image),
+            template_image(&desired),
+        );
+        match applied {
+            Applied::Created if observed.is_none() => {
+                ctx.event(
+                    ec,
+                    EventType::Normal,
+                    "Created",
+                    format!(
+                        "StatefulSet {name} with {} members of etcd {}",
+                        ec.spec.size, ec.spec.version
+                    ),
+                )
+                .await;
+            }
+            Applied::Updated if old_image.is_some() && old_image != new_image => {
+                ctx.event(
+                    ec,
+                    EventType::Normal,
+                    "Upgrading",
+                    format!(
+                        "{} -> {}",
+                        old_image.unwrap_or_default(),
+                        new_image.unwrap_or_default()
+                    ),
+                )
+                .await;
+                seen.activity = Some(Activity::Upgrading);
+            }
+            _ => {}
+        }
+        if let Some(s) = set.status.as_ref() {
+            seen.ready = s.ready_replicas.unwrap_or(0);
+            let rolling = s.update_revision.is_some() && s.update_revision != s.current_revision;
+            if rolling && seen.activity.is_none() {
+                seen.activity = Some(Activity::Upgrading);
+            }
+        }
+    }
+
+    let members = if apply_set {
+        ec.spec.size
+    } else {
+        observed
+            .as_ref()
+            .and_then(|s| s.spec.as_ref()?.replicas)
+            .unwrap_or(ec.spec.size)
+    };
+    ensure(&budgets, &render::pod_disruption_budget(ec, members)).await?;
+
+    let cron_name = format!("{name}-backup");
+    match render::backup_target(ec) {
+        None => {
+            if remove(&crons, &cron_name).await? {
+                ctx.event(
+                    ec,
+                    EventType::Normal,
+                    "BackupDisabled",
+                    format!("deleted CronJob {cron_name}"),
+                )
+                .await;
+            }
+        }
+        Some(Err(unsupported)) => {
+            let was_warned = ec
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "BackupReady" && c.status == "False")
+                });
+            remove(&crons, &cron_name).await?;
+            if !was_warned {
+                ctx.event(
+                    ec,
+                    EventType::Warning,
+                    "BackupUnsupported",
+                    unsupported.to_string(),
+                )
+                .await;
+            }
+            seen.warning = Some(unsupported.to_string());
+        }
+        Some(Ok(target)) => {
+            if target == BackupTarget::Volume {
+                ensure(&claims, &render::backup_claim(ec)).await?;
+            }
+            let (applied, _) = ensure(&crons, &render::backup_cron_job(ec, &target, opts)).await?;
+            if applied == Applied::Created {
+                ctx.event(
+                    ec,
+                    EventType::Normal,
+                    "BackupScheduled",
+                    format!("CronJob {cron_name}"),
+                )
+                .await;
+            }
+        }
+    }
+    Ok(seen)
+}
+
+/// Storage growth: volume claim templates are immutable, so grow each member's claim, then
+/// delete the StatefulSet leaving its pods (orphan); the next pass creates it with the new
+/// template and it adopts the running pods.
+async fn resize_storage(
+    ec: &EtcdCluster,
+    ctx: &Context,
+    sets: &Api<StatefulSet>,
+    claims: &Api<PersistentVolumeClaim>,
+    replicas: i32,
+    have: i64,
+    want: i64,
+) -> Result<(), Error> {
+    let size = format!("{want}Gi");
+    for ordinal in 0..replicas {
+        let claim = render::member_claim(ec, ordinal);
+        let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
+        match claims
+            .patch(&claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::kube("grow", "PersistentVolumeClaim", &claim, e)),
+        }
+    }
+    let name = ec.name_any();
+    sets.delete(
+        &name,
+        &DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Orphan),
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(|e| Error::kube("replace", "StatefulSet", &name, e))?;
+    ctx.event(
+        ec,
+        EventType::Normal,
+        "ResizingStorage",
+        format!("member volumes {have}Gi -> {want}Gi; StatefulSet {name} recreated, pods kept"),
+    )
+    .await;
+    Ok(())
+}
+
+/// Deletion: the final snapshot (when backups are on) as a Job, waited for by requeueing,
+/// then the finalizer goes. It always goes: a failed Job or `--finalizer-timeout` remove it
+/// with a Warning event.
+async fn cleanup(
+    ec: &EtcdCluster,
+    ctx: &Context,
+    clusters: &Api<EtcdCluster>,
+) -> Result<Action, Error> {
+    if !has_finalizer(ec) {
+        ctx.finalizing(ec, false);
+        return Ok(Action::await_change());
+    }
+    let ready = ec
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let seen = Observation {
+        ready,
+        deleting: true,
+        ..Default::default()
+    };
+    update_status(clusters, ec, &seen).await?;
+    let since = ec
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
+    let elapsed = k8s_openapi::jiff::Timestamp::now()
+        .duration_since(since)
+        .unsigned_abs();
+    let timeout = ctx.settings.finalizer_timeout;
+    let Some(Ok(target)) = render::backup_target(ec) else {
+        remove_finalizer(clusters, ec).await?;
+        ctx.finalizing(ec, false);
+        return Ok(Action::await_change());
+    };
+    let ns = ec.namespace().unwrap_or_else(|| "default".to_owned());
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let job_name = format!("{}-final-snapshot", ec.name_any());
+    let give_up = |why: String| async move {
+        ctx.event(ec, EventType::Warning, "FinalSnapshotSkipped", why)
+            .await;
+        remove_finalizer(clusters, ec).await?;
+        ctx.finalizing(ec, false);
+        Ok(Action::await_change())
+    };
+    let job = match jobs.get_opt(&job_name).await {
+        Ok(job) => job,
+        Err(e) if elapsed >= timeout => {
+            return give_up(format!(
+                "cannot read Job {job_name} ({e}) and --finalizer-timeout ({}) has passed; finalizer removed without a final snapshot",
+                humantime::format_duration(timeout)
+            ))
+            .await;
+        }
+        Err(e) => return Err(Error::kube("read", "Job", &job_name, e)),
+    };
+    match job.as_ref().and_then(job_outcome) {
+        Some(true) => {
+            ctx.event(
+                ec,
+                EventType::Normal,
+                "FinalSnapshotTaken",
+                format!("Job {job_name} completed; removing the finalizer"),
+            )
+            .await;
+            remove_finalizer(clusters, ec).await?;
+            ctx.finalizing(ec, false);
+            return Ok(Action::await_change());
+        }
+        Some(false) => {
+            return give_up(format!(
+                "Job {job_name} failed; finalizer removed without a final snapshot"
+            ))
+            .await;
+        }
+        None if elapsed >= timeout => {
+            return give_up(format!(
+                "Job {job_name} did not finish within --finalizer-timeout ({}); finalizer removed without a final snapshot",
+                humantime::format_duration(timeout)
+            ))
+            .await;
+        }
+        None => {}
+    }
+    ctx.finalizing(ec, true);
+    if job.is_none() {
+        let desired = render::final_snapshot_job(ec, &target, &ctx.settings.render);
+        match ensure(&jobs, &desired).await {
+            Ok(_) => {
+                ctx.event(
+                    ec,
+                    EventType::Normal,
+                    "FinalSnapshot",
+                    format!("Job {job_name} started; the cluster is removed when it finishes"),
+                )
+                .await
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let left = timeout.saturating_sub(elapsed);
+    Ok(Action::requeue(
+        Duration::from_secs(10)
+            .min(left)
+            .max(Duration::from_secs(1)),
+    ))
+}
+
+/// Reconciles one EtcdCluster (the controller calls it; tests call it directly).
+pub async fn reconcile(ec: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(&ec, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    let label = if result.is_ok() { "success" } else { "error" };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&ResultLabel { result: label })
+        .inc();
+    if result.is_ok() {
+        ctx.failures.lock().expect("not poisoned").remove(&key(&ec));
+    }
+    result
+}
+
+async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Error> {
+    let ns = ec.namespace().unwrap_or_else(|| "default".to_owned());
+    let clusters: Api<EtcdCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    if ec.metadata.deletion_timestamp.is_some() {
+        return cleanup(ec, ctx, &clusters).await;
+    }
+    if !has_finalizer(ec) {
+        add_finalizer(&clusters, ec).await?;
+    }
+    match apply_children(ec, ctx).await {
+        Ok(seen) => {
+            update_status(&clusters, ec, &seen).await?;
+            let settle = seen.activity.is_some() || seen.ready < ec.spec.size;
+            Ok(Action::requeue(if settle {
+                ctx.settings.resync.min(Duration::from_secs(5))
+            } else {
+                ctx.settings.resync
+            }))
+        }
+        Err(error) => {
+            let seen = Observation {
+                ready: ec
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.ready_replicas)
+                    .unwrap_or(0),
+                failure: Some(error.to_string()),
+                ..Default::default()
+            };
+            // Best effort: the reason shows in the status; the error itself goes to backoff.
+            if update_status(&clusters, ec, &seen).await.unwrap_or(false) {
+                ctx.event(ec, EventType::Warning, "ApplyFailed", error.to_string())
+                    .await;
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Backoff after an error: 5 s doubling per consecutive failure of the same cluster, at most
+/// 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    let secs = 5u64.saturating_mul(1u64 << failures.saturating_sub(1).min(6));
+    Duration::from_secs(secs.min(300))
+}
+
+pub fn error_policy(ec: Arc<EtcdCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    let n = {
+        let mut failures = ctx.failures.lock().expect("not poisoned");
+        let n = failures.entry(key(&ec)).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let delay = backoff(n);
+    tracing::warn!(cluster = %key(&ec), %error, failures = n, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn api_in<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller until `stop` is cancelled.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let ns = settings.namespace.clone();
+    let ns = ns.as_deref();
+    let owned = watcher::Config::default().labels(MANAGED_SELECTOR);
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics));
+    tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
+    Controller::new(
+        api_in::<EtcdCluster>(&client, ns),
+        watcher::Config::default(),
+    )
+    .owns(api_in::<StatefulSet>(&client, ns), owned.clone())
+    .owns(api_in::<Service>(&client, ns), owned.clone())
+    .owns(api_in::<PodDisruptionBudget>(&client, ns), owned.clone())
+    .owns(api_in::<CronJob>(&client, ns), owned.clone())
+    .owns(api_in::<Job>(&client, ns), owned)
+    .graceful_shutdown_on(stop.cancelled_owned())
+    .run(reconcile, error_policy, ctx)
+    .for_each(|result| async move {
+        match result {
+            Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
+            Err(error) => tracing::debug!(%error, "reconcile error (see the warning above)"),
+        }
+    })
+    .await;
+    tracing::info!("controller stopped");
+}

@@ -1,0 +1,321 @@
+//! The status a cluster should show, from what the reconcile observed. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::render;
+use crate::api::Phase;
+use crate::api::v1::{EtcdCluster, EtcdClusterStatus};
+
+/// What a reconcile pass saw and did, as far as the status is concerned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    /// Ready members according to the StatefulSet.
+    pub ready: i32,
+    /// A change under way (the Progressing reason), e.g. `Scaling`; `None` when nothing moves
+    /// besides members becoming ready.
+    pub activity: Option<Activity>,
+    /// Owned objects could not be applied: the reason for the Failed phase.
+    pub failure: Option<String>,
+    /// The cluster is being deleted and the finalizer runs.
+    pub deleting: bool,
+    /// A problem that does not stop the members (e.g. an unsupported backup destination).
+    pub warning: Option<String>,
+}
+
+/// Why the cluster is progressing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activity {
+    Scaling,
+    AddingMembers,
+    Upgrading,
+    ResizingStorage,
+}
+
+impl Activity {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Activity::Scaling => "Scaling",
+            Activity::AddingMembers => "AddingMembers",
+            Activity::Upgrading => "Upgrading",
+            Activity::ResizingStorage => "ResizingStorage",
+        }
+    }
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    previous: Option<&Vec<Condition>>,
+    now: &Time,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    // The transition time moves only when the status flips, as the API conventions say.
+    let since = previous
+        .and_then(|cs| cs.iter().find(|c| c.type_ == type_))
+        .filter(|c| c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+/// The status for `ec` given what was observed; equal to the current one when nothing changed
+/// (so the caller can skip the write).
+pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterStatus {
+    let size = ec.spec.size;
+    let generation = ec.metadata.generation;
+    let previous = ec.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let all_ready = seen.ready >= size;
+    let phase = if seen.deleting {
+        Phase::Deleting
+    } else if seen.failure.is_some() {
+        Phase::Failed
+    } else if all_ready && seen.activity.is_none() {
+        Phase::Running
+    } else {
+        Phase::Creating
+    };
+    let ready = match (&seen.failure, seen.deleting) {
+        (_, true) => condition(
+            "Ready",
+            false,
+            "Deleting",
+            "the cluster is being deleted".to_owned(),
+            generation,
+            previous,
+            &now,
+        ),
+        (Some(err), false) => condition(
+            "Ready",
+            false,
+            "ApplyFailed",
+            err.clone(),
+            generation,
+            previous,
+            &now,
+        ),
+        (None, false) if all_ready => condition(
+            "Ready",
+            true,
+            "AllMembersReady",
+            format!("{}/{size} members ready", seen.ready),
+            generation,
+            previous,
+            &now,
+        ),
+        (None, false) => condition(
+            "Ready",
+            false,
+            "MembersNotReady",
+            format!("{}/{size} members ready", seen.ready),
+            generation,
+            previous,
+            &now,
+        ),
+    };
+    let progressing = match (seen.activity, all_ready) {
+        _ if seen.failure.is_some() => condition(
+            "Progressing",
+            false,
+            "ApplyFailed",
+            "owned objects could not be applied; retrying with backoff".to_owned(),
+            generation,
+            previous,
+            &now,
+        ),
+        (Some(a), _) => condition(
+            "Progressing",
+            true,
+            a.reason(),
+            format!("{}: {}/{size} members ready", a.reason(), seen.ready),
+            generation,
+            previous,
+            &now,
+        ),
+        (None, false) => condition(
+            "Progressing",
+            true,
+            "WaitingForMembers",
+            format!("{}/{size} members ready", seen.ready),
+            generation,
+            previous,
+            &now,
+        ),
+        (None, true) => condition(
+            "Progressing",
+            false,
+            "Stable",
+            "every member runs the desired spec".to_owned(),
+            generation,
+            previous,
+            &now,
+        ),
+    };
+    let mut conditions = vec![ready, progressing];
+    if let Some(w) = &seen.warning {
+        conditions.push(condition(
+            "BackupReady",
+            false,
+            "UnsupportedDestination",
+            w.clone(),
+            generation,
+            previous,
+            &now,
+        ));
+    } else if render::backup_target(ec).is_some() {
+        conditions.push(condition(
+            "BackupReady",
+            true,
+            "Scheduled",
+            format!(
+                "snapshots on {:?}",
+                ec.spec
+                    .backup
+                    .as_ref()
+                    .map(|b| b.schedule.as_str())
+                    .unwrap_or("")
+            ),
+            generation,
+            previous,
+            &now,
+        ));
+    }
+    EtcdClusterStatus {
+        phase: Some(phase),
+        ready_replicas: Some(seen.ready),
+        endpoints: Some(render::endpoints(ec, size)),
+        observed_generation: generation,
+        conditions: Some(conditions),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::render::tests::cluster;
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn creating_until_every_member_is_ready_then_running() {
+        let ec = cluster("etcd", 3, None);
+        let seen = Observation {
+            ready: 2,
+            ..Default::default()
+        };
+        let s = desired(&ec, &seen, at(100));
+        assert_eq!(s.phase, Some(Phase::Creating));
+        assert_eq!(s.ready_replicas, Some(2));
+        assert_eq!(s.observed_generation, Some(1));
+        assert_eq!(
+            s.endpoints.as_deref().unwrap()[2],
+            "http://etcd-2.etcd.prod.svc:2379"
+        );
+        let ready = &s.conditions.as_ref().unwrap()[0];
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "MembersNotReady")
+        );
+        let s = desired(
+            &ec,
+            &Observation {
+                ready: 3,
+                ..Default::default()
+            },
+            at(200),
+        );
+        assert_eq!(s.phase, Some(Phase::Running));
+        let c = s.conditions.unwrap();
+        assert_eq!(
+            (c[0].status.as_str(), c[0].reason.as_str()),
+            ("True", "AllMembersReady")
+        );
+        assert_eq!(
+            (c[1].status.as_str(), c[1].reason.as_str()),
+            ("False", "Stable")
+        );
+    }
+
+    #[test]
+    fn unchanged_observation_gives_the_identical_status() {
+        let mut ec = cluster("etcd", 3, None);
+        let seen = Observation {
+            ready: 3,
+            ..Default::default()
+        };
+        ec.status = Some(desired(&ec, &seen, at(100)));
+        // Later, same facts: the same status, transition times included, so no write.
+        assert_eq!(ec.status, Some(desired(&ec, &seen, at(500))));
+        // A flip moves only the flipped condition's time.
+        let s = desired(
+            &ec,
+            &Observation {
+                ready: 2,
+                ..Default::default()
+            },
+            at(600),
+        );
+        let c = s.conditions.unwrap();
+        assert_eq!(c[0].last_transition_time, at(600));
+        assert_eq!(c[0].status, "False");
+    }
+
+    #[test]
+    fn failure_and_deletion_win() {
+        let ec = cluster("etcd", 3, None);
+        let failed = desired(
+            &ec,
+            &Observation {
+                ready: 3,
+                failure: Some("StatefulSet etcd: forbidden".to_owned()),
+                ..Default::default()
+            },
+            at(1),
+        );
+        assert_eq!(failed.phase, Some(Phase::Failed));
+        let c = failed.conditions.unwrap();
+        assert_eq!(c[0].reason, "ApplyFailed");
+        assert_eq!(c[0].message, "StatefulSet etcd: forbidden");
+        let deleting = desired(
+            &ec,
+            &Observation {
+                ready: 3,
+                deleting: true,
+                ..Default::default()
+            },
+            at(1),
+        );
+        assert_eq!(deleting.phase, Some(Phase::Deleting));
+    }
+
+    #[test]
+    fn progressing_names_the_change() {
+        let ec = cluster("etcd", 5, None);
+        let s = desired(
+            &ec,
+            &Observation {
+                ready: 3,
+                activity: Some(Activity::AddingMembers),
+                ..Default::default()
+            },
+            at(1),
+        );
+        let c = s.conditions.unwrap();
+        assert_eq!(
+            (c[1].status.as_str(), c[1].reason.as_str()),
+            ("True", "AddingMembers")
+        );
+        assert_eq!(s.phase, Some(Phase::Creating));
+    }
+}

@@ -1,0 +1,614 @@
+//! The reconcile loop against the in-memory API server ([`super::fake`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::fake::{Call, FakeApi, per_verb};
+use super::render::tests::{backup, cluster};
+use super::*;
+use crate::api::v1::Backup;
+
+const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
+const STS: &str = "/apis/apps/v1/namespaces/prod/statefulsets/etcd";
+const PDB: &str = "/apis/policy/v1/namespaces/prod/poddisruptionbudgets/etcd";
+const CRON: &str = "/apis/batch/v1/namespaces/prod/cronjobs/etcd-backup";
+const JOBS: &str = "/apis/batch/v1/namespaces/prod/jobs/";
+const FINAL_JOB: &str = "/apis/batch/v1/namespaces/prod/jobs/etcd-final-snapshot";
+const BACKUP_PVC: &str = "/api/v1/namespaces/prod/persistentvolumeclaims/etcd-backup";
+const SVC: &str = "/api/v1/namespaces/prod/services/etcd";
+const CLIENT_SVC: &str = "/api/v1/namespaces/prod/services/etcd-client";
+
+fn setup(size: i32, b: Option<Backup>) -> (FakeApi, Arc<Context>) {
+    let api = FakeApi::default();
+    let mut ec = serde_json::to_value(cluster("etcd", size, b)).unwrap();
+    ec["metadata"].as_object_mut().unwrap().remove("generation");
+    api.insert(EC, ec);
+    let settings = Settings {
+        finalizer_timeout: Duration::from_secs(600),
+        ..Default::default()
+    };
+    let ctx = Arc::new(Context::new(
+        api.client(),
+        settings,
+        Arc::new(Metrics::new()),
+    ));
+    (api, ctx)
+}
+
+/// One reconcile of the cluster as the fake holds it now.
+async fn pass(api: &FakeApi, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let ec: EtcdCluster = serde_json::from_value(api.get(EC).expect("cluster exists")).unwrap();
+    reconcile(Arc::new(ec), ctx.clone()).await
+}
+
+fn writes(calls: &[Call]) -> Vec<&Call> {
+    calls.iter().filter(|c| c.is_write()).collect()
+}
+
+fn describe(calls: &[&Call]) -> Vec<String> {
+    calls
+        .iter()
+        .map(|c| {
+            let sub = if c.status_subresource { "/status" } else { "" };
+            if c.code < 300 {
+                format!("{} {}{sub}", c.method, c.path)
+            } else {
+                format!("{} {}{sub} -> {}", c.method, c.path, c.code)
+            }
+        })
+        .collect()
+}
+
+fn events(calls: &[Call]) -> Vec<(String, String)> {
+    calls
+        .iter()
+        .filter(|c| c.resource() == "events" && c.method == "POST")
+        .map(|c| {
+            let b = c.body.as_ref().unwrap();
+            (
+                b["type"].as_str().unwrap_or("").to_owned(),
+                b["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn cluster_json(api: &FakeApi) -> Value {
+    api.get(EC).expect("cluster exists")
+}
+
+fn complete_job(api: &FakeApi, path: &str, ok: bool) {
+    let t = if ok { "Complete" } else { "Failed" };
+    api.set(
+        path,
+        "/status",
+        json!({"conditions": [{"type": t, "status": "True"}], "succeeded": if ok { 1 } else { 0 }}),
+    );
+}
+
+#[tokio::test]
+async fn first_reconcile_adds_the_finalizer_then_applies_every_object() {
+    let (api, ctx) = setup(3, None);
+    let action = pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(5)),
+        "not ready yet: settle soon"
+    );
+    let calls = api.calls();
+    let w = writes(&calls);
+    // The finalizer comes first, before anything is created.
+    assert_eq!(w[0].method, "PATCH");
+    assert_eq!(w[0].path, EC);
+    assert_eq!(w[0].patch_type, Some("json"));
+    let ec = cluster_json(&api);
+    assert_eq!(ec["metadata"]["finalizers"], json!([FINALIZER]));
+    assert_eq!(
+        ec["metadata"]["annotations"][render::INITIAL_SIZE_ANNOTATION],
+        "3"
+    );
+    // Every child: server-side apply, field manager etcd-webhook, forced, owned by the cluster.
+    for path in [SVC, CLIENT_SVC, STS, PDB] {
+        let apply = w
+            .iter()
+            .find(|c| c.path == path)
+            .unwrap_or_else(|| panic!("{path} applied"));
+        assert_eq!(apply.patch_type, Some("apply"), "{path}");
+        assert!(
+            apply.query.contains("fieldManager=etcd-webhook"),
+            "{}",
+            apply.query
+        );
+        assert!(apply.query.contains("force=true"), "{}", apply.query);
+        let owner = &apply.body.as_ref().unwrap()["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "EtcdCluster");
+        assert_eq!(owner["name"], "etcd");
+        assert_eq!(owner["controller"], true);
+        assert_eq!(owner["uid"], ec["metadata"]["uid"]);
+    }
+    assert!(api.get(CRON).is_none(), "no backup, no CronJob");
+    let status = &ec["status"];
+    assert_eq!(status["phase"], "Creating");
+    assert_eq!(status["observedGeneration"], 1);
+    assert_eq!(status["endpoints"][0], "http://etcd-0.etcd.prod.svc:2379");
+    let status_writes: Vec<_> = w.iter().filter(|c| c.status_subresource).collect();
+    assert_eq!(status_writes.len(), 1);
+    assert!(status_writes[0].query.contains("fieldManager=etcd-webhook"));
+    assert_eq!(
+        events(&calls),
+        vec![("Normal".to_owned(), "Created".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn a_second_reconcile_of_an_unchanged_cluster_writes_nothing() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    assert!(
+        writes(&calls).is_empty(),
+        "writes on an unchanged cluster: {:?}",
+        describe(&writes(&calls))
+    );
+    assert!(!calls.is_empty(), "it did read");
+}
+
+#[tokio::test]
+async fn status_is_patched_only_when_it_changes() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
+    api.clear_calls();
+    let action = pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(30)),
+        "healthy: periodic resync"
+    );
+    let calls = api.calls();
+    let w = writes(&calls);
+    assert_eq!(describe(&w), vec![format!("PATCH {EC}/status")]);
+    let ec = cluster_json(&api);
+    assert_eq!(ec["status"]["phase"], "Running");
+    assert_eq!(ec["status"]["readyReplicas"], 3);
+    assert_eq!(ec["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(ec["status"]["conditions"][0]["status"], "True");
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(writes(&api.calls()).is_empty());
+}
+
+#[tokio::test]
+async fn scaling_adds_members_first_then_patches_only_the_stateful_set_and_budget() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
+    pass(&api, &ctx).await.unwrap();
+    api.set(EC, "/spec/size", json!(5));
+    api.set(EC, "/metadata/generation", json!(2));
+    api.clear_calls();
+    // Pass 1: the member-add Jobs start; the StatefulSet waits for them.
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    let w = writes(&calls);
+    assert!(w.iter().all(|c| c.path != STS), "{:?}", describe(&w));
+    let jobs = api.paths(JOBS);
+    assert_eq!(
+        jobs,
+        vec![
+            format!("{JOBS}etcd-member-3"),
+            format!("{JOBS}etcd-member-4")
+        ]
+    );
+    let add = api.get(&jobs[0]).unwrap();
+    let args = &add["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert_eq!(args[4], "etcd-3");
+    assert_eq!(args[5], "--peer-urls=http://etcd-3.etcd.prod.svc:2380");
+    assert_eq!(
+        cluster_json(&api)["status"]["conditions"][1]["reason"],
+        "AddingMembers"
+    );
+    // Pass 2: Jobs done, the StatefulSet and the budget change, nothing else does.
+    for j in &jobs {
+        complete_job(&api, j, true);
+    }
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    let changed: Vec<_> = writes(&calls)
+        .into_iter()
+        .filter(|c| c.resource() != "events" && !c.status_subresource)
+        .map(|c| c.path.clone())
+        .collect();
+    assert_eq!(changed, vec![STS.to_owned(), PDB.to_owned()]);
+    let sts: StatefulSet = serde_json::from_value(api.get(STS).unwrap()).unwrap();
+    let spec = sts.spec.unwrap();
+    assert_eq!(spec.replicas, Some(5));
+    let args = spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
+    assert_eq!(api.get(PDB).unwrap()["spec"]["maxUnavailable"], 2);
+    assert!(events(&calls).contains(&("Normal".to_owned(), "Scaling".to_owned())));
+    // Settled: no more writes.
+    api.set(STS, "/status", json!({"replicas": 5, "readyReplicas": 5}));
+    pass(&api, &ctx).await.unwrap();
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(writes(&api.calls()).is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_member_add_is_reported_and_backs_off() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    api.set(EC, "/spec/size", json!(5));
+    pass(&api, &ctx).await.unwrap();
+    complete_job(&api, &format!("{JOBS}etcd-member-3"), false);
+    let err = pass(&api, &ctx).await.unwrap_err();
+    assert!(matches!(err, Error::MemberAddFailed(_)), "{err}");
+    let ec = cluster_json(&api);
+    assert_eq!(ec["status"]["phase"], "Failed");
+    assert!(
+        ec["status"]["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("etcd-member-3")
+    );
+}
+
+#[tokio::test]
+async fn version_upgrade_rolls_the_template_and_records_an_event() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    api.set(EC, "/spec/version", json!("v3.5.11"));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    assert!(events(&calls).contains(&("Normal".to_owned(), "Upgrading".to_owned())));
+    assert_eq!(
+        api.get(STS).unwrap()["spec"]["template"]["spec"]["containers"][0]["image"],
+        "quay.io/coreos/etcd:v3.5.11"
+    );
+}
+
+#[tokio::test]
+async fn storage_growth_grows_the_claims_and_recreates_the_stateful_set_keeping_pods() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    for i in 0..3 {
+        api.insert(
+            &format!("/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-{i}"),
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": format!("data-etcd-{i}"), "namespace": "prod"},
+                "spec": {"resources": {"requests": {"storage": "10Gi"}}}}),
+        );
+    }
+    api.set(EC, "/spec/storageSize", json!("20Gi"));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    let delete = calls
+        .iter()
+        .find(|c| c.method == "DELETE" && c.path == STS)
+        .expect("StatefulSet deleted");
+    let body = delete.body.as_ref().unwrap();
+    assert_eq!(
+        body["propagationPolicy"], "Orphan",
+        "pods must stay: {body}"
+    );
+    for i in 0..3 {
+        let claim = api
+            .get(&format!(
+                "/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-{i}"
+            ))
+            .unwrap();
+        assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "20Gi");
+    }
+    assert!(events(&calls).contains(&("Normal".to_owned(), "ResizingStorage".to_owned())));
+    pass(&api, &ctx).await.unwrap();
+    let sts = api.get(STS).expect("recreated");
+    assert_eq!(
+        sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"],
+        "20Gi"
+    );
+}
+
+#[tokio::test]
+async fn backups_bring_a_cron_job_and_volume_and_go_when_disabled() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    let cron = api.get(CRON).expect("CronJob");
+    assert_eq!(cron["spec"]["schedule"], "0 */6 * * *");
+    let pvc = api.get(BACKUP_PVC).expect("backup volume");
+    assert!(
+        pvc["metadata"]["ownerReferences"].is_null(),
+        "snapshots outlive the cluster"
+    );
+    api.set(EC, "/spec/backup/enabled", json!(false));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(CRON).is_none());
+    assert!(api.get(BACKUP_PVC).is_some(), "snapshots are kept");
+    assert!(events(&api.calls()).contains(&("Normal".to_owned(), "BackupDisabled".to_owned())));
+}
+
+#[tokio::test]
+async fn an_unsupported_destination_warns_once_and_runs_the_cluster_anyway() {
+    let (api, ctx) = setup(3, Some(backup(Some("gs://bucket/x"))));
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(STS).is_some());
+    assert!(api.get(CRON).is_none());
+    let ec = cluster_json(&api);
+    let backup_cond = &ec["status"]["conditions"][2];
+    assert_eq!(backup_cond["type"], "BackupReady");
+    assert_eq!(backup_cond["reason"], "UnsupportedDestination");
+    assert!(events(&api.calls()).contains(&("Warning".to_owned(), "BackupUnsupported".to_owned())));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(writes(&api.calls()).is_empty());
+}
+
+async fn delete_cluster(api: &FakeApi) {
+    let client = api.client();
+    let clusters: Api<EtcdCluster> = Api::namespaced(client, "prod");
+    clusters.delete("etcd", &Default::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn deletion_with_backup_runs_the_final_snapshot_then_removes_the_finalizer() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    delete_cluster(&api).await;
+    api.clear_calls();
+    let action = pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(10)),
+        "waits by requeueing"
+    );
+    let ec = cluster_json(&api);
+    assert_eq!(ec["status"]["phase"], "Deleting");
+    assert_eq!(ec["metadata"]["finalizers"], json!([FINALIZER]));
+    let job = api.get(FINAL_JOB).expect("final snapshot Job");
+    let init = &job["spec"]["template"]["spec"]["initContainers"][0];
+    assert_eq!(init["command"][0], "/usr/local/bin/etcdctl");
+    assert_eq!(ctx.metrics.finalizers_in_progress.get(), 1);
+    // Still running: no new Job, no finalizer change.
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        writes(&api.calls()).is_empty(),
+        "{:?}",
+        describe(&writes(&api.calls()))
+    );
+    complete_job(&api, FINAL_JOB, true);
+    let action = pass(&api, &ctx).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    assert!(
+        api.get(EC).is_none(),
+        "finalizer removed, the cluster is gone"
+    );
+    assert_eq!(ctx.metrics.finalizers_in_progress.get(), 0);
+}
+
+#[tokio::test]
+async fn a_failed_final_snapshot_still_removes_the_finalizer_with_a_warning() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    delete_cluster(&api).await;
+    pass(&api, &ctx).await.unwrap();
+    complete_job(&api, FINAL_JOB, false);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(EC).is_none());
+    assert!(
+        events(&api.calls()).contains(&("Warning".to_owned(), "FinalSnapshotSkipped".to_owned()))
+    );
+}
+
+#[tokio::test]
+async fn the_finalizer_timeout_removes_it_with_a_warning() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    delete_cluster(&api).await;
+    pass(&api, &ctx).await.unwrap();
+    let long_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(11);
+    api.set(
+        EC,
+        "/metadata/deletionTimestamp",
+        json!(long_ago.to_string()),
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(EC).is_none());
+    assert!(
+        events(&api.calls()).contains(&("Warning".to_owned(), "FinalSnapshotSkipped".to_owned()))
+    );
+}
+
+#[tokio::test]
+async fn deletion_without_backup_removes_the_finalizer_at_once() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    delete_cluster(&api).await;
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(EC).is_none());
+    assert!(api.paths(JOBS).is_empty());
+}
+
+#[tokio::test]
+async fn api_errors_mark_the_cluster_failed_and_back_off_exponentially() {
+    let (api, ctx) = setup(3, None);
+    api.fail("PATCH", STS, 3, 500);
+    let mut delays = Vec::new();
+    for _ in 0..3 {
+        let ec: Arc<EtcdCluster> = Arc::new(serde_json::from_value(cluster_json(&api)).unwrap());
+        let err = reconcile(ec.clone(), ctx.clone()).await.unwrap_err();
+        assert!(err.to_string().contains("apply StatefulSet etcd"), "{err}");
+        delays.push(error_policy(ec, &err, ctx.clone()));
+    }
+    assert_eq!(
+        delays,
+        vec![
+            Action::requeue(Duration::from_secs(5)),
+            Action::requeue(Duration::from_secs(10)),
+            Action::requeue(Duration::from_secs(20)),
+        ]
+    );
+    let ec = cluster_json(&api);
+    assert_eq!(ec["status"]["phase"], "Failed");
+    assert_eq!(ec["status"]["conditions"][0]["reason"], "ApplyFailed");
+    // The fault is over: success, and the backoff starts again from the bottom.
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(cluster_json(&api)["status"]["phase"], "Creating");
+    let ec: Arc<EtcdCluster> = Arc::new(serde_json::from_value(cluster_json(&api)).unwrap());
+    let err = Error::MemberAddFailed("x".to_owned());
+    assert_eq!(
+        error_policy(ec, &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(backoff(30), Duration::from_secs(300));
+}
+
+/// The whole life of one cluster, counted per verb (the figures of the closing note).
+#[tokio::test]
+async fn api_calls_of_one_create_steady_scale_delete_cycle() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    let mut report = Vec::new();
+    let mut phase = |name: &str, api: &FakeApi| {
+        report.push(format!("{name}: {:?}", per_verb(&api.calls())));
+        api.clear_calls();
+    };
+    pass(&api, &ctx).await.unwrap();
+    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
+    pass(&api, &ctx).await.unwrap();
+    phase("create (2 passes: apply, then members ready)", &api);
+    pass(&api, &ctx).await.unwrap();
+    phase("steady (1 resync)", &api);
+    api.set(EC, "/spec/size", json!(5));
+    pass(&api, &ctx).await.unwrap();
+    for i in 3..5 {
+        complete_job(&api, &format!("{JOBS}etcd-member-{i}"), true);
+    }
+    pass(&api, &ctx).await.unwrap();
+    api.set(STS, "/status", json!({"replicas": 5, "readyReplicas": 5}));
+    pass(&api, &ctx).await.unwrap();
+    phase("scale 3->5 (3 passes)", &api);
+    delete_cluster(&api).await;
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    complete_job(&api, FINAL_JOB, true);
+    pass(&api, &ctx).await.unwrap();
+    phase("delete (2 passes)", &api);
+    assert!(api.get(EC).is_none());
+    eprintln!("API calls per phase:\n  {}", report.join("\n  "));
+    assert_eq!(report.len(), 4);
+    assert!(
+        report[1].starts_with("steady (1 resync): {\"GET\": "),
+        "{}",
+        report[1]
+    );
+}
+
+#[tokio::test]
+async fn leader_election_lets_one_reconcile_and_the_other_take_over() {
+    let api = FakeApi::default();
+    let running = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
+    let stops = [CancellationToken::new(), CancellationToken::new()];
+    let mut tasks = Vec::new();
+    for (i, tag) in ["a", "b"].into_iter().enumerate() {
+        let settings = leader::LeaseSettings {
+            duration_secs: 2,
+            grace_secs: 1,
+            ..leader::LeaseSettings::new("etcd-system".to_owned(), tag.to_owned())
+        };
+        let counter = running[i].clone();
+        let work = move |token: CancellationToken| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                token.cancelled().await;
+                counter.fetch_sub(1, Ordering::SeqCst);
+            }
+        };
+        tasks.push(tokio::spawn(leader::run_when_leader(
+            api.client_as(tag),
+            settings,
+            Arc::new(Metrics::new()),
+            stops[i].clone(),
+            work,
+        )));
+    }
+    let now = |i: usize| running[i].load(Ordering::SeqCst);
+    // Exactly one leads, and keeps leading while it renews.
+    let mut leader = None;
+    for _ in 0..100 {
+        if now(0) + now(1) == 1 {
+            leader = Some(if now(0) == 1 { 0 } else { 1 });
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let l = leader.expect("one replica became leader within 10 s");
+    let f = 1 - l;
+    for _ in 0..30 {
+        assert_eq!((now(l), now(f)), (1, 0), "only the holder reconciles");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The holder stops renewing (cut off from the API): the other takes over once the Lease
+    // expires.
+    let tags = ["a", "b"];
+    api.partition(tags[l], true);
+    let mut took_over = false;
+    for _ in 0..100 {
+        if now(f) == 1 {
+            took_over = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(took_over, "the follower took over within 10 s");
+    // Back on the network, the old holder sees it lost the Lease and stops reconciling.
+    api.partition(tags[l], false);
+    let mut stepped_down = false;
+    for _ in 0..100 {
+        if now(l) == 0 {
+            stepped_down = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        stepped_down,
+        "the old holder stopped within 10 s of seeing the Lease"
+    );
+    assert_eq!(now(f), 1);
+    // Shutdown releases the Lease.
+    stops[f].cancel();
+    stops[l].cancel();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("stops in time")
+            .unwrap();
+    }
+    assert_eq!((now(0), now(1)), (0, 0));
+    let lease = api
+        .get("/apis/coordination.k8s.io/v1/namespaces/etcd-system/leases/etcd-webhook-leader")
+        .expect("lease exists");
+    assert!(
+        lease["spec"]["holderIdentity"].is_null(),
+        "released: {lease}"
+    );
+}
