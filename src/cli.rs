@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve /mutate, /validate and /convert over HTTPS.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the CustomResourceDefinition (all versions, v1 stored) as YAML.
     Crd,
     /// Write a development CA (ca.crt) and a serving pair (tls.crt, tls.key) signed by it.
@@ -160,6 +160,8 @@ pub struct ServeArgs {
     /// After the delay, how long in-flight requests may take to finish.
     #[arg(long, env = "ETCD_WEBHOOK_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
     /// Test hook: a review with this uid panics (proves panic isolation). Never set it in a
     /// cluster.
     #[arg(long, hide = true)]
@@ -185,4 +187,70 @@ pub struct CertsArgs {
     /// rehearsal of a cert-manager rotation.
     #[arg(long)]
     pub atomic: bool,
+}
+
+/// When the reconcile loop runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ControllerMode {
+    /// On when a Kubernetes config is found in-cluster or through KUBECONFIG; otherwise off with
+    /// a log line (webhooks only, e.g. on a laptop).
+    Auto,
+    /// Always; no usable Kubernetes config is an error.
+    On,
+    /// Never: webhooks only.
+    Off,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Controller")]
+pub struct ControllerArgs {
+    /// Run the EtcdCluster reconcile loop in this process.
+    #[arg(long = "controller", env = "ETCD_WEBHOOK_CONTROLLER", value_enum, default_value_t = ControllerMode::Auto)]
+    pub mode: ControllerMode,
+    /// Reconcile only while holding the Lease `etcd-webhook-leader` (webhooks serve on every
+    /// replica regardless). Turn off only with a single replica.
+    #[arg(long, env = "ETCD_WEBHOOK_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set,
+        num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease; by default the pod's own (POD_NAMESPACE, else the
+    /// service account's, else the kubeconfig context's).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// A holder that stops renewing loses the Lease after this long.
+    #[arg(long, env = "ETCD_WEBHOOK_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// This replica's identity in the Lease and in Events; by default the pod name
+    /// (POD_NAME), else the host name.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Reconcile EtcdClusters of this namespace only (pair it with namespaced RBAC).
+    #[arg(long, env = "ETCD_WEBHOOK_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Registry of the etcd images: members run `<registry>/etcd:<spec.version>`.
+    #[arg(
+        long,
+        env = "ETCD_WEBHOOK_ETCD_IMAGE_REGISTRY",
+        default_value = "quay.io/coreos"
+    )]
+    pub etcd_image_registry: String,
+    /// Image with a POSIX shell that files snapshots on the backup volume.
+    #[arg(
+        long,
+        env = "ETCD_WEBHOOK_BACKUP_HELPER_IMAGE",
+        default_value = "busybox:1.37"
+    )]
+    pub backup_helper_image: String,
+    /// Image with the aws CLI, for `s3://` backup destinations.
+    #[arg(
+        long,
+        env = "ETCD_WEBHOOK_BACKUP_S3_IMAGE",
+        default_value = "amazon/aws-cli:2.22.35"
+    )]
+    pub backup_s3_image: String,
+    /// How long deletion waits for the final snapshot before removing the finalizer anyway.
+    #[arg(long, env = "ETCD_WEBHOOK_FINALIZER_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub finalizer_timeout: Duration,
+    /// Periodic resync of a healthy cluster.
+    #[arg(long, env = "ETCD_WEBHOOK_RESYNC_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub resync_interval: Duration,
 }

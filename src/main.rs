@@ -8,8 +8,10 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use etcd_webhook::cli::{
-    CertsArgs, Cli, Command, ConvertArgs, LogArgs, LogFormat, OutputFormat, ReviewArgs, ServeArgs,
+    CertsArgs, Cli, Command, ControllerArgs, ControllerMode, ConvertArgs, LogArgs, LogFormat,
+    OutputFormat, ReviewArgs, ServeArgs,
 };
+use etcd_webhook::controller::{self, leader, render::RenderOptions};
 use etcd_webhook::offline;
 use std::time::Duration;
 
@@ -46,7 +48,7 @@ fn main() -> Result<()> {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?
-            .block_on(serve(args)),
+            .block_on(serve(*args)),
     }
 }
 
@@ -187,8 +189,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     state.test_panic_uid = args.test_panic_uid.clone();
     let state = Arc::new(state);
     let shutdown = CancellationToken::new();
+    // Cancelled at the first signal: the controller stops (and releases its Lease) while the
+    // webhooks keep serving through the shutdown delay.
+    let controller_stop = CancellationToken::new();
     tokio::spawn(shutdown_on_signal(
         shutdown.clone(),
+        controller_stop.clone(),
         state.clone(),
         args.shutdown_delay,
     ));
@@ -239,6 +245,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if dev {
         print_dev_hint(&cert_dir, local.port());
     }
+    // Only now, with /convert answering, may the controller list EtcdClusters (the list itself
+    // can need conversion).
+    let controller_task =
+        start_controller(&args.controller, metrics.clone(), controller_stop.clone())
+            .await
+            .inspect_err(|_| shutdown.cancel())?;
 
     let options = server::ServeOptions {
         http2: args.http2,
@@ -257,6 +269,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
     )
     .await;
     shutdown.cancel();
+    controller_stop.cancel();
+    if let Some(task) = controller_task
+        && tokio::time::timeout(Duration::from_secs(15), task)
+            .await
+            .is_err()
+    {
+        tracing::warn!("the controller did not stop within 15s");
+    }
     let _ = health_task.await;
     tracing::info!("stopped");
     Ok(())
@@ -301,6 +321,7 @@ fn print_dev_hint(dir: &Path, port: u16) {
 /// then stop accepting and drain. A second signal skips the rest of the delay.
 async fn shutdown_on_signal(
     token: CancellationToken,
+    controller_stop: CancellationToken,
     state: Arc<webhook::AppState>,
     delay: Duration,
 ) {
@@ -317,6 +338,7 @@ async fn shutdown_on_signal(
         _ = int.recv() => tracing::info!("SIGINT: readiness off, shutting down"),
     }
     state.shutting_down.store(true, Ordering::Relaxed);
+    controller_stop.cancel();
     tokio::select! {
         () = tokio::time::sleep(delay) => {}
         _ = term.recv() => tracing::info!("second signal: skipping the shutdown delay"),
@@ -324,4 +346,79 @@ async fn shutdown_on_signal(
     }
     tracing::info!("no longer accepting connections; draining");
     token.cancel();
+}
+
+/// Starts the reconcile loop when `--controller` says so (behind the leader Lease unless
+/// `--leader-elect=false`). `None` when it stays off.
+async fn start_controller(
+    args: &ControllerArgs,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    let found = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+        || std::env::var_os("KUBECONFIG").is_some();
+    match args.mode {
+        ControllerMode::Off => {
+            tracing::info!("controller off (--controller off): webhooks only");
+            return Ok(None);
+        }
+        ControllerMode::Auto if !found => {
+            tracing::info!(
+                "controller off: no Kubernetes config (not in a cluster, KUBECONFIG unset); webhooks only"
+            );
+            return Ok(None);
+        }
+        _ => {}
+    }
+    let config = match kube::Config::infer().await {
+        Ok(c) => c,
+        Err(e) if args.mode == ControllerMode::Auto => {
+            tracing::warn!(error = %e, "controller off: the Kubernetes config cannot be used; webhooks only");
+            return Ok(None);
+        }
+        Err(e) => return Err(e).context("--controller on: no usable Kubernetes config"),
+    };
+    let lease_namespace = args
+        .leader_election_namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config).context("cannot build the Kubernetes client")?;
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("etcd-webhook-{}", std::process::id()));
+    let settings = controller::Settings {
+        render: RenderOptions {
+            etcd_registry: args.etcd_image_registry.clone(),
+            helper_image: args.backup_helper_image.clone(),
+            s3_image: args.backup_s3_image.clone(),
+        },
+        finalizer_timeout: args.finalizer_timeout,
+        resync: args.resync_interval,
+        namespace: args.watch_namespace.clone(),
+        instance: Some(identity.clone()),
+    };
+    if !args.leader_elect {
+        tracing::info!("leader election off: this replica reconciles");
+        metrics.leader.set(1);
+        return Ok(Some(tokio::spawn(controller::run(
+            client, settings, metrics, stop,
+        ))));
+    }
+    let duration = args.lease_duration.as_secs().max(2);
+    let lease = leader::LeaseSettings {
+        duration_secs: duration,
+        grace_secs: (duration / 3).max(1),
+        ..leader::LeaseSettings::new(lease_namespace, identity)
+    };
+    let work = {
+        let (client, metrics) = (client.clone(), metrics.clone());
+        move |token: CancellationToken| {
+            controller::run(client.clone(), settings.clone(), metrics.clone(), token)
+        }
+    };
+    Ok(Some(tokio::spawn(leader::run_when_leader(
+        client, lease, metrics, stop, work,
+    ))))
 }

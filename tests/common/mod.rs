@@ -69,9 +69,40 @@ impl Server {
         s
     }
 
+    /// Like [`Server::start`], with environment variables set for the process (e.g.
+    /// KUBECONFIG, which otherwise is removed so the controller stays off).
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("certs");
+        make_certs(&dir, &[]);
+        let mut s = Server::spawn_with(&dir, extra, None, env);
+        s.wait_listening(Duration::from_secs(30));
+        s._tmp = Some(tmp);
+        s
+    }
+
     /// Starts the process and waits only for the health port.
     pub fn spawn(cert_dir: &Path, extra: &[&str], cwd: Option<&Path>) -> Server {
+        Server::spawn_with(cert_dir, extra, cwd, &[])
+    }
+
+    pub fn spawn_with(
+        cert_dir: &Path,
+        extra: &[&str],
+        cwd: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Server {
         let mut cmd = Command::new(BIN);
+        // No cluster unless a test brings one: the controller's auto mode stays off.
+        for var in [
+            "KUBECONFIG",
+            "KUBERNETES_SERVICE_HOST",
+            "POD_NAME",
+            "POD_NAMESPACE",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env.iter().copied());
         cmd.args([
             "--log-format",
             "text",
