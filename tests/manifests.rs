@@ -12,10 +12,13 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
@@ -24,6 +27,7 @@ use serde_json::Value;
 
 use etcd_webhook::admission::{defaults, validate};
 use etcd_webhook::api::{self, convert};
+use etcd_webhook::controller;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -494,21 +498,133 @@ fn check(install: &Install, cert_manager: bool) {
         );
     }
 
-    // RBAC: the server makes no API calls, so it is granted nothing and gets no token.
-    let roles: Vec<ClusterRole> = install.all("ClusterRole");
-    let ns_roles: Vec<Role> = install.all("Role");
-    assert!(
-        roles.is_empty() && ns_roles.is_empty(),
-        "{n}: no Role: the binary calls no API"
-    );
-    assert!(install.raw("ClusterRoleBinding").is_empty() && install.raw("RoleBinding").is_empty());
     let sa: ServiceAccount = install.one("ServiceAccount");
-    assert_eq!(sa.automount_service_account_token, Some(false));
-    assert_eq!(pod.automount_service_account_token, Some(false));
     assert_eq!(
         pod.service_account_name.as_deref(),
         sa.metadata.name.as_deref()
     );
+    match arg(&args, "--controller") {
+        Some("on") => check_controller_rbac(install, &args, pod, &sa),
+        Some("off") => {
+            // Webhooks only: the server calls no API, so it is granted nothing, gets no token.
+            assert!(
+                install.raw("ClusterRole").is_empty() && install.raw("Role").is_empty(),
+                "{n}: no Role without the controller"
+            );
+            assert!(
+                install.raw("ClusterRoleBinding").is_empty()
+                    && install.raw("RoleBinding").is_empty()
+            );
+            assert_ne!(sa.automount_service_account_token, Some(true), "{n}");
+            assert_eq!(pod.automount_service_account_token, Some(false), "{n}");
+        }
+        other => panic!("{n}: --controller must be explicit in a cluster, got {other:?}"),
+    }
+}
+
+/// The Role grants every (group, resource, verb) the loop uses, and no wildcard.
+fn grants(rules: &[PolicyRule], need: &[(&str, &str, &[&str])], what: &str) {
+    for r in rules {
+        let all = r
+            .resources
+            .iter()
+            .flatten()
+            .chain(&r.verbs)
+            .chain(r.api_groups.iter().flatten());
+        for x in all {
+            assert_ne!(x, "*", "{what}: no wildcards");
+        }
+    }
+    for (group, resource, verbs) in need {
+        for verb in *verbs {
+            assert!(
+                rules
+                    .iter()
+                    .any(|r| r.api_groups.iter().flatten().any(|g| g == group)
+                        && r.resources.iter().flatten().any(|x| x == resource)
+                        && r.verbs.iter().any(|v| v == verb)),
+                "{what}: {verb} on {group}/{resource} is not granted"
+            );
+        }
+    }
+}
+
+fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: &ServiceAccount) {
+    let n = &install.name;
+    let sa_name = sa.metadata.name.clone().unwrap();
+    let subject_is_sa = |subjects: &Option<Vec<Subject>>| {
+        subjects.iter().flatten().any(|s| {
+            s.kind == "ServiceAccount"
+                && s.name == sa_name
+                && s.namespace.as_deref() == Some("etcd-system")
+        })
+    };
+    let role: ClusterRole = install.one("ClusterRole");
+    grants(
+        role.rules.as_deref().unwrap_or_default(),
+        controller::RBAC_RULES,
+        &format!("{n}: ClusterRole"),
+    );
+    let role_name = role.metadata.name.clone().unwrap();
+    // Bound cluster-wide, or only in the --watch-namespace.
+    let bindings: Vec<RoleBinding> = install.all("RoleBinding");
+    let cluster_bindings: Vec<ClusterRoleBinding> = install.all("ClusterRoleBinding");
+    match arg(args, "--watch-namespace") {
+        None => {
+            assert_eq!(cluster_bindings.len(), 1, "{n}: one ClusterRoleBinding");
+            assert_eq!(cluster_bindings[0].role_ref.name, role_name);
+            assert!(subject_is_sa(&cluster_bindings[0].subjects), "{n}");
+        }
+        Some(ns) => {
+            assert!(
+                cluster_bindings.is_empty(),
+                "{n}: namespaced install binds no cluster role"
+            );
+            let b = bindings
+                .iter()
+                .find(|b| b.role_ref.kind == "ClusterRole")
+                .unwrap_or_else(|| panic!("{n}: a RoleBinding of the controller's role"));
+            assert_eq!(b.metadata.namespace.as_deref(), Some(ns), "{n}");
+            assert_eq!(b.role_ref.name, role_name);
+            assert!(subject_is_sa(&b.subjects), "{n}");
+        }
+    }
+    // Leader election: a Role for Leases in the pod's namespace.
+    assert_eq!(arg(args, "--leader-elect"), Some("true"), "{n}");
+    let lease_role: Role = install.one("Role");
+    assert_eq!(
+        lease_role.metadata.namespace.as_deref(),
+        Some("etcd-system")
+    );
+    grants(
+        lease_role.rules.as_deref().unwrap_or_default(),
+        controller::LEADER_RBAC_RULES,
+        &format!("{n}: leader Role"),
+    );
+    let lb = bindings
+        .iter()
+        .find(|b| b.role_ref.kind == "Role")
+        .unwrap_or_else(|| panic!("{n}: a RoleBinding of the leader Role"));
+    assert_eq!(lb.metadata.namespace.as_deref(), Some("etcd-system"));
+    assert!(subject_is_sa(&lb.subjects), "{n}");
+    // A token, and the identity for the Lease from the downward API.
+    assert_eq!(pod.automount_service_account_token, Some(true), "{n}");
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    for (var, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        let e = env
+            .iter()
+            .find(|e| e.name == var)
+            .unwrap_or_else(|| panic!("{n}: env {var}"));
+        let path = e
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str());
+        assert_eq!(path, Some(field), "{n}: {var}");
+    }
 }
 
 #[test]
@@ -518,6 +634,21 @@ fn kustomize_config_default() {
     let ns = install.raw("Namespace");
     assert_eq!(ns.len(), 1);
     assert_eq!(ns[0]["metadata"]["name"], "etcd-system");
+}
+
+#[test]
+fn kustomize_single_namespace_overlay() {
+    let install = Install {
+        name: "config/single-namespace".into(),
+        docs: documents(&tool("kubectl", &["kustomize", "config/single-namespace"])),
+    };
+    check(&install, true);
+    let d: Deployment = install.one("Deployment");
+    let args = d.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert_eq!(arg(&args, "--watch-namespace"), Some("etcd-apps"));
 }
 
 #[test]
@@ -578,6 +709,27 @@ fn helm_template_default_and_value_sets() {
             let sm = install.raw("ServiceMonitor");
             assert_eq!(sm.len(), 1);
             assert_eq!(sm[0]["spec"]["endpoints"][0]["port"], "metrics");
+        }
+        if v.contains("controller-off") {
+            let d: Deployment = install.one("Deployment");
+            let args = d.spec.unwrap().template.spec.unwrap().containers[0]
+                .args
+                .clone()
+                .unwrap();
+            assert_eq!(arg(&args, "--controller"), Some("off"));
+        }
+        if v.contains("controller-single-namespace") {
+            let d: Deployment = install.one("Deployment");
+            let args = d.spec.unwrap().template.spec.unwrap().containers[0]
+                .args
+                .clone()
+                .unwrap();
+            assert_eq!(arg(&args, "--watch-namespace"), Some("etcd-apps"));
+            assert_eq!(
+                arg(&args, "--etcd-image-registry"),
+                Some("registry.example.com/mirror")
+            );
+            assert_eq!(arg(&args, "--finalizer-timeout"), Some("20m"));
         }
         if v.contains("custom") {
             let m: MutatingWebhookConfiguration = install.one("MutatingWebhookConfiguration");

@@ -47,6 +47,45 @@ pub const FINALIZER: &str = "etcd.example.com/finalizer";
 /// Selects the children this loop made (the watches of owned objects use it).
 pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=etcd-webhook";
 
+/// Every API call the loop makes, as RBAC rules (group, resource, verbs): the install's
+/// ClusterRole must grant these (tests/manifests.rs), and the tests check that every call made
+/// against the fake API server is covered. Applies that create also need `create`.
+pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
+    (
+        "etcd.example.com",
+        "etcdclusters",
+        &["get", "list", "watch", "patch"],
+    ),
+    ("etcd.example.com", "etcdclusters/status", &["get", "patch"]),
+    (
+        "apps",
+        "statefulsets",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    ("", "services", &["get", "list", "watch", "create", "patch"]),
+    ("", "persistentvolumeclaims", &["get", "create", "patch"]),
+    (
+        "policy",
+        "poddisruptionbudgets",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    (
+        "batch",
+        "cronjobs",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    (
+        "batch",
+        "jobs",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    ("events.k8s.io", "events", &["create", "patch"]),
+];
+
+/// The leader election's calls, granted by a Role in the Lease's namespace.
+pub const LEADER_RBAC_RULES: &[(&str, &str, &[&str])] =
+    &[("coordination.k8s.io", "leases", &["get", "create", "patch"])];
+
 /// What a reconcile could not do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -79,6 +79,47 @@ fn events(calls: &[Call]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The RBAC rule (group, resource, verb) a recorded call needs.
+fn needs(c: &Call) -> (String, String, &'static str) {
+    let parts: Vec<&str> = c.path.trim_start_matches('/').split('/').collect();
+    let (group, rest) = match parts[0] {
+        "api" => ("", &parts[2..]),
+        _ => (parts[1], &parts[3..]),
+    };
+    // rest: namespaces/NS/RESOURCE[/NAME]
+    let resource = rest[2];
+    let named = rest.len() > 3;
+    let verb = match (c.method.as_str(), named) {
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        (m, _) => panic!("unexpected {m}"),
+    };
+    let resource = if c.status_subresource {
+        format!("{resource}/status")
+    } else {
+        resource.to_owned()
+    };
+    (group.to_owned(), resource, verb)
+}
+
+/// Every call was allowed by the rules the install grants.
+fn assert_granted(calls: &[Call], rules: &[(&str, &str, &[&str])]) {
+    for c in calls {
+        let (group, resource, verb) = needs(c);
+        assert!(
+            rules
+                .iter()
+                .any(|(g, r, vs)| *g == group && *r == resource && vs.contains(&verb)),
+            "{} {} needs {verb} on {group}/{resource}, which the RBAC rules do not grant",
+            c.method,
+            c.path
+        );
+    }
+}
+
 fn cluster_json(api: &FakeApi) -> Value {
     api.get(EC).expect("cluster exists")
 }
@@ -315,6 +356,7 @@ async fn storage_growth_grows_the_claims_and_recreates_the_stateful_set_keeping_
         assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "20Gi");
     }
     assert!(events(&calls).contains(&("Normal".to_owned(), "ResizingStorage".to_owned())));
+    assert_granted(&calls, RBAC_RULES);
     pass(&api, &ctx).await.unwrap();
     let sts = api.get(STS).expect("recreated");
     assert_eq!(
@@ -486,8 +528,11 @@ async fn api_errors_mark_the_cluster_failed_and_back_off_exponentially() {
 async fn api_calls_of_one_create_steady_scale_delete_cycle() {
     let (api, ctx) = setup(3, Some(backup(None)));
     let mut report = Vec::new();
+    let mut all = Vec::new();
     let mut phase = |name: &str, api: &FakeApi| {
-        report.push(format!("{name}: {:?}", per_verb(&api.calls())));
+        let calls = api.calls();
+        report.push(format!("{name}: {:?}", per_verb(&calls)));
+        all.extend(calls);
         api.clear_calls();
     };
     pass(&api, &ctx).await.unwrap();
@@ -513,6 +558,7 @@ async fn api_calls_of_one_create_steady_scale_delete_cycle() {
     phase("delete (2 passes)", &api);
     assert!(api.get(EC).is_none());
     eprintln!("API calls per phase:\n  {}", report.join("\n  "));
+    assert_granted(&all, RBAC_RULES);
     assert_eq!(report.len(), 4);
     assert!(
         report[1].starts_with("steady (1 resync): {\"GET\": "),
@@ -611,4 +657,5 @@ async fn leader_election_lets_one_reconcile_and_the_other_take_over() {
         lease["spec"]["holderIdentity"].is_null(),
         "released: {lease}"
     );
+    assert_granted(&api.calls(), LEADER_RBAC_RULES);
 }
