@@ -32,6 +32,29 @@ pub enum Command {
     Review(ReviewArgs),
     /// Convert EtcdCluster manifests between versions, like `kubectl convert`.
     Convert(ConvertArgs),
+    /// Print the objects the controller creates for EtcdCluster manifests (after the webhooks'
+    /// defaults and rules). Exit 0, 1 when a manifest is denied, 2 on bad input.
+    Render(RenderArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// EtcdCluster manifests, any version (YAML or JSON, several documents allowed); `-` for
+    /// stdin.
+    #[arg(short = 'f', long = "filename", default_value = "-")]
+    pub file: String,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
+    pub output: OutputFormat,
+    /// As `serve --etcd-image-registry`.
+    #[arg(long, default_value = "quay.io/coreos")]
+    pub etcd_image_registry: String,
+    /// As `serve --backup-helper-image`.
+    #[arg(long, default_value = "busybox:1.37")]
+    pub backup_helper_image: String,
+    /// As `serve --backup-s3-image`.
+    #[arg(long, default_value = "amazon/aws-cli:2.22.35")]
+    pub backup_s3_image: String,
 }
 
 #[derive(Debug, Args)]

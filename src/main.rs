@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use etcd_webhook::cli::{
     CertsArgs, Cli, Command, ControllerArgs, ControllerMode, ConvertArgs, LogArgs, LogFormat,
-    OutputFormat, ReviewArgs, ServeArgs,
+    OutputFormat, RenderArgs, ReviewArgs, ServeArgs,
 };
 use etcd_webhook::controller::{self, leader, render::RenderOptions};
 use etcd_webhook::offline;
@@ -31,6 +31,7 @@ fn main() -> Result<()> {
     match &cli.command {
         Command::Review(args) => std::process::exit(review(args)),
         Command::Convert(args) => std::process::exit(convert(args)),
+        Command::Render(args) => std::process::exit(render(args)),
         _ => {}
     }
     init_tracing(&cli.log)?;
@@ -43,7 +44,9 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Certs(args) => certs(&args),
-        Command::Review(_) | Command::Convert(_) => unreachable!("handled above"),
+        Command::Review(_) | Command::Convert(_) | Command::Render(_) => {
+            unreachable!("handled above")
+        }
         Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -134,6 +137,34 @@ fn convert(args: &ConvertArgs) -> i32 {
         Err(e) => {
             eprintln!("error: {e}");
             2
+        }
+    }
+}
+
+/// `render`: exit 0 with the objects, 1 when a manifest is denied, 2 on bad input.
+fn render(args: &RenderArgs) -> i32 {
+    let opts = RenderOptions {
+        etcd_registry: args.etcd_image_registry.clone(),
+        helper_image: args.backup_helper_image.clone(),
+        s3_image: args.backup_s3_image.clone(),
+    };
+    let run = || -> Result<String, offline::OfflineError> {
+        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let objects = offline::objects(&docs, &opts)?;
+        Ok(offline::render(&objects, args.output == OutputFormat::Json))
+    };
+    match run() {
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            if e.to_string().contains(": denied: ") {
+                1
+            } else {
+                2
+            }
         }
     }
 }

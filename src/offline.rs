@@ -1,6 +1,6 @@
-//! The offline commands `review` and `convert`: the server's decisions from the command line,
-//! for CI pipelines that check manifests before they reach a cluster. They call the same code
-//! the webhook endpoints call.
+//! The offline commands `review`, `convert` and `render`: the server's decisions from the
+//! command line, for CI pipelines that check manifests before they reach a cluster. They call
+//! the same code the webhook endpoints and the controller call.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -262,6 +262,42 @@ pub fn convert(docs: &[Document], to: Version) -> Result<Vec<Value>, OfflineErro
             })
         })
         .collect()
+}
+
+/// The uid `render` gives a cluster that has none yet (the apiserver assigns the real one);
+/// the ownerReferences carry it.
+pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
+
+/// What the controller would create for each EtcdCluster: the webhooks' defaults applied, the
+/// rules checked (a denied document is an error), converted to v1, then rendered.
+pub fn objects(
+    docs: &[Document],
+    opts: &crate::controller::render::RenderOptions,
+) -> Result<Vec<Value>, OfflineError> {
+    let mut out = Vec::new();
+    for (doc, decision) in docs.iter().zip(review(docs, &[])?) {
+        if doc.value.get("kind").and_then(Value::as_str) != Some(api::KIND) {
+            return Err(doc.error("render takes EtcdCluster manifests"));
+        }
+        if !decision.allowed {
+            return Err(doc.error(format!("{}: denied: {}", decision.label, decision.message)));
+        }
+        let mut v1 = api::convert::convert_object(&decision.patched, Version::V1)
+            .map_err(|e| doc.error(e.to_string()))?;
+        let meta = v1
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| doc.error("metadata missing"))?;
+        meta.entry("namespace").or_insert(json!("default"));
+        meta.entry("uid").or_insert(json!(PLACEHOLDER_UID));
+        let cluster: api::v1::EtcdCluster =
+            serde_json::from_value(v1).map_err(|e| doc.error(e.to_string()))?;
+        if cluster.metadata.name.as_deref().unwrap_or("").is_empty() {
+            return Err(doc.error("metadata.name is required to render (generateName is not)"));
+        }
+        out.extend(crate::controller::render::all(&cluster, opts));
+    }
+    Ok(out)
 }
 
 /// Renders objects as multi-document YAML, or JSON (one object, or a List of several).

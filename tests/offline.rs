@@ -287,3 +287,90 @@ fn convert_multi_document_and_lists() {
         assert_eq!(back, expected, "{}", path.display());
     }
 }
+
+#[test]
+fn render_prints_what_the_controller_creates_for_every_sample() {
+    for sample in samples() {
+        let out = run(
+            &["render", "-f", sample.to_str().unwrap(), "-o", "json"],
+            None,
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 0, "{}: {stderr}", sample.display());
+        let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let items = list["items"].as_array().unwrap();
+        let kinds: Vec<&str> = items.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            &kinds[..4],
+            ["Service", "Service", "StatefulSet", "PodDisruptionBudget"],
+            "{}",
+            sample.display()
+        );
+        let name = items[0]["metadata"]["name"].as_str().unwrap();
+        let sts = &items[2];
+        assert_eq!(sts["metadata"]["name"], name);
+        // Defaults were applied before rendering: every member has a size and a version.
+        assert!(sts["spec"]["replicas"].as_i64().unwrap() >= 1);
+        let image = sts["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap();
+        assert!(image.starts_with("quay.io/coreos/etcd:v3."), "{image}");
+        for o in items {
+            if o["kind"] != "PersistentVolumeClaim" {
+                assert_eq!(
+                    o["metadata"]["ownerReferences"][0]["uid"],
+                    "00000000-0000-0000-0000-000000000000"
+                );
+            }
+        }
+    }
+    // The v1 sample backs up to S3: a CronJob and the final-snapshot Job, no volume.
+    let v1 = samples()
+        .into_iter()
+        .find(|p| p.to_str().unwrap().contains("etcd_v1_"))
+        .unwrap();
+    let out = run(&["render", "-f", v1.to_str().unwrap()], None);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("kind: CronJob") && text.contains("name: etcd-sample-final-snapshot"));
+    assert!(text.contains("aws s3 cp /work/snapshot.db \"s3://etcd-backups/etcd-sample/"));
+    let out = run(&["render", "-f", v1.to_str().unwrap(), "-o", "json"], None);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "Service",
+            "Service",
+            "StatefulSet",
+            "PodDisruptionBudget",
+            "CronJob",
+            "Job"
+        ]
+    );
+}
+
+#[test]
+fn render_refuses_denied_and_foreign_manifests() {
+    let even = "apiVersion: etcd.example.com/v1\nkind: EtcdCluster\nmetadata: {name: e}\nspec: {size: 2}\n";
+    let out = run(&["render"], Some(even));
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be odd"));
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n";
+    let out = run(&["render"], Some(pod));
+    assert_eq!(code(&out), 2);
+    let out = run(
+        &["render", "--etcd-image-registry", "mirror.local/etcd-io"],
+        Some(
+            "apiVersion: etcd.example.com/v1\nkind: EtcdCluster\nmetadata: {name: e}\nspec: {size: 3}\n",
+        ),
+    );
+    assert_eq!(code(&out), 0);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("image: mirror.local/etcd-io/etcd:v3.5.10")
+    );
+}

@@ -692,6 +692,34 @@ pub fn member_job_name(ec: &EtcdCluster, ordinal: i32) -> String {
     format!("{}-member-{ordinal}", ec.name_any())
 }
 
+/// Every object a new cluster gets, in apply order: the Services, StatefulSet and
+/// PodDisruptionBudget, then (with backups) the backup volume, the CronJob, and the Job the
+/// finalizer would run on deletion. What `etcd-webhook render` prints.
+pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
+    let json = |v: Result<serde_json::Value, serde_json::Error>| v.expect("k8s objects serialize");
+    let mut out = vec![
+        json(serde_json::to_value(headless_service(ec))),
+        json(serde_json::to_value(client_service(ec))),
+        json(serde_json::to_value(stateful_set(ec, ec.spec.size, opts))),
+        json(serde_json::to_value(pod_disruption_budget(
+            ec,
+            ec.spec.size,
+        ))),
+    ];
+    if let Some(Ok(target)) = backup_target(ec) {
+        if target == BackupTarget::Volume {
+            out.push(json(serde_json::to_value(backup_claim(ec))));
+        }
+        out.push(json(serde_json::to_value(backup_cron_job(
+            ec, &target, opts,
+        ))));
+        out.push(json(serde_json::to_value(final_snapshot_job(
+            ec, &target, opts,
+        ))));
+    }
+    out
+}
+
 /// Whole GiB of a `NGi` quantity (the only spelling the webhook admits).
 pub fn gib(q: &str) -> Option<i64> {
     q.strip_suffix("Gi")?.parse().ok()
@@ -731,21 +759,11 @@ pub(crate) mod tests {
 
     /// Every object of a cluster, as YAML documents in a fixed order.
     fn render_all(ec: &EtcdCluster) -> String {
-        let opts = RenderOptions::default();
-        let mut docs = vec![
-            serde_yaml_ng::to_string(&headless_service(ec)).unwrap(),
-            serde_yaml_ng::to_string(&client_service(ec)).unwrap(),
-            serde_yaml_ng::to_string(&stateful_set(ec, ec.spec.size, &opts)).unwrap(),
-            serde_yaml_ng::to_string(&pod_disruption_budget(ec, ec.spec.size)).unwrap(),
-        ];
-        if let Some(Ok(target)) = backup_target(ec) {
-            if target == BackupTarget::Volume {
-                docs.push(serde_yaml_ng::to_string(&backup_claim(ec)).unwrap());
-            }
-            docs.push(serde_yaml_ng::to_string(&backup_cron_job(ec, &target, &opts)).unwrap());
-            docs.push(serde_yaml_ng::to_string(&final_snapshot_job(ec, &target, &opts)).unwrap());
-        }
-        docs.join("---\n")
+        all(ec, &RenderOptions::default())
+            .iter()
+            .map(|o| serde_yaml_ng::to_string(o).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n")
     }
 
     /// Golden files under tests/golden/; `UPDATE_GOLDEN=1 cargo test` rewrites them.
