@@ -204,11 +204,13 @@ fn now() -> Time {
 /// Whether `actual` has everything `expected` says: objects by key, lists element by element
 /// with the same length, scalars equal. Fields the apiserver adds (defaults, status, uid) do
 /// not count; a field we stopped setting does, through the lists and the lengths.
+/// `apiVersion`/`kind` are skipped: the typed objects write them into embedded objects (a
+/// StatefulSet's claim templates), where the apiserver need not keep them.
 pub fn includes(actual: &Value, expected: &Value) -> bool {
     match (actual, expected) {
-        (Value::Object(a), Value::Object(e)) => e
-            .iter()
-            .all(|(k, v)| a.get(k).is_some_and(|av| includes(av, v))),
+        (Value::Object(a), Value::Object(e)) => e.iter().all(|(k, v)| {
+            k == "apiVersion" || k == "kind" || a.get(k).is_some_and(|av| includes(av, v))
+        }),
         (Value::Array(a), Value::Array(e)) => {
             a.len() == e.len() && a.iter().zip(e).all(|(x, y)| includes(x, y))
         }
@@ -266,6 +268,33 @@ where
     };
     tracing::info!(kind, %name, action = ?what, "applied");
     Ok((what, applied))
+}
+
+/// Creates the object when it is missing, and otherwise leaves it alone (a Job's pod
+/// template is immutable, and a Job that ran is a record, not something to converge).
+async fn ensure_created<K>(api: &Api<K>, desired: &K) -> Result<(Applied, K), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let kind = kind_of::<K>();
+    if let Some(o) = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::kube("read", kind, &name, e))?
+    {
+        return Ok((Applied::Unchanged, o));
+    }
+    let created = api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(|e| Error::kube("create", kind, &name, e))?;
+    tracing::info!(kind, %name, "created");
+    Ok((Applied::Created, created))
 }
 
 /// Deletes the object if it is there; true when it was.
@@ -493,7 +522,7 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
             for ordinal in replicas..ec.spec.size {
                 let job_name = render::member_job_name(ec, ordinal);
                 let (applied, job) =
-                    ensure(&jobs, &render::member_add_job(ec, ordinal, opts)).await?;
+                    ensure_created(&jobs, &render::member_add_job(ec, ordinal, opts)).await?;
                 if applied == Applied::Created {
                     ctx.event(
                         ec,
@@ -767,7 +796,7 @@ async fn cleanup(
     ctx.finalizing(ec, true);
     if job.is_none() {
         let desired = render::final_snapshot_job(ec, &target, &ctx.settings.render);
-        match ensure(&jobs, &desired).await {
+        match ensure_created(&jobs, &desired).await {
             Ok(_) => {
                 ctx.event(
                     ec,

@@ -659,3 +659,43 @@ async fn leader_election_lets_one_reconcile_and_the_other_take_over() {
     );
     assert_granted(&api.calls(), LEADER_RBAC_RULES);
 }
+
+#[test]
+fn includes_ignores_what_the_apiserver_adds_but_not_what_changed() {
+    let want = json!({"apiVersion": "apps/v1", "spec": {"replicas": 3, "ports": [{"port": 2379}],
+        "claims": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "size": "10Gi"}]}});
+    let live = json!({"apiVersion": "apps/v1", "metadata": {"uid": "u"}, "status": {"ready": 1},
+        "spec": {"replicas": 3, "revisionHistoryLimit": 10,
+            "ports": [{"port": 2379, "protocol": "TCP"}], "claims": [{"size": "10Gi"}]}});
+    assert!(includes(&live, &want));
+    let mut changed = live.clone();
+    changed["spec"]["replicas"] = json!(5);
+    assert!(!includes(&changed, &want));
+    let mut longer = live.clone();
+    longer["spec"]["ports"] = json!([{"port": 2379}, {"port": 2380}]);
+    assert!(
+        !includes(&longer, &want),
+        "a list item we no longer set counts"
+    );
+    let mut missing = live;
+    missing["spec"].as_object_mut().unwrap().remove("replicas");
+    assert!(!includes(&missing, &want));
+}
+
+#[tokio::test]
+async fn an_existing_job_is_never_reapplied() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    api.set(EC, "/spec/size", json!(5));
+    pass(&api, &ctx).await.unwrap();
+    // The image moves on while the Job waits: the Job (immutable template) is left alone.
+    api.set(EC, "/spec/version", json!("v3.5.11"));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    assert!(
+        writes(&calls).iter().all(|c| c.resource() != "jobs"),
+        "{:?}",
+        describe(&writes(&calls))
+    );
+}
