@@ -1,6 +1,7 @@
 //! The controller in the real binary: started only after the webhook listener, gated by the
-//! Lease, stopped on SIGTERM with the Lease released. The cluster is a small fake API server
-//! on a loopback port (empty lists, watches that stay open, one Lease).
+//! Lease, reconciling an EtcdCluster, handed over when the leader dies, stopped on SIGTERM with
+//! the Lease released. The cluster is the in-memory API server of the unit tests
+//! (`tests/common/fake_api.rs`) served on a loopback port.
 
 mod common;
 
@@ -9,81 +10,87 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use common::{Server, apiserver_client, fixture, post, runtime};
+use fake_api::{FakeCore, patch_type};
+
+#[path = "common/fake_api.rs"]
+mod fake_api;
 
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/test/leases/etcd-webhook-leader";
+const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
+const STS: &str = "/apis/apps/v1/namespaces/prod/statefulsets/etcd";
 
+/// The in-memory API server of the unit tests, over HTTP; watches stay open and silent.
 #[derive(Default)]
 struct FakeApi {
+    core: Mutex<FakeCore>,
     requests: Mutex<Vec<String>>,
-    lease: Mutex<Option<Value>>,
 }
 
-fn merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        (t, p) => *t = p.clone(),
+impl FakeApi {
+    fn get(&self, path: &str) -> Option<Value> {
+        self.core.lock().unwrap().objects.get(path).cloned()
     }
-}
-
-fn json_response(code: StatusCode, v: Value) -> Response {
-    (code, [("content-type", "application/json")], v.to_string()).into_response()
+    fn requested(&self, prefix: &str) -> bool {
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.starts_with(prefix))
+    }
 }
 
 async fn answer(
     State(api): State<Arc<FakeApi>>,
     method: Method,
+    headers: HeaderMap,
     uri: Uri,
     body: Bytes,
 ) -> Response {
     api.requests.lock().unwrap().push(format!("{method} {uri}"));
     let query = uri.query().unwrap_or("");
-    let path = uri.path();
-    let not_found = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-        "reason": "NotFound", "code": 404, "message": format!("{path} not found")});
-    if path == LEASE {
-        let mut lease = api.lease.lock().unwrap();
-        return match (method.as_str(), lease.as_mut()) {
-            ("GET", Some(l)) => json_response(StatusCode::OK, l.clone()),
-            ("PATCH", Some(l)) => {
-                let patch: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
-                merge(l, &patch);
-                json_response(StatusCode::OK, l.clone())
-            }
-            _ => json_response(StatusCode::NOT_FOUND, not_found),
-        };
-    }
-    if method == Method::POST && path == LEASE.rsplit_once('/').unwrap().0 {
-        let mut lease: Value = serde_json::from_slice(&body).unwrap();
-        lease["metadata"]["resourceVersion"] = json!("1");
-        lease["metadata"]["namespace"] = json!("test");
-        *api.lease.lock().unwrap() = Some(lease.clone());
-        return json_response(StatusCode::CREATED, lease);
-    }
     if method == Method::GET && query.contains("watch=true") {
-        // A watch that never sends an event.
         let stream = futures_util::stream::pending::<Result<Bytes, std::io::Error>>();
         return (StatusCode::OK, Body::from_stream(stream)).into_response();
     }
-    if method == Method::GET {
-        return json_response(
-            StatusCode::OK,
-            json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": []}),
-        );
-    }
-    json_response(StatusCode::NOT_FOUND, not_found)
+    let (path, sub) = match uri.path().strip_suffix("/status") {
+        Some(p) => (p, true),
+        None => (uri.path(), false),
+    };
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let body: Option<Value> = serde_json::from_slice(&body).ok();
+    let (code, out) = api.core.lock().unwrap().handle(
+        method.as_str(),
+        path,
+        sub,
+        query,
+        patch_type(content_type),
+        body.as_ref(),
+    );
+    (
+        StatusCode::from_u16(code).unwrap(),
+        [("content-type", "application/json")],
+        out.to_string(),
+    )
+        .into_response()
+}
+
+/// Serves `api` on a loopback port; returns the port.
+fn serve_fake(rt: &tokio::runtime::Runtime, api: Arc<FakeApi>) -> u16 {
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new().fallback(answer).with_state(api);
+    rt.spawn(async move { axum::serve(listener, app).await });
+    port
 }
 
 fn kubeconfig(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
@@ -115,12 +122,7 @@ fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
 fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
     let rt = runtime();
     let api = Arc::new(FakeApi::default());
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let app = axum::Router::new().fallback(answer).with_state(api.clone());
-    rt.spawn(async move { axum::serve(listener, app).await });
+    let port = serve_fake(&rt, api.clone());
     let tmp = tempfile::tempdir().unwrap();
     let config = kubeconfig(tmp.path(), port);
     let mut server = Server::start_with_env(
@@ -149,17 +151,12 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
     assert!(at("etcd-webhook listening") < at("became leader"));
     assert!(at("became leader") < at("controller starting"));
     assert!(
-        wait_until(Duration::from_secs(10), || {
-            api.requests
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|r| r.starts_with("GET /apis/etcd.example.com/v1/etcdclusters"))
-        }),
+        wait_until(Duration::from_secs(10), || api
+            .requested("GET /apis/etcd.example.com/v1/etcdclusters")),
         "no EtcdCluster list; requests: {:?}",
         api.requests.lock().unwrap()
     );
-    let holder = api.lease.lock().unwrap().as_ref().unwrap()["spec"]["holderIdentity"].clone();
+    let holder = api.get(LEASE).unwrap()["spec"]["holderIdentity"].clone();
     assert_eq!(holder, "replica-a");
     assert_eq!(server.metric("etcd_webhook_controller_leader", ""), 1.0);
     // The webhooks answer as before.
@@ -185,7 +182,7 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
         exit.is_some()
     }));
     assert_eq!(exit.unwrap().code(), Some(0), "log:\n{}", server.log());
-    let lease = api.lease.lock().unwrap().clone().unwrap();
+    let lease = api.get(LEASE).unwrap();
     assert!(
         lease["spec"]["holderIdentity"].is_null(),
         "Lease not released: {lease}"
@@ -235,4 +232,124 @@ fn controller_on_without_a_cluster_config_exits_with_a_clear_error() {
         "{}",
         server.log()
     );
+}
+
+/// An EtcdCluster as the apiserver would hold it.
+fn stored_cluster() -> Value {
+    json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": "etcd", "namespace": "prod", "uid": "11111111-2222-4333-8444-555555555555"},
+        "spec": {"size": 3, "version": "v3.5.10", "storageClass": "ssd", "storageSize": "10Gi"}})
+}
+
+fn replica(config: &std::path::Path, identity: &str) -> Server {
+    Server::start_with_env(
+        &[
+            "--leader-election-namespace",
+            "test",
+            "--identity",
+            identity,
+            "--lease-duration",
+            "3s",
+            "--resync-interval",
+            "1s",
+            "--shutdown-delay",
+            "0s",
+        ],
+        &[("KUBECONFIG", config.to_str().unwrap())],
+    )
+}
+
+#[test]
+fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
+    let rt = runtime();
+    let api = Arc::new(FakeApi::default());
+    api.core.lock().unwrap().insert(EC, stored_cluster());
+    let port = serve_fake(&rt, api.clone());
+    let tmp = tempfile::tempdir().unwrap();
+    let config = kubeconfig(tmp.path(), port);
+    let mut replicas = [replica(&config, "replica-a"), replica(&config, "replica-b")];
+
+    // The leader reconciles the cluster: finalizer, StatefulSet, status.
+    assert!(
+        wait_until(Duration::from_secs(20), || api.get(STS).is_some()),
+        "no StatefulSet; logs:\n{}\n{}",
+        replicas[0].log(),
+        replicas[1].log()
+    );
+    assert!(wait_until(Duration::from_secs(10), || {
+        api.get(EC).unwrap()["status"]["phase"] == "Creating"
+    }));
+    let cluster = api.get(EC).unwrap();
+    assert_eq!(
+        cluster["metadata"]["finalizers"],
+        json!(["etcd.example.com/finalizer"])
+    );
+    let holder = api.get(LEASE).unwrap()["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (l, f) = if holder == "replica-a" {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    assert!(replicas[l].log().contains("controller starting"));
+    assert!(
+        !replicas[f].log().contains("controller starting"),
+        "only the holder reconciles:\n{}",
+        replicas[f].log()
+    );
+    // Events come from the holder alone.
+    let reporters: Vec<Value> = api
+        .core
+        .lock()
+        .unwrap()
+        .objects
+        .iter()
+        .filter(|(k, _)| k.contains("/events/"))
+        .map(|(_, v)| v["reportingInstance"].clone())
+        .collect();
+    assert!(!reporters.is_empty());
+    assert!(reporters.iter().all(|r| *r == holder), "{reporters:?}");
+
+    // The holder dies without releasing the Lease: the other takes over once it expires.
+    replicas[l].child.kill().unwrap();
+    replicas[l].child.wait().unwrap();
+    let died = Instant::now();
+    assert!(
+        replicas[f].wait_log("controller starting", Duration::from_secs(20)),
+        "no takeover:\n{}",
+        replicas[f].log()
+    );
+    let took = died.elapsed();
+    assert!(
+        took >= Duration::from_secs(1),
+        "took over before the Lease expired: {took:?}"
+    );
+    let new_holder = api.get(LEASE).unwrap()["spec"]["holderIdentity"].clone();
+    assert_ne!(new_holder, json!(holder));
+    // The new leader reconciles: a StatefulSet deleted behind its back comes back.
+    api.core.lock().unwrap().objects.remove(STS);
+    assert!(
+        wait_until(Duration::from_secs(20), || api.get(STS).is_some()),
+        "the new leader did not reconcile:\n{}",
+        replicas[f].log()
+    );
+    eprintln!("takeover after the leader died: {took:?}");
+
+    let pid = replicas[f].child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let mut exit = None;
+    assert!(wait_until(Duration::from_secs(20), || {
+        exit = replicas[f].child.try_wait().unwrap();
+        exit.is_some()
+    }));
+    assert_eq!(exit.unwrap().code(), Some(0));
+    assert!(api.get(LEASE).unwrap()["spec"]["holderIdentity"].is_null());
 }

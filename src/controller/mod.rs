@@ -12,6 +12,10 @@ pub mod status;
 
 #[cfg(test)]
 mod fake;
+// One in-memory API server for the unit tests and the binary's tests.
+#[cfg(test)]
+#[path = "../../tests/common/fake_api.rs"]
+mod fake_core;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,317 @@
+//! The state machine of an in-memory Kubernetes API server, shared by the controller's unit
+//! tests (`src/controller/fake.rs` puts it behind a `tower_test` mock client) and the binary's
+//! tests (`tests/controller.rs` serves it over HTTP on a loopback port).
+//!
+//! It knows GET (object and list), POST, DELETE and the four PATCH types, the status
+//! subresource of EtcdClusters, finalizers and deletionTimestamp, generation and
+//! resourceVersion, and server-side-apply conflicts on a Lease's holder. Watches are the
+//! caller's business (they never send events here).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+/// A Kubernetes `Status` body.
+pub fn status(code: u16, reason: &str, message: String) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code})
+}
+
+/// RFC 7386 merge (`null` deletes), also used for strategic merge (close enough for Leases).
+pub fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// Server-side apply, simplified: the applied fields replace ours, objects merge recursively,
+/// lists are replaced whole.
+fn apply(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if !v.is_null() {
+                    apply(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// The PATCH type named by a Content-Type.
+pub fn patch_type(content_type: &str) -> Option<&'static str> {
+    match content_type {
+        "application/apply-patch+yaml" => Some("apply"),
+        "application/merge-patch+json" => Some("merge"),
+        "application/strategic-merge-patch+json" => Some("strategic"),
+        "application/json-patch+json" => Some("json"),
+        _ => None,
+    }
+}
+
+/// Where a path points: `(group/version prefix, namespace, resource, name)`.
+fn parse(path: &str) -> Option<(String, Option<String>, String, Option<String>)> {
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (prefix, rest) = match segs.first()? {
+        &"api" => (segs[..2].join("/"), &segs[2..]),
+        &"apis" => (segs.get(..3)?.join("/"), &segs[3..]),
+        _ => return None,
+    };
+    match rest {
+        [res] => Some((prefix, None, (*res).to_owned(), None)),
+        ["namespaces", ns, res] => Some((prefix, Some((*ns).to_owned()), (*res).to_owned(), None)),
+        ["namespaces", ns, res, name] => Some((
+            prefix,
+            Some((*ns).to_owned()),
+            (*res).to_owned(),
+            Some((*name).to_owned()),
+        )),
+        _ => None,
+    }
+}
+
+struct Fault {
+    method: String,
+    path_contains: String,
+    left: usize,
+    code: u16,
+}
+
+/// The stored objects, by path.
+#[derive(Default)]
+pub struct FakeCore {
+    pub objects: BTreeMap<String, Value>,
+    faults: Vec<Fault>,
+    version: u64,
+}
+
+impl FakeCore {
+    /// Stores an object as if a user had created it.
+    pub fn insert(&mut self, path: &str, mut object: Value) {
+        self.version += 1;
+        let v = self.version;
+        let meta = object["metadata"].as_object_mut().expect("metadata");
+        meta.entry("resourceVersion")
+            .or_insert(json!(v.to_string()));
+        meta.entry("uid").or_insert(json!(format!("uid-{v}")));
+        meta.entry("generation").or_insert(json!(1));
+        meta.entry("creationTimestamp")
+            .or_insert(json!("2026-11-30T00:00:00Z"));
+        self.objects.insert(path.to_owned(), object);
+    }
+
+    /// Changes one field of a stored object (what another actor, e.g. the kubelet, would do).
+    pub fn set(&mut self, path: &str, pointer: &str, value: Value) {
+        let obj = self.objects.get_mut(path).expect("object exists");
+        let mut parent = pointer.rsplitn(2, '/');
+        let (last, head) = (parent.next().unwrap(), parent.next().unwrap_or(""));
+        let mut cur = obj;
+        for seg in head.split('/').filter(|s| !s.is_empty()) {
+            cur = cur
+                .as_object_mut()
+                .unwrap()
+                .entry(seg.to_owned())
+                .or_insert(json!({}));
+        }
+        cur.as_object_mut().unwrap().insert(last.to_owned(), value);
+    }
+
+    /// The next `times` requests of `method` whose path contains `path_contains` fail with
+    /// `code`.
+    pub fn fail(&mut self, method: &str, path_contains: &str, times: usize, code: u16) {
+        self.faults.push(Fault {
+            method: method.to_owned(),
+            path_contains: path_contains.to_owned(),
+            left: times,
+            code,
+        });
+    }
+
+    fn list(&self, path: &str) -> Value {
+        let want = parse(path);
+        let items: Vec<Value> = self
+            .objects
+            .iter()
+            .filter(|(k, _)| {
+                let got = parse(k);
+                match (&want, got) {
+                    (Some((p, ns, r, _)), Some((p2, ns2, r2, Some(_)))) => {
+                        *p == p2 && *r == r2 && (ns.is_none() || *ns == ns2)
+                    }
+                    _ => false,
+                }
+            })
+            .map(|(_, v)| v.clone())
+            .collect();
+        json!({"apiVersion": "v1", "kind": "List",
+            "metadata": {"resourceVersion": self.version.to_string()}, "items": items})
+    }
+
+    /// Answers one request: `(status code, body)`. `path` has no `/status` (that is `sub`).
+    pub fn handle(
+        &mut self,
+        method: &str,
+        path: &str,
+        sub: bool,
+        query: &str,
+        patch_type: Option<&'static str>,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        if let Some(f) = self
+            .faults
+            .iter_mut()
+            .find(|f| f.left > 0 && f.method == method && path.contains(&f.path_contains))
+        {
+            f.left -= 1;
+            let code = f.code;
+            return (
+                code,
+                status(code, "InternalError", "injected fault".to_owned()),
+            );
+        }
+        let not_found = || (404, status(404, "NotFound", format!("{path} not found")));
+        let is_collection = parse(path).is_some_and(|(_, _, _, name)| name.is_none());
+        match method {
+            "GET" if is_collection => (200, self.list(path)),
+            "GET" => match self.objects.get(path) {
+                Some(o) => (200, o.clone()),
+                None => not_found(),
+            },
+            "POST" => {
+                let mut obj = body.cloned().unwrap_or(json!({}));
+                let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+                let full = format!("{path}/{name}");
+                if self.objects.contains_key(&full) {
+                    return (409, status(409, "AlreadyExists", format!("{full} exists")));
+                }
+                self.version += 1;
+                let v = self.version;
+                obj["metadata"]["uid"] = json!(format!("uid-{v}"));
+                obj["metadata"]["resourceVersion"] = json!(v.to_string());
+                obj["metadata"]["generation"] = json!(1);
+                self.objects.insert(full, obj.clone());
+                (201, obj)
+            }
+            "DELETE" => {
+                let Some(obj) = self.objects.get_mut(path) else {
+                    return not_found();
+                };
+                let has_finalizers = obj["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| !f.is_empty());
+                if has_finalizers {
+                    if obj["metadata"]["deletionTimestamp"].is_null() {
+                        obj["metadata"]["deletionTimestamp"] =
+                            json!(k8s_openapi::jiff::Timestamp::now().to_string());
+                    }
+                    (200, obj.clone())
+                } else {
+                    (200, self.objects.remove(path).unwrap())
+                }
+            }
+            "PATCH" => self.patch(path, sub, query, patch_type, body),
+            _ => (405, status(405, "MethodNotAllowed", method.to_owned())),
+        }
+    }
+
+    fn patch(
+        &mut self,
+        path: &str,
+        sub: bool,
+        query: &str,
+        patch_type: Option<&'static str>,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let body = body.cloned().unwrap_or(json!({}));
+        let existing = self.objects.get(path).cloned();
+        let mut obj = match (existing.clone(), patch_type) {
+            (None, Some("apply")) if !sub => {
+                let mut o = body.clone();
+                o["metadata"]["uid"] = json!(format!("uid-{}", self.version + 1));
+                o["metadata"]["generation"] = json!(1);
+                o
+            }
+            (None, _) => return (404, status(404, "NotFound", format!("{path} not found"))),
+            (Some(o), _) => o,
+        };
+        let before = obj.clone();
+        match patch_type {
+            Some("apply") => {
+                if path.contains("/leases/") && existing.is_some() && !query.contains("force=true")
+                {
+                    let held = &obj["spec"]["holderIdentity"];
+                    let wanted = &body["spec"]["holderIdentity"];
+                    if !held.is_null() && !wanted.is_null() && held != wanted {
+                        return (
+                            409,
+                            status(
+                                409,
+                                "Conflict",
+                                "holderIdentity is owned by another manager".to_owned(),
+                            ),
+                        );
+                    }
+                }
+                if existing.is_some() {
+                    apply(&mut obj, &body);
+                }
+            }
+            Some("merge") | Some("strategic") => merge(&mut obj, &body),
+            Some("json") => {
+                let ops: json_patch::Patch = match serde_json::from_value(body.clone()) {
+                    Ok(p) => p,
+                    Err(e) => return (400, status(400, "BadRequest", e.to_string())),
+                };
+                if let Err(e) = json_patch::patch(&mut obj, &ops) {
+                    return (422, status(422, "Invalid", e.to_string()));
+                }
+            }
+            _ => {
+                return (
+                    415,
+                    status(415, "UnsupportedMediaType", "patch type".to_owned()),
+                );
+            }
+        }
+        // The status subresource: each endpoint changes only its own part.
+        if path.contains("/etcdclusters/") {
+            if sub {
+                let new_status = obj["status"].clone();
+                obj = before.clone();
+                obj["status"] = new_status;
+            } else if let Some(s) = before.get("status") {
+                obj["status"] = s.clone();
+            }
+        }
+        if obj == before && existing.is_some() {
+            return (200, obj);
+        }
+        self.version += 1;
+        obj["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        if existing.is_some() && obj.get("spec") != before.get("spec") {
+            let g = before["metadata"]["generation"].as_i64().unwrap_or(1);
+            obj["metadata"]["generation"] = json!(g + 1);
+        }
+        let gone = !obj["metadata"]["deletionTimestamp"].is_null()
+            && obj["metadata"]["finalizers"]
+                .as_array()
+                .is_none_or(|f| f.is_empty());
+        if gone {
+            self.objects.remove(path);
+        } else {
+            self.objects.insert(path.to_owned(), obj.clone());
+        }
+        (200, obj)
+    }
+}
