@@ -63,9 +63,9 @@ pub fn patch_type(content_type: &str) -> Option<&'static str> {
 /// Where a path points: `(group/version prefix, namespace, resource, name)`.
 fn parse(path: &str) -> Option<(String, Option<String>, String, Option<String>)> {
     let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let (prefix, rest) = match segs.first()? {
-        &"api" => (segs[..2].join("/"), &segs[2..]),
-        &"apis" => (segs.get(..3)?.join("/"), &segs[3..]),
+    let (prefix, rest) = match *segs.first()? {
+        "api" => (segs.get(..2)?.join("/"), &segs[2..]),
+        "apis" => (segs.get(..3)?.join("/"), &segs[3..]),
         _ => return None,
     };
     match rest {
