@@ -168,20 +168,13 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
     assert_eq!(code, 200);
     assert_eq!(review["response"]["allowed"], true);
 
-    let pid = server.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
+    server.sigterm();
+    assert_eq!(
+        server.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "log:\n{}",
+        server.log()
     );
-    let mut exit = None;
-    assert!(wait_until(Duration::from_secs(20), || {
-        exit = server.child.try_wait().unwrap();
-        exit.is_some()
-    }));
-    assert_eq!(exit.unwrap().code(), Some(0), "log:\n{}", server.log());
     let lease = api.get(LEASE).unwrap();
     assert!(
         lease["spec"]["holderIdentity"].is_null(),
@@ -219,12 +212,7 @@ fn controller_on_without_a_cluster_config_exits_with_a_clear_error() {
         Some(tmp.path()),
         &[("HOME", home.as_str())],
     );
-    let mut exit = None;
-    assert!(wait_until(Duration::from_secs(20), || {
-        exit = server.child.try_wait().unwrap();
-        exit.is_some()
-    }));
-    assert_ne!(exit.unwrap().code(), Some(0));
+    assert_ne!(server.wait_exit(Duration::from_secs(20)), Some(0));
     assert!(
         wait_until(Duration::from_secs(2), || server
             .log()
@@ -337,19 +325,7 @@ fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
     );
     eprintln!("takeover after the leader died: {took:?}");
 
-    let pid = replicas[f].child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let mut exit = None;
-    assert!(wait_until(Duration::from_secs(20), || {
-        exit = replicas[f].child.try_wait().unwrap();
-        exit.is_some()
-    }));
-    assert_eq!(exit.unwrap().code(), Some(0));
+    replicas[f].sigterm();
+    assert_eq!(replicas[f].wait_exit(Duration::from_secs(20)), Some(0));
     assert!(api.get(LEASE).unwrap()["spec"]["holderIdentity"].is_null());
 }

@@ -142,6 +142,15 @@ fn value_sets() -> Vec<String> {
     v
 }
 
+/// The `serve` arguments of the install's Deployment.
+fn serve_args(install: &Install) -> Vec<String> {
+    let d: Deployment = install.one("Deployment");
+    d.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap()
+}
+
 fn arg<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.iter()
         .find_map(|a| a.strip_prefix(&format!("{flag}=")))
@@ -643,12 +652,10 @@ fn kustomize_single_namespace_overlay() {
         docs: documents(&tool("kubectl", &["kustomize", "config/single-namespace"])),
     };
     check(&install, true);
-    let d: Deployment = install.one("Deployment");
-    let args = d.spec.unwrap().template.spec.unwrap().containers[0]
-        .args
-        .clone()
-        .unwrap();
-    assert_eq!(arg(&args, "--watch-namespace"), Some("etcd-apps"));
+    assert_eq!(
+        arg(&serve_args(&install), "--watch-namespace"),
+        Some("etcd-apps")
+    );
 }
 
 #[test]
@@ -711,19 +718,10 @@ fn helm_template_default_and_value_sets() {
             assert_eq!(sm[0]["spec"]["endpoints"][0]["port"], "metrics");
         }
         if v.contains("controller-off") {
-            let d: Deployment = install.one("Deployment");
-            let args = d.spec.unwrap().template.spec.unwrap().containers[0]
-                .args
-                .clone()
-                .unwrap();
-            assert_eq!(arg(&args, "--controller"), Some("off"));
+            assert_eq!(arg(&serve_args(&install), "--controller"), Some("off"));
         }
         if v.contains("controller-single-namespace") {
-            let d: Deployment = install.one("Deployment");
-            let args = d.spec.unwrap().template.spec.unwrap().containers[0]
-                .args
-                .clone()
-                .unwrap();
+            let args = serve_args(&install);
             assert_eq!(arg(&args, "--watch-namespace"), Some("etcd-apps"));
             assert_eq!(
                 arg(&args, "--etcd-image-registry"),

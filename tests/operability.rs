@@ -264,14 +264,7 @@ fn sigterm_drains_slow_requests_and_exits_zero() {
             pending.push(half_sent(&server, &body).await);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let pid = server.child.id().to_string();
-        assert!(
-            std::process::Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        server.sigterm();
         // Readiness goes false at once.
         let start = Instant::now();
         loop {

@@ -207,10 +207,14 @@ fn restricted_container() -> SecurityContext {
             drop: Some(vec!["ALL".to_owned()]),
             ..Default::default()
         }),
-        seccomp_profile: Some(SeccompProfile {
-            type_: "RuntimeDefault".to_owned(),
-            ..Default::default()
-        }),
+        seccomp_profile: Some(runtime_default()),
+        ..Default::default()
+    }
+}
+
+fn runtime_default() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".to_owned(),
         ..Default::default()
     }
 }
@@ -221,10 +225,7 @@ fn restricted_pod() -> PodSecurityContext {
         run_as_user: Some(RUN_AS),
         run_as_group: Some(RUN_AS),
         fs_group: Some(RUN_AS),
-        seccomp_profile: Some(SeccompProfile {
-            type_: "RuntimeDefault".to_owned(),
-            ..Default::default()
-        }),
+        seccomp_profile: Some(runtime_default()),
         ..Default::default()
     }
 }
@@ -360,15 +361,7 @@ pub fn stateful_set(ec: &EtcdCluster, initial_size: i32, opts: &RenderOptions) -
                     labels: Some(labels(ec, "member")),
                     ..Default::default()
                 },
-                spec: Some(PersistentVolumeClaimSpec {
-                    access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-                    storage_class_name: Some(ec.spec.storage_class.clone()),
-                    resources: Some(VolumeResourceRequirements {
-                        requests: Some(storage(&ec.spec.storage_size)),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
+                spec: Some(claim_spec(ec)),
                 ..Default::default()
             }]),
             ..Default::default()
@@ -417,13 +410,18 @@ pub fn backup_claim(ec: &EtcdCluster) -> PersistentVolumeClaim {
     metadata.owner_references = None;
     PersistentVolumeClaim {
         metadata,
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-            storage_class_name: Some(ec.spec.storage_class.clone()),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(storage(&ec.spec.storage_size)),
-                ..Default::default()
-            }),
+        spec: Some(claim_spec(ec)),
+        ..Default::default()
+    }
+}
+
+/// One volume of `spec.storageClass` and `spec.storageSize`.
+fn claim_spec(ec: &EtcdCluster) -> PersistentVolumeClaimSpec {
+    PersistentVolumeClaimSpec {
+        access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+        storage_class_name: Some(ec.spec.storage_class.clone()),
+        resources: Some(VolumeResourceRequirements {
+            requests: Some(storage(&ec.spec.storage_size)),
             ..Default::default()
         }),
         ..Default::default()

@@ -443,15 +443,20 @@ async fn deletion_with_backup_runs_the_final_snapshot_then_removes_the_finalizer
     assert_eq!(ctx.metrics.finalizers_in_progress.get(), 0);
 }
 
-#[tokio::test]
-async fn a_failed_final_snapshot_still_removes_the_finalizer_with_a_warning() {
+/// A cluster with backups, deleted, its final-snapshot Job started.
+async fn deleting_with_backup() -> (FakeApi, Arc<Context>) {
     let (api, ctx) = setup(3, Some(backup(None)));
     pass(&api, &ctx).await.unwrap();
     delete_cluster(&api).await;
     pass(&api, &ctx).await.unwrap();
-    complete_job(&api, FINAL_JOB, false);
+    assert!(api.get(FINAL_JOB).is_some());
+    (api, ctx)
+}
+
+/// The next pass removes the finalizer (the cluster is gone) with a Warning.
+async fn finalizer_goes_with_a_warning(api: &FakeApi, ctx: &Arc<Context>) {
     api.clear_calls();
-    pass(&api, &ctx).await.unwrap();
+    pass(api, ctx).await.unwrap();
     assert!(api.get(EC).is_none());
     assert!(
         events(&api.calls()).contains(&("Warning".to_owned(), "FinalSnapshotSkipped".to_owned()))
@@ -459,11 +464,15 @@ async fn a_failed_final_snapshot_still_removes_the_finalizer_with_a_warning() {
 }
 
 #[tokio::test]
+async fn a_failed_final_snapshot_still_removes_the_finalizer_with_a_warning() {
+    let (api, ctx) = deleting_with_backup().await;
+    complete_job(&api, FINAL_JOB, false);
+    finalizer_goes_with_a_warning(&api, &ctx).await;
+}
+
+#[tokio::test]
 async fn the_finalizer_timeout_removes_it_with_a_warning() {
-    let (api, ctx) = setup(3, Some(backup(None)));
-    pass(&api, &ctx).await.unwrap();
-    delete_cluster(&api).await;
-    pass(&api, &ctx).await.unwrap();
+    let (api, ctx) = deleting_with_backup().await;
     let long_ago =
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(11);
     api.set(
@@ -471,12 +480,7 @@ async fn the_finalizer_timeout_removes_it_with_a_warning() {
         "/metadata/deletionTimestamp",
         json!(long_ago.to_string()),
     );
-    api.clear_calls();
-    pass(&api, &ctx).await.unwrap();
-    assert!(api.get(EC).is_none());
-    assert!(
-        events(&api.calls()).contains(&("Warning".to_owned(), "FinalSnapshotSkipped".to_owned()))
-    );
+    finalizer_goes_with_a_warning(&api, &ctx).await;
 }
 
 #[tokio::test]

@@ -217,6 +217,25 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
+    /// Sends SIGTERM.
+    pub fn sigterm(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success(), "kill -TERM {pid}");
+    }
+
+    /// Waits (bounded) for the process to exit; its exit code.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("did not exit within {within:?}; log:\n{}", self.log());
+    }
+
     /// Waits (bounded) until the log contains `needle`.
     pub fn wait_log(&self, needle: &str, within: Duration) -> bool {
         let start = Instant::now();
