@@ -501,6 +501,8 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
         .or_else(|| observed.as_ref().and_then(|s| s.spec.as_ref()?.replicas))
         .unwrap_or(ec.spec.size);
     let mut apply_set = true;
+    // Members the StatefulSet runs after this pass (below spec.size while growing).
+    let mut members = ec.spec.size;
     if let Some(current) = &observed {
         seen.ready = current
             .status
@@ -508,6 +510,9 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
             .and_then(|s| s.ready_replicas)
             .unwrap_or(0);
         let replicas = current.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        if current.metadata.deletion_timestamp.is_some() || replicas < ec.spec.size {
+            members = replicas.max(1);
+        }
         if current.metadata.deletion_timestamp.is_some() {
             // Being replaced (storage growth): wait until it is gone, then create it again.
             seen.activity = Some(Activity::ResizingStorage);
@@ -521,44 +526,44 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
             seen.activity = Some(Activity::ResizingStorage);
             apply_set = false;
         } else if ec.spec.size > replicas {
-            // New members are added to etcd's membership before their pods start.
-            let mut pending = false;
-            for ordinal in replicas..ec.spec.size {
-                let job_name = render::member_job_name(ec, ordinal);
+            // etcd grows one member at a time: add it to the membership, give the StatefulSet
+            // its pod, wait until every member is ready, then the next. (Adding two before
+            // either runs can cost the quorum: 1 -> 3 would leave 1 of 3 started.)
+            members = replicas;
+            seen.activity = Some(Activity::AddingMembers);
+            if seen.ready >= replicas {
+                let job_name = render::member_job_name(ec, replicas);
                 let (applied, job) =
-                    ensure_created(&jobs, &render::member_add_job(ec, ordinal, opts)).await?;
+                    ensure_created(&jobs, &render::member_add_job(ec, replicas, opts)).await?;
                 if applied == Applied::Created {
                     ctx.event(
                         ec,
                         EventType::Normal,
                         "AddingMember",
-                        format!("etcdctl member add {name}-{ordinal} (Job {job_name})"),
+                        format!("etcdctl member add {name}-{replicas} (Job {job_name})"),
                     )
                     .await;
                 }
                 match job_outcome(&job) {
-                    Some(true) => {}
+                    Some(true) => {
+                        members = replicas + 1;
+                        seen.activity = Some(Activity::Scaling);
+                        ctx.event(
+                            ec,
+                            EventType::Normal,
+                            "Scaling",
+                            format!("members {replicas} -> {members} (of {})", ec.spec.size),
+                        )
+                        .await;
+                    }
                     Some(false) => return Err(Error::MemberAddFailed(job_name)),
-                    None => pending = true,
+                    None => {}
                 }
-            }
-            if pending {
-                seen.activity = Some(Activity::AddingMembers);
-                apply_set = false;
-            } else {
-                seen.activity = Some(Activity::Scaling);
-                ctx.event(
-                    ec,
-                    EventType::Normal,
-                    "Scaling",
-                    format!("members {replicas} -> {}", ec.spec.size),
-                )
-                .await;
             }
         }
     }
     if apply_set {
-        let desired = render::stateful_set(ec, initial, opts);
+        let desired = render::stateful_set(ec, initial, members, opts);
         let (applied, set) = ensure(&sets, &desired).await?;
         let (old_image, new_image) = (
             observed.as_ref().and_then(template_image),
@@ -602,14 +607,6 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
         }
     }
 
-    let members = if apply_set {
-        ec.spec.size
-    } else {
-        observed
-            .as_ref()
-            .and_then(|s| s.spec.as_ref()?.replicas)
-            .unwrap_or(ec.spec.size)
-    };
     ensure(&budgets, &render::pod_disruption_budget(ec, members)).await?;
 
     let cron_name = format!("{name}-backup");

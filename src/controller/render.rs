@@ -272,15 +272,22 @@ fn storage(size: &str) -> BTreeMap<String, Quantity> {
 
 /// StatefulSet `NAME`.
 ///
-/// `initial_size` is the size the cluster was bootstrapped with ([`INITIAL_SIZE_ANNOTATION`]).
-/// While the cluster has its initial members every pod starts with `--initial-cluster-state=new`;
-/// once it has grown the template says `existing`, which the new members need (they were added
-/// with `etcdctl member add` first, see [`member_add_job`]) and which members that already have a
-/// data directory ignore. Pods start in parallel: a member only becomes ready with a quorum, so
+/// `members` is how many members it runs: `spec.size`, or fewer while the cluster grows one
+/// member at a time; `--initial-cluster` lists exactly those (a joining member must name the
+/// membership as it is). `initial_size` is the size the cluster was bootstrapped with
+/// ([`INITIAL_SIZE_ANNOTATION`]). While the cluster has its initial members every pod starts
+/// with `--initial-cluster-state=new`; once it has grown the template says `existing`, which the
+/// new members need (they were added with `etcdctl member add` first, see [`member_add_job`])
+/// and which members that already have a data directory ignore. Pods start in parallel: a member only becomes ready with a quorum, so
 /// ordered start would wait forever for the second pod.
-pub fn stateful_set(ec: &EtcdCluster, initial_size: i32, opts: &RenderOptions) -> StatefulSet {
+pub fn stateful_set(
+    ec: &EtcdCluster,
+    initial_size: i32,
+    members: i32,
+    opts: &RenderOptions,
+) -> StatefulSet {
     let name = ec.name_any();
-    let size = ec.spec.size;
+    let size = members;
     let state = if size > initial_size {
         "existing"
     } else {
@@ -698,7 +705,12 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
     let mut out = vec![
         json(serde_json::to_value(headless_service(ec))),
         json(serde_json::to_value(client_service(ec))),
-        json(serde_json::to_value(stateful_set(ec, ec.spec.size, opts))),
+        json(serde_json::to_value(stateful_set(
+            ec,
+            ec.spec.size,
+            ec.spec.size,
+            opts,
+        ))),
         json(serde_json::to_value(pod_disruption_budget(
             ec,
             ec.spec.size,
@@ -832,7 +844,7 @@ pub(crate) mod tests {
     #[test]
     fn grown_cluster_starts_new_members_as_existing_with_every_member_listed() {
         let ec = cluster("etcd", 5, None);
-        let sts = stateful_set(&ec, 3, &RenderOptions::default());
+        let sts = stateful_set(&ec, 3, 5, &RenderOptions::default());
         let args = sts.spec.unwrap().template.spec.unwrap().containers[0]
             .args
             .clone()
@@ -844,12 +856,30 @@ pub(crate) mod tests {
             .unwrap();
         assert_eq!(members.split(',').count(), 5);
         assert!(members.contains("etcd-4=http://etcd-4.etcd.prod.svc:2380"));
-        let fresh = stateful_set(&ec, 5, &RenderOptions::default());
+        let fresh = stateful_set(&ec, 5, 5, &RenderOptions::default());
         let args = fresh.spec.unwrap().template.spec.unwrap().containers[0]
             .args
             .clone()
             .unwrap();
         assert!(args.contains(&"--initial-cluster-state=new".to_owned()));
+    }
+
+    #[test]
+    fn a_growing_cluster_lists_the_members_it_has_so_far() {
+        let ec = cluster("etcd", 5, None);
+        let sts = stateful_set(&ec, 3, 4, &RenderOptions::default());
+        let spec = sts.spec.unwrap();
+        assert_eq!(spec.replicas, Some(4));
+        let args = spec.template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
+        let listed = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--initial-cluster="))
+            .unwrap();
+        assert_eq!(listed.split(',').count(), 4);
+        assert!(!listed.contains("etcd-4="));
     }
 
     #[test]
@@ -859,7 +889,7 @@ pub(crate) mod tests {
             etcd_registry: "registry.local:5000/mirror/".to_owned(),
             ..Default::default()
         };
-        let sts = stateful_set(&ec, 3, &opts);
+        let sts = stateful_set(&ec, 3, 3, &opts);
         assert_eq!(
             sts.spec.unwrap().template.spec.unwrap().containers[0]
                 .image
@@ -895,7 +925,7 @@ pub(crate) mod tests {
         let metas = [
             headless_service(&ec).metadata,
             client_service(&ec).metadata,
-            stateful_set(&ec, 3, &opts).metadata,
+            stateful_set(&ec, 3, 3, &opts).metadata,
             pod_disruption_budget(&ec, 3).metadata,
             backup_cron_job(&ec, &BackupTarget::Volume, &opts).metadata,
             final_snapshot_job(&ec, &BackupTarget::Volume, &opts).metadata,

@@ -227,29 +227,45 @@ async fn status_is_patched_only_when_it_changes() {
     assert!(writes(&api.calls()).is_empty());
 }
 
-#[tokio::test]
-async fn scaling_adds_members_first_then_patches_only_the_stateful_set_and_budget() {
+/// The member args of the StatefulSet as the fake holds it.
+fn member_args(api: &FakeApi) -> (i32, Vec<String>) {
+    let sts: StatefulSet = serde_json::from_value(api.get(STS).unwrap()).unwrap();
+    let spec = sts.spec.unwrap();
+    let args = spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    (spec.replicas.unwrap(), args)
+}
+
+/// Paths written in the calls, leaving out Events and status.
+fn changed(calls: &[Call]) -> Vec<String> {
+    writes(calls)
+        .into_iter()
+        .filter(|c| c.resource() != "events" && !c.status_subresource)
+        .map(|c| c.path.clone())
+        .collect()
+}
+
+/// A 3-member cluster with every member ready.
+async fn running_three() -> (FakeApi, Arc<Context>) {
     let (api, ctx) = setup(3, None);
     pass(&api, &ctx).await.unwrap();
     api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
     pass(&api, &ctx).await.unwrap();
+    (api, ctx)
+}
+
+#[tokio::test]
+async fn scaling_adds_one_member_at_a_time_changing_only_the_stateful_set_and_budget() {
+    let (api, ctx) = running_three().await;
     api.set(EC, "/spec/size", json!(5));
     api.set(EC, "/metadata/generation", json!(2));
     api.clear_calls();
-    // Pass 1: the member-add Jobs start; the StatefulSet waits for them.
+    // Member 3 joins etcd's membership before its pod exists; the StatefulSet waits.
     pass(&api, &ctx).await.unwrap();
-    let calls = api.calls();
-    let w = writes(&calls);
-    assert!(w.iter().all(|c| c.path != STS), "{:?}", describe(&w));
-    let jobs = api.paths(JOBS);
-    assert_eq!(
-        jobs,
-        vec![
-            format!("{JOBS}etcd-member-3"),
-            format!("{JOBS}etcd-member-4")
-        ]
-    );
-    let add = api.get(&jobs[0]).unwrap();
+    assert_eq!(changed(&api.calls()), vec![format!("{JOBS}etcd-member-3")]);
+    let add = api.get(&format!("{JOBS}etcd-member-3")).unwrap();
     let args = &add["spec"]["template"]["spec"]["containers"][0]["args"];
     assert_eq!(args[4], "etcd-3");
     assert_eq!(args[5], "--peer-urls=http://etcd-3.etcd.prod.svc:2380");
@@ -257,32 +273,39 @@ async fn scaling_adds_members_first_then_patches_only_the_stateful_set_and_budge
         cluster_json(&api)["status"]["conditions"][1]["reason"],
         "AddingMembers"
     );
-    // Pass 2: Jobs done, the StatefulSet and the budget change, nothing else does.
-    for j in &jobs {
-        complete_job(&api, j, true);
-    }
+    // Added: the StatefulSet gets the fourth pod, which joins with the membership as it is.
+    complete_job(&api, &format!("{JOBS}etcd-member-3"), true);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     let calls = api.calls();
-    let changed: Vec<_> = writes(&calls)
-        .into_iter()
-        .filter(|c| c.resource() != "events" && !c.status_subresource)
-        .map(|c| c.path.clone())
-        .collect();
-    assert_eq!(changed, vec![STS.to_owned(), PDB.to_owned()]);
-    let sts: StatefulSet = serde_json::from_value(api.get(STS).unwrap()).unwrap();
-    let spec = sts.spec.unwrap();
-    assert_eq!(spec.replicas, Some(5));
-    let args = spec.template.spec.unwrap().containers[0]
-        .args
-        .clone()
-        .unwrap();
-    assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
-    assert_eq!(api.get(PDB).unwrap()["spec"]["maxUnavailable"], 2);
+    assert_eq!(changed(&calls), vec![STS.to_owned()], "PDB of 4 is still 1");
     assert!(events(&calls).contains(&("Normal".to_owned(), "Scaling".to_owned())));
+    let (replicas, args) = member_args(&api);
+    assert_eq!(replicas, 4);
+    assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
+    let listed = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--initial-cluster="))
+        .unwrap();
+    assert_eq!(listed.split(',').count(), 4);
+    // Until member 3 is ready, member 4 is not added.
+    api.set(STS, "/status", json!({"replicas": 4, "readyReplicas": 3}));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(changed(&api.calls()).is_empty());
+    // Ready: member 4, then the fifth pod and the budget.
+    api.set(STS, "/status", json!({"replicas": 4, "readyReplicas": 4}));
+    pass(&api, &ctx).await.unwrap();
+    complete_job(&api, &format!("{JOBS}etcd-member-4"), true);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(changed(&api.calls()), vec![STS.to_owned(), PDB.to_owned()]);
+    assert_eq!(member_args(&api).0, 5);
+    assert_eq!(api.get(PDB).unwrap()["spec"]["maxUnavailable"], 2);
     // Settled: no more writes.
     api.set(STS, "/status", json!({"replicas": 5, "readyReplicas": 5}));
     pass(&api, &ctx).await.unwrap();
+    assert_eq!(cluster_json(&api)["status"]["phase"], "Running");
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert!(writes(&api.calls()).is_empty());
@@ -290,8 +313,7 @@ async fn scaling_adds_members_first_then_patches_only_the_stateful_set_and_budge
 
 #[tokio::test]
 async fn a_failed_member_add_is_reported_and_backs_off() {
-    let (api, ctx) = setup(3, None);
-    pass(&api, &ctx).await.unwrap();
+    let (api, ctx) = running_three().await;
     api.set(EC, "/spec/size", json!(5));
     pass(&api, &ctx).await.unwrap();
     complete_job(&api, &format!("{JOBS}etcd-member-3"), false);
@@ -535,7 +557,13 @@ async fn api_calls_of_one_create_steady_scale_delete_cycle() {
     let mut all = Vec::new();
     let mut phase = |name: &str, api: &FakeApi| {
         let calls = api.calls();
-        report.push(format!("{name}: {:?}", per_verb(&calls)));
+        let (events, objects): (Vec<Call>, Vec<Call>) =
+            calls.iter().cloned().partition(|c| c.resource() == "events");
+        report.push(format!(
+            "{name}: {:?} + Events {:?}",
+            per_verb(&objects),
+            per_verb(&events)
+        ));
         all.extend(calls);
         api.clear_calls();
     };
@@ -546,14 +574,18 @@ async fn api_calls_of_one_create_steady_scale_delete_cycle() {
     pass(&api, &ctx).await.unwrap();
     phase("steady (1 resync)", &api);
     api.set(EC, "/spec/size", json!(5));
-    pass(&api, &ctx).await.unwrap();
     for i in 3..5 {
+        pass(&api, &ctx).await.unwrap();
         complete_job(&api, &format!("{JOBS}etcd-member-{i}"), true);
+        pass(&api, &ctx).await.unwrap();
+        api.set(
+            STS,
+            "/status",
+            json!({"replicas": i + 1, "readyReplicas": i + 1}),
+        );
     }
     pass(&api, &ctx).await.unwrap();
-    api.set(STS, "/status", json!({"replicas": 5, "readyReplicas": 5}));
-    pass(&api, &ctx).await.unwrap();
-    phase("scale 3->5 (3 passes)", &api);
+    phase("scale 3->5 (5 passes: per member add, then grow)", &api);
     delete_cluster(&api).await;
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
@@ -565,7 +597,7 @@ async fn api_calls_of_one_create_steady_scale_delete_cycle() {
     assert_granted(&all, RBAC_RULES);
     assert_eq!(report.len(), 4);
     assert!(
-        report[1].starts_with("steady (1 resync): {\"GET\": "),
+        report[1].starts_with("steady (1 resync): {\"GET\": 7} + Events {}"),
         "{}",
         report[1]
     );
@@ -688,8 +720,7 @@ fn includes_ignores_what_the_apiserver_adds_but_not_what_changed() {
 
 #[tokio::test]
 async fn an_existing_job_is_never_reapplied() {
-    let (api, ctx) = setup(3, None);
-    pass(&api, &ctx).await.unwrap();
+    let (api, ctx) = running_three().await;
     api.set(EC, "/spec/size", json!(5));
     pass(&api, &ctx).await.unwrap();
     // The image moves on while the Job waits: the Job (immutable template) is left alone.
