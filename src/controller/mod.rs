@@ -105,6 +105,10 @@ pub enum Error {
         "member-add Job {0} failed: the new member could not join; see its pod logs, then delete the Job to retry"
     )]
     MemberAddFailed(String),
+    /// A spec the webhook would have denied (it was bypassed, e.g. with failurePolicy Ignore):
+    /// nothing is changed for it.
+    #[error("{0}")]
+    InvalidSpec(String),
 }
 
 impl Error {
@@ -476,6 +480,22 @@ fn template_storage_gib(sts: &StatefulSet) -> Option<i64> {
     render::gib(&q.0)
 }
 
+/// The webhook's rules, once more: a cluster that got in while the webhook was bypassed
+/// (failurePolicy Ignore, or created before it was installed) is not acted on.
+fn check_spec(ec: &EtcdCluster) -> Result<(), Error> {
+    use crate::admission::validate::{Operation, validate};
+    let object = serde_json::to_value(ec).expect("an EtcdCluster serializes");
+    let verdict = validate(crate::api::Version::V1, Operation::Create, &object, None);
+    if verdict.allowed() {
+        Ok(())
+    } else {
+        Err(Error::InvalidSpec(format!(
+            "the spec breaks the webhook's rules, so nothing is changed: {}",
+            verdict.message()
+        )))
+    }
+}
+
 /// One pass over a live (not deleted) cluster: children, then what the status needs.
 async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, Error> {
     let ns = ec.namespace().unwrap_or_else(|| "default".to_owned());
@@ -510,6 +530,21 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
             .and_then(|s| s.ready_replicas)
             .unwrap_or(0);
         let replicas = current.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        if replicas > ec.spec.size && current.metadata.deletion_timestamp.is_none() {
+            return Err(Error::InvalidSpec(format!(
+                "spec.size {} is below the {replicas} members running; members are never removed (set spec.size back to {replicas})",
+                ec.spec.size
+            )));
+        }
+        if let (Some(have), Some(want)) = (
+            template_storage_gib(current),
+            render::gib(&ec.spec.storage_size),
+        ) && want < have
+        {
+            return Err(Error::InvalidSpec(format!(
+                "spec.storageSize {want}Gi is below the {have}Gi the members have; volumes never shrink (set it back to {have}Gi)"
+            )));
+        }
         if current.metadata.deletion_timestamp.is_some() || replicas < ec.spec.size {
             members = replicas.max(1);
         }
@@ -748,6 +783,13 @@ async fn cleanup(
     let ns = ec.namespace().unwrap_or_else(|| "default".to_owned());
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     let job_name = format!("{}-final-snapshot", ec.name_any());
+    // No members, nothing to snapshot (e.g. a cluster whose spec was never acted on).
+    let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
+    if matches!(sets.get_opt(&ec.name_any()).await, Ok(None)) {
+        remove_finalizer(clusters, ec).await?;
+        ctx.finalizing(ec, false);
+        return Ok(Action::await_change());
+    }
     let give_up = |why: String| async move {
         ctx.event(ec, EventType::Warning, "FinalSnapshotSkipped", why)
             .await;
@@ -845,7 +887,11 @@ async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Erro
     if !has_finalizer(ec) {
         add_finalizer(&clusters, ec).await?;
     }
-    match apply_children(ec, ctx).await {
+    let outcome = match check_spec(ec) {
+        Ok(()) => apply_children(ec, ctx).await,
+        Err(invalid) => Err(invalid),
+    };
+    match outcome {
         Ok(seen) => {
             update_status(&clusters, ec, &seen).await?;
             let settle = seen.activity.is_some() || seen.ready < ec.spec.size;
@@ -856,21 +902,30 @@ async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Erro
             }))
         }
         Err(error) => {
+            let reason = match error {
+                Error::InvalidSpec(_) => "InvalidSpec",
+                _ => "ApplyFailed",
+            };
             let seen = Observation {
                 ready: ec
                     .status
                     .as_ref()
                     .and_then(|s| s.ready_replicas)
                     .unwrap_or(0),
-                failure: Some(error.to_string()),
+                failure: Some((reason, error.to_string())),
                 ..Default::default()
             };
             // Best effort: the reason shows in the status; the error itself goes to backoff.
             if update_status(&clusters, ec, &seen).await.unwrap_or(false) {
-                ctx.event(ec, EventType::Warning, "ApplyFailed", error.to_string())
+                ctx.event(ec, EventType::Warning, reason, error.to_string())
                     .await;
             }
-            Err(error)
+            match error {
+                // Not transient: wait for the spec to change (a watch event), check again at
+                // the resync.
+                Error::InvalidSpec(_) => Ok(Action::requeue(ctx.settings.resync)),
+                _ => Err(error),
+            }
         }
     }
 }

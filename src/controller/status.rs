@@ -14,8 +14,8 @@ pub struct Observation {
     /// A change under way (the Progressing reason), e.g. `Scaling`; `None` when nothing moves
     /// besides members becoming ready.
     pub activity: Option<Activity>,
-    /// Owned objects could not be applied: the reason for the Failed phase.
-    pub failure: Option<String>,
+    /// Why the cluster is Failed: a reason (`ApplyFailed`, `InvalidSpec`) and a message.
+    pub failure: Option<(&'static str, String)>,
     /// The cluster is being deleted and the finalizer runs.
     pub deleting: bool,
     /// A problem that does not stop the members (e.g. an unsupported backup destination).
@@ -94,10 +94,10 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
             previous,
             &now,
         ),
-        (Some(err), false) => condition(
+        (Some((reason, err)), false) => condition(
             "Ready",
             false,
-            "ApplyFailed",
+            reason,
             err.clone(),
             generation,
             previous,
@@ -126,8 +126,8 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
         _ if seen.failure.is_some() => condition(
             "Progressing",
             false,
-            "ApplyFailed",
-            "owned objects could not be applied; retrying with backoff".to_owned(),
+            seen.failure.as_ref().map_or("", |f| f.0),
+            "nothing changes until the reason in the Ready condition is fixed".to_owned(),
             generation,
             previous,
             &now,
@@ -278,7 +278,7 @@ mod tests {
             &ec,
             &Observation {
                 ready: 3,
-                failure: Some("StatefulSet etcd: forbidden".to_owned()),
+                failure: Some(("ApplyFailed", "StatefulSet etcd: forbidden".to_owned())),
                 ..Default::default()
             },
             at(1),

@@ -557,8 +557,10 @@ async fn api_calls_of_one_create_steady_scale_delete_cycle() {
     let mut all = Vec::new();
     let mut phase = |name: &str, api: &FakeApi| {
         let calls = api.calls();
-        let (events, objects): (Vec<Call>, Vec<Call>) =
-            calls.iter().cloned().partition(|c| c.resource() == "events");
+        let (events, objects): (Vec<Call>, Vec<Call>) = calls
+            .iter()
+            .cloned()
+            .partition(|c| c.resource() == "events");
         report.push(format!(
             "{name}: {:?} + Events {:?}",
             per_verb(&objects),
@@ -732,5 +734,63 @@ async fn an_existing_job_is_never_reapplied() {
         writes(&calls).iter().all(|c| c.resource() != "jobs"),
         "{:?}",
         describe(&writes(&calls))
+    );
+}
+
+#[tokio::test]
+async fn a_spec_that_bypassed_the_webhook_is_not_acted_on() {
+    // An even size (failurePolicy Ignore let it in): finalizer only, no children, Failed.
+    let (api, ctx) = setup(4, None);
+    let action = pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(30)),
+        "no backoff loop"
+    );
+    assert!(api.get(STS).is_none() && api.get(SVC).is_none());
+    let ec = cluster_json(&api);
+    assert_eq!(ec["status"]["phase"], "Failed");
+    assert_eq!(ec["status"]["conditions"][0]["reason"], "InvalidSpec");
+    assert!(
+        ec["status"]["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.size: Invalid value: 4: must be odd")
+    );
+    assert!(events(&api.calls()).contains(&("Warning".to_owned(), "InvalidSpec".to_owned())));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(writes(&api.calls()).is_empty(), "reported once");
+    // Deleting it needs no snapshot: there are no members.
+    delete_cluster(&api).await;
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(EC).is_none());
+}
+
+#[tokio::test]
+async fn a_shrink_that_bypassed_the_webhook_removes_nothing() {
+    let (api, ctx) = running_three().await;
+    api.set(EC, "/spec/size", json!(1));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(changed(&api.calls()).is_empty());
+    assert_eq!(member_args(&api).0, 3);
+    let ec = cluster_json(&api);
+    assert_eq!(ec["status"]["conditions"][0]["reason"], "InvalidSpec");
+    assert!(
+        ec["status"]["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("members are never removed")
+    );
+    // Storage too.
+    api.set(EC, "/spec/size", json!(3));
+    api.set(EC, "/spec/storageSize", json!("5Gi"));
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        cluster_json(&api)["status"]["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("volumes never shrink")
     );
 }
