@@ -54,8 +54,7 @@ async fn answer(
     api.requests.lock().unwrap().push(format!("{method} {uri}"));
     let query = uri.query().unwrap_or("");
     if method == Method::GET && query.contains("watch=true") {
-        let stream = futures_util::stream::pending::<Result<Bytes, std::io::Error>>();
-        return (StatusCode::OK, Body::from_stream(stream)).into_response();
+        return watch(api, uri.path().to_owned(), query);
     }
     let (path, sub) = match uri.path().strip_suffix("/status") {
         Some(p) => (p, true),
@@ -80,6 +79,38 @@ async fn answer(
         out.to_string(),
     )
         .into_response()
+}
+
+/// A watch: the changes after the requested resourceVersion, one JSON event per line, until
+/// `timeoutSeconds`.
+fn watch(api: Arc<FakeApi>, path: String, query: &str) -> Response {
+    let param = |k: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let since = param("resourceVersion").unwrap_or(0);
+    let until = Instant::now() + Duration::from_secs(param("timeoutSeconds").unwrap_or(290));
+    let stream = futures_util::stream::unfold(since, move |since| {
+        let (api, path) = (api.clone(), path.clone());
+        async move {
+            while Instant::now() < until {
+                let (events, last) = api.core.lock().unwrap().watch_events(&path, since);
+                if !events.is_empty() {
+                    let mut lines = String::new();
+                    for e in events {
+                        lines.push_str(&e.to_string());
+                        lines.push('\n');
+                    }
+                    return Some((Ok::<_, std::io::Error>(Bytes::from(lines)), last));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            None
+        }
+    });
+    (StatusCode::OK, Body::from_stream(stream)).into_response()
 }
 
 /// Serves `api` on a loopback port; returns the port.
@@ -317,13 +348,27 @@ fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
     let new_holder = api.get(LEASE).unwrap()["spec"]["holderIdentity"].clone();
     assert_ne!(new_holder, json!(holder));
     // The new leader reconciles: a StatefulSet deleted behind its back comes back.
-    api.core.lock().unwrap().objects.remove(STS);
+    api.core.lock().unwrap().remove(STS);
     assert!(
         wait_until(Duration::from_secs(20), || api.get(STS).is_some()),
         "the new leader did not reconcile:\n{}",
         replicas[f].log()
     );
     eprintln!("takeover after the leader died: {took:?}");
+    // Steady state (resync every second here): reads come from the watch caches, and nothing
+    // is written; the only calls are the watches and the Lease.
+    std::thread::sleep(Duration::from_millis(1500));
+    api.requests.lock().unwrap().clear();
+    std::thread::sleep(Duration::from_secs(3));
+    let calls: Vec<String> = api
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| !r.contains("watch=true") && !r.contains("/leases/"))
+        .cloned()
+        .collect();
+    assert!(calls.is_empty(), "steady state called the API: {calls:?}");
 
     replicas[f].sigterm();
     assert_eq!(replicas[f].wait_exit(Duration::from_secs(20)), Some(0));

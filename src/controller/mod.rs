@@ -31,8 +31,10 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -67,7 +69,11 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
         &["get", "list", "watch", "create", "patch", "delete"],
     ),
     ("", "services", &["get", "list", "watch", "create", "patch"]),
-    ("", "persistentvolumeclaims", &["get", "create", "patch"]),
+    (
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "create", "patch"],
+    ),
     (
         "policy",
         "poddisruptionbudgets",
@@ -109,6 +115,8 @@ pub enum Error {
     /// nothing is changed for it.
     #[error("{0}")]
     InvalidSpec(String),
+    #[error("the {0} cache has not finished its first list")]
+    CacheNotReady(&'static str),
 }
 
 impl Error {
@@ -154,6 +162,7 @@ pub struct Context {
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
     recorder: Recorder,
+    reads: Reads,
     /// Consecutive failures per cluster, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// Clusters whose finalizer is waiting (the in-progress gauge).
@@ -171,9 +180,16 @@ impl Context {
             client,
             settings,
             metrics,
+            reads: Reads::Api,
             failures: Mutex::default(),
             finalizing: Mutex::default(),
         }
+    }
+
+    /// Reads children from the controller's caches instead of the API.
+    pub fn with_caches(mut self, caches: Caches) -> Self {
+        self.reads = Reads::Cache(caches);
+        self
     }
 
     /// Publishes an Event about `ec`; a failure to publish is logged, never fatal.
@@ -242,88 +258,159 @@ fn kind_of<K: Resource<DynamicType = ()>>() -> &'static str {
     }
 }
 
-/// Reads the object; applies `desired` (server-side, forced, field manager [`MANAGER`]) only
-/// when what is there does not already include it. Returns what the cluster now holds.
-async fn ensure<K>(api: &Api<K>, desired: &K) -> Result<(Applied, K), Error>
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+/// A kind of object the loop owns: read from its reflector cache in the controller, or from
+/// the API in the tests.
+pub trait Child:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
 {
-    let name = desired.meta().name.clone().unwrap_or_default();
-    let kind = kind_of::<K>();
-    let observed = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| Error::kube("read", kind, &name, e))?;
-    let want = serde_json::to_value(desired).expect("k8s objects serialize");
-    if let Some(o) = observed.clone() {
-        let have = serde_json::to_value(&o).expect("k8s objects serialize");
-        if includes(&have, &want) {
-            return Ok((Applied::Unchanged, o));
+    fn cache(caches: &Caches) -> &Store<Self>;
+}
+
+macro_rules! child {
+    ($($kind:ty => $field:ident),* $(,)?) => {
+        /// The reflector caches of the owned kinds, filled by the controller's watches (the same
+        /// watches that trigger reconciles), so a pass reads nothing from the API.
+        #[derive(Clone)]
+        pub struct Caches {
+            $(pub $field: Store<$kind>,)*
+        }
+        $(impl Child for $kind {
+            fn cache(caches: &Caches) -> &Store<Self> {
+                &caches.$field
+            }
+        })*
+    };
+}
+
+child! {
+    StatefulSet => sets,
+    Service => services,
+    PodDisruptionBudget => budgets,
+    CronJob => crons,
+    Job => jobs,
+    PersistentVolumeClaim => claims,
+}
+
+/// Where a pass reads the children from.
+pub enum Reads {
+    /// GET from the API (used by the tests' in-memory API server).
+    Api,
+    /// The controller's reflector caches.
+    Cache(Caches),
+}
+
+/// The children of one cluster, in its namespace: reads from [`Reads`], writes to the API.
+struct Children<'a> {
+    ctx: &'a Context,
+    ns: String,
+}
+
+impl<'a> Children<'a> {
+    fn of(ec: &EtcdCluster, ctx: &'a Context) -> Self {
+        Children {
+            ctx,
+            ns: ec.namespace().unwrap_or_else(|| "default".to_owned()),
         }
     }
-    let applied = api
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(desired),
-        )
-        .await
-        .map_err(|e| Error::kube("apply", kind, &name, e))?;
-    let what = if observed.is_some() {
-        Applied::Updated
-    } else {
-        Applied::Created
-    };
-    tracing::info!(kind, %name, action = ?what, "applied");
-    Ok((what, applied))
+
+    fn api<K: Child>(&self) -> Api<K> {
+        Api::namespaced(self.ctx.client.clone(), &self.ns)
+    }
+
+    async fn read<K: Child>(&self, name: &str) -> Result<Option<K>, Error> {
+        let kind = kind_of::<K>();
+        match &self.ctx.reads {
+            Reads::Api => self
+                .api::<K>()
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::kube("read", kind, name, e)),
+            Reads::Cache(caches) => {
+                let store = K::cache(caches);
+                // The first pass after a start waits for the first full list, so a cold cache is
+                // never mistaken for missing objects.
+                tokio::time::timeout(CACHE_WAIT, store.wait_until_ready())
+                    .await
+                    .map_err(|_| Error::CacheNotReady(kind))?
+                    .map_err(|_| Error::CacheNotReady(kind))?;
+                let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
+                Ok(store.get(&key).map(|o| (*o).clone()))
+            }
+        }
+    }
+
+    /// Applies `desired` (server-side, forced, field manager [`MANAGER`]) only when what is
+    /// there does not already include it. Returns what the cluster now holds.
+    async fn ensure<K: Child>(&self, desired: &K) -> Result<(Applied, K), Error> {
+        let name = desired.meta().name.clone().unwrap_or_default();
+        let observed = self.read::<K>(&name).await?;
+        let want = serde_json::to_value(desired).expect("k8s objects serialize");
+        if let Some(o) = observed.clone() {
+            let have = serde_json::to_value(&o).expect("k8s objects serialize");
+            if includes(&have, &want) {
+                return Ok((Applied::Unchanged, o));
+            }
+        }
+        let applied = self.apply(desired).await?;
+        let what = if observed.is_some() {
+            Applied::Updated
+        } else {
+            Applied::Created
+        };
+        tracing::info!(kind = kind_of::<K>(), %name, action = ?what, "applied");
+        Ok((what, applied))
+    }
+
+    /// Creates the object when it is missing, and otherwise leaves it alone (a Job's pod
+    /// template is immutable, and a Job that ran is a record, not something to converge).
+    async fn ensure_created<K: Child>(&self, desired: &K) -> Result<(Applied, K), Error> {
+        let name = desired.meta().name.clone().unwrap_or_default();
+        if let Some(o) = self.read::<K>(&name).await? {
+            return Ok((Applied::Unchanged, o));
+        }
+        let created = self.apply(desired).await?;
+        tracing::info!(kind = kind_of::<K>(), %name, "created");
+        Ok((Applied::Created, created))
+    }
+
+    async fn apply<K: Child>(&self, desired: &K) -> Result<K, Error> {
+        let name = desired.meta().name.clone().unwrap_or_default();
+        self.api::<K>()
+            .patch(
+                &name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(desired),
+            )
+            .await
+            .map_err(|e| Error::kube("apply", kind_of::<K>(), &name, e))
+    }
+
+    /// Deletes the object if it is there; true when it was.
+    async fn remove<K: Child>(&self, name: &str) -> Result<bool, Error> {
+        if self.read::<K>(name).await?.is_none() {
+            return Ok(false);
+        }
+        match self
+            .api::<K>()
+            .delete(name, &DeleteParams::background())
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(Error::kube("delete", kind_of::<K>(), name, e)),
+        }
+    }
 }
 
-/// Creates the object when it is missing, and otherwise leaves it alone (a Job's pod
-/// template is immutable, and a Job that ran is a record, not something to converge).
-async fn ensure_created<K>(api: &Api<K>, desired: &K) -> Result<(Applied, K), Error>
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
-{
-    let name = desired.meta().name.clone().unwrap_or_default();
-    let kind = kind_of::<K>();
-    if let Some(o) = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| Error::kube("read", kind, &name, e))?
-    {
-        return Ok((Applied::Unchanged, o));
-    }
-    let created = api
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(desired),
-        )
-        .await
-        .map_err(|e| Error::kube("create", kind, &name, e))?;
-    tracing::info!(kind, %name, "created");
-    Ok((Applied::Created, created))
-}
-
-/// Deletes the object if it is there; true when it was.
-async fn remove<K>(api: &Api<K>, name: &str) -> Result<bool, Error>
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
-{
-    let kind = kind_of::<K>();
-    let there = api
-        .get_opt(name)
-        .await
-        .map_err(|e| Error::kube("read", kind, name, e))?;
-    if there.is_none() {
-        return Ok(false);
-    }
-    match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(Error::kube("delete", kind, name, e)),
-    }
-}
+/// How long a pass waits for the caches' first list before it fails (and backs off).
+const CACHE_WAIT: Duration = Duration::from_secs(30);
 
 fn has_finalizer(ec: &EtcdCluster) -> bool {
     ec.finalizers().iter().any(|f| f == FINALIZER)
@@ -498,25 +585,15 @@ fn check_spec(ec: &EtcdCluster) -> Result<(), Error> {
 
 /// One pass over a live (not deleted) cluster: children, then what the status needs.
 async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, Error> {
-    let ns = ec.namespace().unwrap_or_else(|| "default".to_owned());
     let name = ec.name_any();
-    let client = ctx.client.clone();
     let opts = &ctx.settings.render;
-    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
-    let crons: Api<CronJob> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, &ns);
+    let kids = Children::of(ec, ctx);
     let mut seen = Observation::default();
 
-    ensure(&services, &render::headless_service(ec)).await?;
-    ensure(&services, &render::client_service(ec)).await?;
+    kids.ensure(&render::headless_service(ec)).await?;
+    kids.ensure(&render::client_service(ec)).await?;
 
-    let observed = sets
-        .get_opt(&name)
-        .await
-        .map_err(|e| Error::kube("read", "StatefulSet", &name, e))?;
+    let observed = kids.read::<StatefulSet>(&name).await?;
     let initial = initial_size_recorded(ec)
         .or_else(|| observed.as_ref().and_then(|s| s.spec.as_ref()?.replicas))
         .unwrap_or(ec.spec.size);
@@ -557,7 +634,7 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
             render::gib(&ec.spec.storage_size),
         ) && want > have
         {
-            resize_storage(ec, ctx, &sets, &claims, replicas, have, want).await?;
+            resize_storage(ec, &kids, replicas, have, want).await?;
             seen.activity = Some(Activity::ResizingStorage);
             apply_set = false;
         } else if ec.spec.size > replicas {
@@ -568,8 +645,9 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
             seen.activity = Some(Activity::AddingMembers);
             if seen.ready >= replicas {
                 let job_name = render::member_job_name(ec, replicas);
-                let (applied, job) =
-                    ensure_created(&jobs, &render::member_add_job(ec, replicas, opts)).await?;
+                let (applied, job) = kids
+                    .ensure_created(&render::member_add_job(ec, replicas, opts))
+                    .await?;
                 if applied == Applied::Created {
                     ctx.event(
                         ec,
@@ -599,7 +677,7 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
     }
     if apply_set {
         let desired = render::stateful_set(ec, initial, members, opts);
-        let (applied, set) = ensure(&sets, &desired).await?;
+        let (applied, set) = kids.ensure(&desired).await?;
         let (old_image, new_image) = (
             observed.as_ref().and_then(template_image),
             template_image(&desired),
@@ -642,12 +720,13 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
         }
     }
 
-    ensure(&budgets, &render::pod_disruption_budget(ec, members)).await?;
+    kids.ensure(&render::pod_disruption_budget(ec, members))
+        .await?;
 
     let cron_name = format!("{name}-backup");
     match render::backup_target(ec) {
         None => {
-            if remove(&crons, &cron_name).await? {
+            if kids.remove::<CronJob>(&cron_name).await? {
                 ctx.event(
                     ec,
                     EventType::Normal,
@@ -666,7 +745,7 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
                     cs.iter()
                         .any(|c| c.type_ == "BackupReady" && c.status == "False")
                 });
-            remove(&crons, &cron_name).await?;
+            kids.remove::<CronJob>(&cron_name).await?;
             if !was_warned {
                 ctx.event(
                     ec,
@@ -680,9 +759,11 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
         }
         Some(Ok(target)) => {
             if target == BackupTarget::Volume {
-                ensure(&claims, &render::backup_claim(ec)).await?;
+                kids.ensure(&render::backup_claim(ec)).await?;
             }
-            let (applied, _) = ensure(&crons, &render::backup_cron_job(ec, &target, opts)).await?;
+            let (applied, _) = kids
+                .ensure(&render::backup_cron_job(ec, &target, opts))
+                .await?;
             if applied == Applied::Created {
                 ctx.event(
                     ec,
@@ -702,9 +783,7 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
 /// template and it adopts the running pods.
 async fn resize_storage(
     ec: &EtcdCluster,
-    ctx: &Context,
-    sets: &Api<StatefulSet>,
-    claims: &Api<PersistentVolumeClaim>,
+    kids: &Children<'_>,
     replicas: i32,
     have: i64,
     want: i64,
@@ -713,7 +792,8 @@ async fn resize_storage(
     for ordinal in 0..replicas {
         let claim = render::member_claim(ec, ordinal);
         let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
-        match claims
+        match kids
+            .api::<PersistentVolumeClaim>()
             .patch(&claim, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
@@ -723,22 +803,24 @@ async fn resize_storage(
         }
     }
     let name = ec.name_any();
-    sets.delete(
-        &name,
-        &DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Orphan),
-            ..Default::default()
-        },
-    )
-    .await
-    .map_err(|e| Error::kube("replace", "StatefulSet", &name, e))?;
-    ctx.event(
-        ec,
-        EventType::Normal,
-        "ResizingStorage",
-        format!("member volumes {have}Gi -> {want}Gi; StatefulSet {name} recreated, pods kept"),
-    )
-    .await;
+    kids.api::<StatefulSet>()
+        .delete(
+            &name,
+            &DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Orphan),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| Error::kube("replace", "StatefulSet", &name, e))?;
+    kids.ctx
+        .event(
+            ec,
+            EventType::Normal,
+            "ResizingStorage",
+            format!("member volumes {have}Gi -> {want}Gi; StatefulSet {name} recreated, pods kept"),
+        )
+        .await;
     Ok(())
 }
 
@@ -780,12 +862,10 @@ async fn cleanup(
         ctx.finalizing(ec, false);
         return Ok(Action::await_change());
     };
-    let ns = ec.namespace().unwrap_or_else(|| "default".to_owned());
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let kids = Children::of(ec, ctx);
     let job_name = format!("{}-final-snapshot", ec.name_any());
     // No members, nothing to snapshot (e.g. a cluster whose spec was never acted on).
-    let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
-    if matches!(sets.get_opt(&ec.name_any()).await, Ok(None)) {
+    if matches!(kids.read::<StatefulSet>(&ec.name_any()).await, Ok(None)) {
         remove_finalizer(clusters, ec).await?;
         ctx.finalizing(ec, false);
         return Ok(Action::await_change());
@@ -797,7 +877,7 @@ async fn cleanup(
         ctx.finalizing(ec, false);
         Ok(Action::await_change())
     };
-    let job = match jobs.get_opt(&job_name).await {
+    let job = match kids.read::<Job>(&job_name).await {
         Ok(job) => job,
         Err(e) if elapsed >= timeout => {
             return give_up(format!(
@@ -806,7 +886,7 @@ async fn cleanup(
             ))
             .await;
         }
-        Err(e) => return Err(Error::kube("read", "Job", &job_name, e)),
+        Err(e) => return Err(e),
     };
     match job.as_ref().and_then(job_outcome) {
         Some(true) => {
@@ -839,7 +919,7 @@ async fn cleanup(
     ctx.finalizing(ec, true);
     if job.is_none() {
         let desired = render::final_snapshot_job(ec, &target, &ctx.settings.render);
-        match ensure_created(&jobs, &desired).await {
+        match kids.ensure_created(&desired).await {
             Ok(_) => {
                 ctx.event(
                     ec,
@@ -894,12 +974,9 @@ async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Erro
     match outcome {
         Ok(seen) => {
             update_status(&clusters, ec, &seen).await?;
-            let settle = seen.activity.is_some() || seen.ready < ec.spec.size;
-            Ok(Action::requeue(if settle {
-                ctx.settings.resync.min(Duration::from_secs(5))
-            } else {
-                ctx.settings.resync
-            }))
+            // Progress (members turning ready, Jobs finishing) arrives as watch events of the
+            // owned objects; the periodic resync only catches what a watch missed.
+            Ok(Action::requeue(ctx.settings.resync))
         }
         Err(error) => {
             let reason = match error {
@@ -969,17 +1046,55 @@ pub async fn run(
     let ns = settings.namespace.clone();
     let ns = ns.as_deref();
     let owned = watcher::Config::default().labels(MANAGED_SELECTOR);
-    let ctx = Arc::new(Context::new(client.clone(), settings, metrics));
+    // One watch per owned kind feeds both its cache and the reconcile triggers.
+    fn cached<K: Child>(
+        client: &Client,
+        ns: Option<&str>,
+        config: &watcher::Config,
+    ) -> (
+        Store<K>,
+        impl futures_util::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    ) {
+        let (reader, writer) = reflector::store();
+        let stream = watcher(api_in::<K>(client, ns), config.clone())
+            .default_backoff()
+            .reflect(writer)
+            .touched_objects();
+        (reader, stream)
+    }
+    let (sets, sets_events) = cached::<StatefulSet>(&client, ns, &owned);
+    let (services, services_events) = cached::<Service>(&client, ns, &owned);
+    let (budgets, budgets_events) = cached::<PodDisruptionBudget>(&client, ns, &owned);
+    let (crons, crons_events) = cached::<CronJob>(&client, ns, &owned);
+    let (jobs, jobs_events) = cached::<Job>(&client, ns, &owned);
+    // Claims trigger nothing (they change only through us); their events just fill the cache.
+    let (claims, claims_events) = cached::<PersistentVolumeClaim>(&client, ns, &owned);
+    let caches = Caches {
+        sets,
+        services,
+        budgets,
+        crons,
+        jobs,
+        claims,
+    };
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics).with_caches(caches));
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
+    let claims_stop = stop.clone();
+    let claims_task = tokio::spawn(async move {
+        tokio::select! {
+            () = claims_events.for_each(|_| async {}) => {}
+            () = claims_stop.cancelled() => {}
+        }
+    });
     Controller::new(
         api_in::<EtcdCluster>(&client, ns),
         watcher::Config::default(),
     )
-    .owns(api_in::<StatefulSet>(&client, ns), owned.clone())
-    .owns(api_in::<Service>(&client, ns), owned.clone())
-    .owns(api_in::<PodDisruptionBudget>(&client, ns), owned.clone())
-    .owns(api_in::<CronJob>(&client, ns), owned.clone())
-    .owns(api_in::<Job>(&client, ns), owned)
+    .owns_stream(sets_events)
+    .owns_stream(services_events)
+    .owns_stream(budgets_events)
+    .owns_stream(crons_events)
+    .owns_stream(jobs_events)
     .graceful_shutdown_on(stop.cancelled_owned())
     .run(reconcile, error_policy, ctx)
     .for_each(|result| async move {
@@ -989,5 +1104,6 @@ pub async fn run(
         }
     })
     .await;
+    claims_task.abort();
     tracing::info!("controller stopped");
 }

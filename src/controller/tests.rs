@@ -137,11 +137,7 @@ fn complete_job(api: &FakeApi, path: &str, ok: bool) {
 async fn first_reconcile_adds_the_finalizer_then_applies_every_object() {
     let (api, ctx) = setup(3, None);
     let action = pass(&api, &ctx).await.unwrap();
-    assert_eq!(
-        action,
-        Action::requeue(Duration::from_secs(5)),
-        "not ready yet: settle soon"
-    );
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
     let calls = api.calls();
     let w = writes(&calls);
     // The finalizer comes first, before anything is created.

@@ -94,9 +94,47 @@ pub struct FakeCore {
     pub objects: BTreeMap<String, Value>,
     faults: Vec<Fault>,
     version: u64,
+    /// Every change, for watches: (resourceVersion, ADDED|MODIFIED|DELETED, path, object).
+    events: Vec<(u64, &'static str, String, Value)>,
 }
 
 impl FakeCore {
+    fn record(&mut self, kind: &'static str, path: &str, object: &Value) {
+        self.events
+            .push((self.version, kind, path.to_owned(), object.clone()));
+    }
+
+    /// The watch events of the collection at `watch_path` after resourceVersion `since`, and
+    /// the resourceVersion to continue from.
+    pub fn watch_events(&self, watch_path: &str, since: u64) -> (Vec<Value>, u64) {
+        let want = parse(watch_path);
+        let mut last = since;
+        let mut out = Vec::new();
+        for (version, kind, path, object) in &self.events {
+            if *version <= since {
+                continue;
+            }
+            last = last.max(*version);
+            if let (Some((p, ns, r, _)), Some((p2, ns2, r2, Some(_)))) = (&want, parse(path))
+                && *p == p2
+                && *r == r2
+                && (ns.is_none() || *ns == ns2)
+            {
+                out.push(json!({"type": kind, "object": object}));
+            }
+        }
+        (out, last)
+    }
+
+    /// Deletes an object behind the client's back (what a user with kubectl would do).
+    pub fn remove(&mut self, path: &str) -> Option<Value> {
+        let mut object = self.objects.remove(path)?;
+        self.version += 1;
+        object["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        self.record("DELETED", path, &object);
+        Some(object)
+    }
+
     /// Stores an object as if a user had created it.
     pub fn insert(&mut self, path: &str, mut object: Value) {
         self.version += 1;
@@ -108,6 +146,7 @@ impl FakeCore {
         meta.entry("generation").or_insert(json!(1));
         meta.entry("creationTimestamp")
             .or_insert(json!("2026-11-30T00:00:00Z"));
+        self.record("ADDED", path, &object);
         self.objects.insert(path.to_owned(), object);
     }
 
@@ -125,6 +164,12 @@ impl FakeCore {
                 .or_insert(json!({}));
         }
         cur.as_object_mut().unwrap().insert(last.to_owned(), value);
+        self.version += 1;
+        let version = self.version;
+        let obj = self.objects.get_mut(path).unwrap();
+        obj["metadata"]["resourceVersion"] = json!(version.to_string());
+        let obj = obj.clone();
+        self.record("MODIFIED", path, &obj);
     }
 
     /// The next `times` requests of `method` whose path contains `path_contains` fail with
@@ -200,6 +245,7 @@ impl FakeCore {
                 obj["metadata"]["uid"] = json!(format!("uid-{v}"));
                 obj["metadata"]["resourceVersion"] = json!(v.to_string());
                 obj["metadata"]["generation"] = json!(1);
+                self.record("ADDED", &full, &obj);
                 self.objects.insert(full, obj.clone());
                 (201, obj)
             }
@@ -215,9 +261,12 @@ impl FakeCore {
                         obj["metadata"]["deletionTimestamp"] =
                             json!(k8s_openapi::jiff::Timestamp::now().to_string());
                     }
-                    (200, obj.clone())
+                    let obj = obj.clone();
+                    self.version += 1;
+                    self.record("MODIFIED", path, &obj);
+                    (200, obj)
                 } else {
-                    (200, self.objects.remove(path).unwrap())
+                    (200, self.remove(path).unwrap())
                 }
             }
             "PATCH" => self.patch(path, sub, query, patch_type, body),
@@ -309,7 +358,17 @@ impl FakeCore {
                 .is_none_or(|f| f.is_empty());
         if gone {
             self.objects.remove(path);
+            self.record("DELETED", path, &obj);
         } else {
+            self.record(
+                if existing.is_some() {
+                    "MODIFIED"
+                } else {
+                    "ADDED"
+                },
+                path,
+                &obj,
+            );
             self.objects.insert(path.to_owned(), obj.clone());
         }
         (200, obj)
