@@ -17,6 +17,7 @@ of the same run:
   python3 benches/controller.py --smoke       # debug binary, N=5: checks the harness (CI)
 """
 import argparse
+import bisect
 import copy
 import json
 import os
@@ -93,6 +94,7 @@ class Store:
         self.version = 0
         self.calls = Counter()
         self.events = []  # (resourceVersion, type, path, object), for watches
+        self.versions = []  # their resourceVersions, ascending
 
     def bump(self, obj):
         self.version += 1
@@ -101,19 +103,21 @@ class Store:
     def changed(self, kind, path, obj):
         """Records a change for the watches (call with the lock held)."""
         self.events.append((self.version, kind, path, copy.deepcopy(obj)))
+        self.versions.append(self.version)
         self.lock.notify_all()
 
     def watch(self, path, since, until, send):
         """Sends the changes of `path`'s resource after `since` until `until` (a time)."""
         prefix, ns, res, _ = where(path)
-        last = since
+        with self.lock:
+            index = bisect.bisect_right(self.versions, since)
         while time.time() < until:
             with self.lock:
-                if not any(e[0] > last for e in self.events[-1:]):
+                if index >= len(self.events):
                     self.lock.wait(timeout=0.5)
-                batch = [e for e in self.events if e[0] > last]
-            for version, kind, key, obj in batch:
-                last = max(last, version)
+                batch = self.events[index:]
+                index = len(self.events)
+            for _, kind, key, obj in batch:
                 p, n, r, _ = where(key)
                 if p == prefix and r == res and (ns is None or n == ns):
                     if not send({"type": kind, "object": obj}):
@@ -363,6 +367,20 @@ current-context: fake
     threading.Thread(target=simulate, args=(store, stop), daemon=True).start()
     limit = 60 if args.smoke else 900
     phases = []
+    busy = start("busy", on_env)
+    try:
+        cycle(store, busy, n, args, limit, phases)
+    finally:
+        busy.stop()
+        stop.set()
+        server.shutdown()
+    report(binary, profile, n, rss_off, rss_idle, phases)
+
+
+def cycle(store, busy, n, args, limit, phases):
+    """Create, steady, scale, delete; each phase's wall time, CPU and calls into `phases`."""
+    t0 = time.time()
+    pid = busy.p.pid
 
     def phase(name, started, cpu0, pid):
         with store.lock:
@@ -375,9 +393,6 @@ current-context: fake
             c.get("status", {}).get("phase") == "Running" and c["status"].get("readyReplicas") == size
             for c in cs)
 
-    t0 = time.time()
-    busy = start("busy", on_env)
-    pid = busy.p.pid
     cpu0 = cpu_seconds(pid)
     if not wait_for(store, running(3), t0 + limit):
         raise SystemExit(f"clusters did not reach Running; log: {busy.log.name}")
@@ -398,11 +413,11 @@ current-context: fake
     if not wait_for(store, lambda cs: not cs, t3 + limit):
         raise SystemExit(f"clusters were not finalized; log: {busy.log.name}")
     phase("delete (final snapshot, finalizer)", t3, cpu3, pid)
-    rss_busy = busy.mem("VmRSS")
-    busy.stop()
-    stop.set()
-    server.shutdown()
+    phases.append(("rss", busy.mem("VmRSS")))
 
+
+def report(binary, profile, n, rss_off, rss_idle, phases):
+    rss_busy = phases.pop()[1]
     print(f"binary: {profile}, {os.path.getsize(binary) / 1e6:.1f} MB; clusters: {n} (3 members, backups to a volume)")
     print(f"A webhooks only         idle RSS {rss_off:.1f} MiB (baseline)")
     print(f"B controller, idle      idle RSS {rss_idle:.1f} MiB ({rss_idle / rss_off:.2f}x)")

@@ -32,7 +32,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
@@ -165,6 +165,8 @@ pub struct Context {
     reads: Reads,
     /// Consecutive failures per cluster, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The status last written per cluster uid, and when ([`update_status`]).
+    written: Mutex<HashMap<String, (std::time::Instant, crate::api::v1::EtcdClusterStatus)>>,
     /// Clusters whose finalizer is waiting (the in-progress gauge).
     finalizing: Mutex<HashSet<String>>,
 }
@@ -182,6 +184,7 @@ impl Context {
             metrics,
             reads: Reads::Api,
             failures: Mutex::default(),
+            written: Mutex::default(),
             finalizing: Mutex::default(),
         }
     }
@@ -409,6 +412,9 @@ impl<'a> Children<'a> {
     }
 }
 
+/// Trailing-edge debounce of reconcile requests.
+const DEBOUNCE: Duration = Duration::from_millis(500);
+
 /// How long a pass waits for the caches' first list before it fails (and backs off).
 const CACHE_WAIT: Duration = Duration::from_secs(30);
 
@@ -495,14 +501,28 @@ fn initial_size_recorded(ec: &EtcdCluster) -> Option<i32> {
 }
 
 /// Writes the status through the status subresource, only when it differs from what the
-/// cluster shows.
+/// cluster shows. Right after a write the cached cluster may not show it yet (its watch event
+/// is on the way), so for [`STATUS_MEMO`] the status last written is what the cluster shows.
 async fn update_status(
+    ctx: &Context,
     api: &Api<EtcdCluster>,
     ec: &EtcdCluster,
     seen: &Observation,
 ) -> Result<bool, Error> {
-    let want = status::desired(ec, seen, now());
-    if ec.status.as_ref() == Some(&want) {
+    let uid = ec.uid().unwrap_or_default();
+    let written = ctx
+        .written
+        .lock()
+        .expect("not poisoned")
+        .get(&uid)
+        .filter(|(at, _)| at.elapsed() < STATUS_MEMO)
+        .map(|(_, status)| status.clone());
+    let mut view = ec.clone();
+    if written.is_some() {
+        view.status = written;
+    }
+    let want = status::desired(&view, seen, now());
+    if view.status.as_ref() == Some(&want) {
         return Ok(false);
     }
     let body = json!({
@@ -517,8 +537,14 @@ async fn update_status(
     )
     .await
     .map_err(|e| Error::kube("update status of", "EtcdCluster", &ec.name_any(), e))?;
+    let mut memo = ctx.written.lock().expect("not poisoned");
+    memo.retain(|_, (at, _)| at.elapsed() < STATUS_MEMO);
+    memo.insert(uid, (std::time::Instant::now(), want));
     Ok(true)
 }
+
+/// How long the status last written stands in for a cached cluster that does not show it yet.
+const STATUS_MEMO: Duration = Duration::from_secs(5);
 
 fn job_outcome(job: &Job) -> Option<bool> {
     let status = job.status.as_ref()?;
@@ -846,7 +872,7 @@ async fn cleanup(
         deleting: true,
         ..Default::default()
     };
-    update_status(clusters, ec, &seen).await?;
+    update_status(ctx, clusters, ec, &seen).await?;
     let since = ec
         .metadata
         .deletion_timestamp
@@ -973,7 +999,7 @@ async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Erro
     };
     match outcome {
         Ok(seen) => {
-            update_status(&clusters, ec, &seen).await?;
+            update_status(ctx, &clusters, ec, &seen).await?;
             // Progress (members turning ready, Jobs finishing) arrives as watch events of the
             // owned objects; the periodic resync only catches what a watch missed.
             Ok(Action::requeue(ctx.settings.resync))
@@ -993,7 +1019,10 @@ async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Erro
                 ..Default::default()
             };
             // Best effort: the reason shows in the status; the error itself goes to backoff.
-            if update_status(&clusters, ec, &seen).await.unwrap_or(false) {
+            if update_status(ctx, &clusters, ec, &seen)
+                .await
+                .unwrap_or(false)
+            {
                 ctx.event(ec, EventType::Warning, reason, error.to_string())
                     .await;
             }
@@ -1058,6 +1087,8 @@ pub async fn run(
         let (reader, writer) = reflector::store();
         let stream = watcher(api_in::<K>(client, ns), config.clone())
             .default_backoff()
+            // managedFields are often half an object; nothing here reads them.
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
             .reflect(writer)
             .touched_objects();
         (reader, stream)
@@ -1095,6 +1126,9 @@ pub async fn run(
     .owns_stream(budgets_events)
     .owns_stream(crons_events)
     .owns_stream(jobs_events)
+    // Coalesce the bursts of events one pass causes (its own writes coming back through the
+    // watches), so the next pass sees them all in the caches.
+    .with_config(controller::Config::default().debounce(DEBOUNCE))
     .graceful_shutdown_on(stop.cancelled_owned())
     .run(reconcile, error_policy, ctx)
     .for_each(|result| async move {
