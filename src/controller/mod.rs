@@ -3,8 +3,9 @@
 //! the field manager `etcd-webhook`, plus a status and Events.
 //!
 //! The objects come from the pure functions in [`render`], the status from [`status`]; this
-//! module only compares, applies and records. A pass with nothing to change makes no writes:
-//! every child is read, and applied only when it lacks something the rendering says.
+//! module only compares, applies and records. A pass with nothing to change makes no API call:
+//! children are read from the caches the controller's watches fill ([`Caches`]), and applied
+//! only when they lack something the rendering says.
 
 pub mod leader;
 pub mod render;
