@@ -991,10 +991,13 @@ async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Erro
     if ec.metadata.deletion_timestamp.is_some() {
         return cleanup(ec, ctx, &clusters).await;
     }
-    if !has_finalizer(ec) {
-        add_finalizer(&clusters, ec).await?;
-    }
+    // An invalid spec gets no finalizer either: nothing will be created for it, and the
+    // validating webhook would deny the metadata update anyway (it judges the whole object).
     let outcome = match check_spec(ec) {
+        Ok(()) if !has_finalizer(ec) => match add_finalizer(&clusters, ec).await {
+            Ok(()) => apply_children(ec, ctx).await,
+            Err(e) => Err(e),
+        },
         Ok(()) => apply_children(ec, ctx).await,
         Err(invalid) => Err(invalid),
     };

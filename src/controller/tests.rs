@@ -735,9 +735,10 @@ async fn an_existing_job_is_never_reapplied() {
 
 #[tokio::test]
 async fn a_spec_that_bypassed_the_webhook_is_not_acted_on() {
-    // An even size (failurePolicy Ignore let it in): finalizer only, no children, Failed.
+    // An even size (failurePolicy Ignore let it in): no finalizer, no children, Failed.
     let (api, ctx) = setup(4, None);
     let action = pass(&api, &ctx).await.unwrap();
+    assert!(cluster_json(&api)["metadata"]["finalizers"].is_null());
     assert_eq!(
         action,
         Action::requeue(Duration::from_secs(30)),
@@ -757,9 +758,8 @@ async fn a_spec_that_bypassed_the_webhook_is_not_acted_on() {
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert!(writes(&api.calls()).is_empty(), "reported once");
-    // Deleting it needs no snapshot: there are no members.
+    // Deleting it needs nothing from the loop.
     delete_cluster(&api).await;
-    pass(&api, &ctx).await.unwrap();
     assert!(api.get(EC).is_none());
 }
 
@@ -789,4 +789,20 @@ async fn a_shrink_that_bypassed_the_webhook_removes_nothing() {
             .unwrap()
             .contains("volumes never shrink")
     );
+}
+
+#[tokio::test]
+async fn deleting_a_cluster_that_never_got_members_takes_no_snapshot() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    api.fail("PATCH", STS, 1, 500);
+    assert!(pass(&api, &ctx).await.is_err());
+    assert_eq!(
+        cluster_json(&api)["metadata"]["finalizers"],
+        json!([FINALIZER])
+    );
+    assert!(api.get(STS).is_none());
+    delete_cluster(&api).await;
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(EC).is_none(), "finalizer removed at once");
+    assert!(api.get(FINAL_JOB).is_none());
 }
