@@ -95,6 +95,9 @@ pub fn validate(version: Version, op: Operation, obj: &Value, old: Option<&Value
     };
     let ctx = Ctx { version, obj };
     check_spec(&ctx, &hub.spec, &mut out);
+    if op == Operation::Create {
+        check_name(obj, &mut out);
+    }
     if op == Operation::Update
         && let Some(old) = old
     {
@@ -180,6 +183,35 @@ fn decode_violation(e: ConvertError) -> Violation {
             kind: Kind::Invalid(String::from("(unexpected)")),
             detail: other.to_string(),
         },
+    }
+}
+
+/// The longest EtcdCluster name: the reconcile loop names its CronJob `NAME-backup`, and a
+/// CronJob name may have at most 52 characters.
+pub const MAX_NAME: usize = 45;
+
+/// Names are fixed at creation; a name the loop's objects cannot carry is refused up front
+/// rather than found out when its CronJob is rejected.
+fn check_name(obj: &Value, out: &mut Verdict) {
+    let meta = |k: &str| {
+        obj.pointer(&format!("/metadata/{k}"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let (path, shown, length, limit) = match (meta("name"), meta("generateName")) {
+        (Some(name), _) => ("metadata.name", name, name.len(), MAX_NAME),
+        // The apiserver appends 5 random characters.
+        (None, Some(prefix)) => ("metadata.generateName", prefix, prefix.len(), MAX_NAME - 5),
+        (None, None) => return,
+    };
+    if length > limit {
+        out.violations.push(Violation {
+            path: path.to_owned(),
+            kind: Kind::Invalid(format!("{shown:?}")),
+            detail: format!(
+                "must be no more than {limit} characters: the cluster's CronJob <name>-backup may have at most 52"
+            ),
+        });
     }
 }
 
@@ -411,6 +443,30 @@ mod tests {
             ),
             Verdict::default()
         );
+    }
+
+    #[test]
+    fn names_must_leave_room_for_the_clusters_objects() {
+        let named = |name: &str| {
+            json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+                "metadata": {"name": name}, "spec": {"size": 3}})
+        };
+        assert!(create(Version::V1, &named(&"a".repeat(45))).allowed());
+        let long = "a".repeat(46);
+        assert_eq!(
+            messages(&create(Version::V1, &named(&long))),
+            [format!(
+                "metadata.name: Invalid value: \"{long}\": must be no more than 45 characters: the cluster's CronJob <name>-backup may have at most 52"
+            )]
+        );
+        let generated = json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+            "metadata": {"generateName": "b".repeat(41)}, "spec": {"size": 3}});
+        assert!(
+            messages(&create(Version::V1, &generated))[0]
+                .starts_with("metadata.generateName: Invalid value")
+        );
+        // Names are immutable: an UPDATE is not judged on it again.
+        assert!(update(Version::V1, &named(&long), &named(&long)).allowed());
     }
 
     #[test]
