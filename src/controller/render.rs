@@ -512,17 +512,20 @@ fn snapshot_pod(
             (opts.helper_image.clone(), None, None)
         }
         BackupTarget::S3(_) => {
-            // The aws CLI wants a writable home for its cache.
-            volumes.push(Volume {
-                name: "home".to_owned(),
-                empty_dir: Some(Default::default()),
-                ..Default::default()
-            });
-            store_mounts.push(VolumeMount {
-                name: "home".to_owned(),
-                mount_path: "/home/aws".to_owned(),
-                ..Default::default()
-            });
+            // The aws CLI wants a writable home for its cache, and /tmp (the root file
+            // system is read-only).
+            for (volume, path) in [("home", "/home/aws"), ("tmp", "/tmp")] {
+                volumes.push(Volume {
+                    name: volume.to_owned(),
+                    empty_dir: Some(Default::default()),
+                    ..Default::default()
+                });
+                store_mounts.push(VolumeMount {
+                    name: volume.to_owned(),
+                    mount_path: path.to_owned(),
+                    ..Default::default()
+                });
+            }
             (
                 opts.s3_image.clone(),
                 // Credentials (AWS_ACCESS_KEY_ID, ..., AWS_ENDPOINT_URL) from an optional Secret;
