@@ -129,16 +129,8 @@ fn convert(args: &ConvertArgs) -> i32 {
             args.output == OutputFormat::Json,
         ))
     };
-    match run() {
-        Ok(text) => {
-            print!("{text}");
-            0
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            2
-        }
-    }
+    // convert never denies: every error is bad input (2).
+    print_or_fail(run())
 }
 
 /// `render`: exit 0 with the objects, 1 when a manifest is denied, 2 on bad input.
@@ -153,18 +145,19 @@ fn render(args: &RenderArgs) -> i32 {
         let objects = offline::objects(&docs, &opts)?;
         Ok(offline::render(&objects, args.output == OutputFormat::Json))
     };
-    match run() {
+    print_or_fail(run())
+}
+
+/// Prints the output of an offline command (exit 0), or the error (its exit code).
+fn print_or_fail(result: Result<String, offline::OfflineError>) -> i32 {
+    match result {
         Ok(text) => {
             print!("{text}");
             0
         }
         Err(e) => {
             eprintln!("error: {e}");
-            if e.to_string().contains(": denied: ") {
-                1
-            } else {
-                2
-            }
+            e.exit_code()
         }
     }
 }

@@ -30,6 +30,24 @@ pub enum OfflineError {
     },
     #[error("{source_name}: no documents")]
     Empty { source_name: String },
+    /// A manifest the webhooks would deny (exit 1, not 2: the input was readable).
+    #[error("{source_name}: document {doc}: {label}: denied: {message}")]
+    Denied {
+        source_name: String,
+        doc: usize,
+        label: String,
+        message: String,
+    },
+}
+
+impl OfflineError {
+    /// The exit code: 1 for a denial, 2 for input that could not be judged.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            OfflineError::Denied { .. } => 1,
+            _ => 2,
+        }
+    }
 }
 
 /// One input document, numbered from 1 in its source.
@@ -280,7 +298,12 @@ pub fn objects(
             return Err(doc.error("render takes EtcdCluster manifests"));
         }
         if !decision.allowed {
-            return Err(doc.error(format!("{}: denied: {}", decision.label, decision.message)));
+            return Err(OfflineError::Denied {
+                source_name: doc.source_name.clone(),
+                doc: doc.index,
+                label: decision.label,
+                message: decision.message,
+            });
         }
         let mut v1 = api::convert::convert_object(&decision.patched, Version::V1)
             .map_err(|e| doc.error(e.to_string()))?;
