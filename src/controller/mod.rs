@@ -328,13 +328,15 @@ impl<'a> Children<'a> {
         Api::namespaced(self.ctx.client.clone(), &self.ns)
     }
 
-    async fn read<K: Child>(&self, name: &str) -> Result<Option<K>, Error> {
+    /// The object as the caches (or the API) hold it; shared, never copied out of a cache.
+    async fn read<K: Child>(&self, name: &str) -> Result<Option<Arc<K>>, Error> {
         let kind = kind_of::<K>();
         match &self.ctx.reads {
             Reads::Api => self
                 .api::<K>()
                 .get_opt(name)
                 .await
+                .map(|o| o.map(Arc::new))
                 .map_err(|e| Error::kube("read", kind, name, e)),
             Reads::Cache(caches) => {
                 let store = K::cache(caches);
@@ -345,21 +347,21 @@ impl<'a> Children<'a> {
                     .map_err(|_| Error::CacheNotReady(kind))?
                     .map_err(|_| Error::CacheNotReady(kind))?;
                 let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
-                Ok(store.get(&key).map(|o| (*o).clone()))
+                Ok(store.get(&key))
             }
         }
     }
 
     /// Applies `desired` (server-side, forced, field manager [`MANAGER`]) only when what is
     /// there does not already include it. Returns what the cluster now holds.
-    async fn ensure<K: Child>(&self, desired: &K) -> Result<(Applied, K), Error> {
+    async fn ensure<K: Child>(&self, desired: &K) -> Result<(Applied, Arc<K>), Error> {
         let name = desired.meta().name.clone().unwrap_or_default();
         let observed = self.read::<K>(&name).await?;
-        let want = serde_json::to_value(desired).expect("k8s objects serialize");
-        if let Some(o) = observed.clone() {
-            let have = serde_json::to_value(&o).expect("k8s objects serialize");
+        if let Some(o) = &observed {
+            let want = serde_json::to_value(desired).expect("k8s objects serialize");
+            let have = serde_json::to_value(&**o).expect("k8s objects serialize");
             if includes(&have, &want) {
-                return Ok((Applied::Unchanged, o));
+                return Ok((Applied::Unchanged, o.clone()));
             }
         }
         let applied = self.apply(desired).await?;
@@ -374,7 +376,7 @@ impl<'a> Children<'a> {
 
     /// Creates the object when it is missing, and otherwise leaves it alone (a Job's pod
     /// template is immutable, and a Job that ran is a record, not something to converge).
-    async fn ensure_created<K: Child>(&self, desired: &K) -> Result<(Applied, K), Error> {
+    async fn ensure_created<K: Child>(&self, desired: &K) -> Result<(Applied, Arc<K>), Error> {
         let name = desired.meta().name.clone().unwrap_or_default();
         if let Some(o) = self.read::<K>(&name).await? {
             return Ok((Applied::Unchanged, o));
@@ -384,7 +386,7 @@ impl<'a> Children<'a> {
         Ok((Applied::Created, created))
     }
 
-    async fn apply<K: Child>(&self, desired: &K) -> Result<K, Error> {
+    async fn apply<K: Child>(&self, desired: &K) -> Result<Arc<K>, Error> {
         let name = desired.meta().name.clone().unwrap_or_default();
         self.api::<K>()
             .patch(
@@ -393,6 +395,7 @@ impl<'a> Children<'a> {
                 &Patch::Apply(desired),
             )
             .await
+            .map(Arc::new)
             .map_err(|e| Error::kube("apply", kind_of::<K>(), &name, e))
     }
 
@@ -518,10 +521,14 @@ async fn update_status(
         .get(&uid)
         .filter(|(at, _)| at.elapsed() < STATUS_MEMO)
         .map(|(_, status)| status.clone());
-    let mut view = ec.clone();
-    if written.is_some() {
-        view.status = written;
-    }
+    // Only when the memo stands in is the cluster copied (to show that status).
+    let view = match written {
+        Some(status) => std::borrow::Cow::Owned(EtcdCluster {
+            status: Some(status),
+            ..ec.clone()
+        }),
+        None => std::borrow::Cow::Borrowed(ec),
+    };
     let want = status::desired(&view, seen, now());
     if view.status.as_ref() == Some(&want) {
         return Ok(false);
@@ -706,7 +713,7 @@ async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, 
         let desired = render::stateful_set(ec, initial, members, opts);
         let (applied, set) = kids.ensure(&desired).await?;
         let (old_image, new_image) = (
-            observed.as_ref().and_then(template_image),
+            observed.as_deref().and_then(template_image),
             template_image(&desired),
         );
         match applied {
@@ -885,24 +892,18 @@ async fn cleanup(
         .unsigned_abs();
     let timeout = ctx.settings.finalizer_timeout;
     let Some(Ok(target)) = render::backup_target(ec) else {
-        remove_finalizer(clusters, ec).await?;
-        ctx.finalizing(ec, false);
-        return Ok(Action::await_change());
+        return finalized(ctx, clusters, ec).await;
     };
     let kids = Children::of(ec, ctx);
     let job_name = format!("{}-final-snapshot", ec.name_any());
     // No members, nothing to snapshot (e.g. a cluster whose spec was never acted on).
     if matches!(kids.read::<StatefulSet>(&ec.name_any()).await, Ok(None)) {
-        remove_finalizer(clusters, ec).await?;
-        ctx.finalizing(ec, false);
-        return Ok(Action::await_change());
+        return finalized(ctx, clusters, ec).await;
     }
     let give_up = |why: String| async move {
         ctx.event(ec, EventType::Warning, "FinalSnapshotSkipped", why)
             .await;
-        remove_finalizer(clusters, ec).await?;
-        ctx.finalizing(ec, false);
-        Ok(Action::await_change())
+        finalized(ctx, clusters, ec).await
     };
     let job = match kids.read::<Job>(&job_name).await {
         Ok(job) => job,
@@ -915,7 +916,7 @@ async fn cleanup(
         }
         Err(e) => return Err(e),
     };
-    match job.as_ref().and_then(job_outcome) {
+    match job.as_deref().and_then(job_outcome) {
         Some(true) => {
             ctx.event(
                 ec,
@@ -924,9 +925,7 @@ async fn cleanup(
                 format!("Job {job_name} completed; removing the finalizer"),
             )
             .await;
-            remove_finalizer(clusters, ec).await?;
-            ctx.finalizing(ec, false);
-            return Ok(Action::await_change());
+            return finalized(ctx, clusters, ec).await;
         }
         Some(false) => {
             return give_up(format!(
@@ -946,18 +945,14 @@ async fn cleanup(
     ctx.finalizing(ec, true);
     if job.is_none() {
         let desired = render::final_snapshot_job(ec, &target, &ctx.settings.render);
-        match kids.ensure_created(&desired).await {
-            Ok(_) => {
-                ctx.event(
-                    ec,
-                    EventType::Normal,
-                    "FinalSnapshot",
-                    format!("Job {job_name} started; the cluster is removed when it finishes"),
-                )
-                .await
-            }
-            Err(e) => return Err(e),
-        }
+        kids.ensure_created(&desired).await?;
+        ctx.event(
+            ec,
+            EventType::Normal,
+            "FinalSnapshot",
+            format!("Job {job_name} started; the cluster is removed when it finishes"),
+        )
+        .await;
     }
     let left = timeout.saturating_sub(elapsed);
     Ok(Action::requeue(
@@ -965,6 +960,17 @@ async fn cleanup(
             .min(left)
             .max(Duration::from_secs(1)),
     ))
+}
+
+/// The finalizer goes; nothing more to wait for.
+async fn finalized(
+    ctx: &Context,
+    clusters: &Api<EtcdCluster>,
+    ec: &EtcdCluster,
+) -> Result<Action, Error> {
+    remove_finalizer(clusters, ec).await?;
+    ctx.finalizing(ec, false);
+    Ok(Action::await_change())
 }
 
 /// Reconciles one EtcdCluster (the controller calls it; tests call it directly).
