@@ -84,95 +84,67 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
     } else {
         Phase::Creating
     };
+    // Every condition carries the generation it judged and keeps its transition time.
+    let cond = |type_: &str, ok: bool, reason: &str, message: String| {
+        condition(type_, ok, reason, message, generation, previous, &now)
+    };
     let ready = match (&seen.failure, seen.deleting) {
-        (_, true) => condition(
+        (_, true) => cond(
             "Ready",
             false,
             "Deleting",
             "the cluster is being deleted".to_owned(),
-            generation,
-            previous,
-            &now,
         ),
-        (Some((reason, err)), false) => condition(
-            "Ready",
-            false,
-            reason,
-            err.clone(),
-            generation,
-            previous,
-            &now,
-        ),
-        (None, false) if all_ready => condition(
+        (Some((reason, err)), false) => cond("Ready", false, reason, err.clone()),
+        (None, false) if all_ready => cond(
             "Ready",
             true,
             "AllMembersReady",
             format!("{}/{size} members ready", seen.ready),
-            generation,
-            previous,
-            &now,
         ),
-        (None, false) => condition(
+        (None, false) => cond(
             "Ready",
             false,
             "MembersNotReady",
             format!("{}/{size} members ready", seen.ready),
-            generation,
-            previous,
-            &now,
         ),
     };
     let progressing = match (seen.activity, all_ready) {
-        _ if seen.failure.is_some() => condition(
+        _ if seen.failure.is_some() => cond(
             "Progressing",
             false,
             seen.failure.as_ref().map_or("", |f| f.0),
             "nothing changes until the reason in the Ready condition is fixed".to_owned(),
-            generation,
-            previous,
-            &now,
         ),
-        (Some(a), _) => condition(
+        (Some(a), _) => cond(
             "Progressing",
             true,
             a.reason(),
             format!("{}: {}/{size} members ready", a.reason(), seen.ready),
-            generation,
-            previous,
-            &now,
         ),
-        (None, false) => condition(
+        (None, false) => cond(
             "Progressing",
             true,
             "WaitingForMembers",
             format!("{}/{size} members ready", seen.ready),
-            generation,
-            previous,
-            &now,
         ),
-        (None, true) => condition(
+        (None, true) => cond(
             "Progressing",
             false,
             "Stable",
             "every member runs the desired spec".to_owned(),
-            generation,
-            previous,
-            &now,
         ),
     };
     let mut conditions = vec![ready, progressing];
     if let Some(w) = &seen.warning {
-        conditions.push(condition(
+        conditions.push(cond(
             "BackupReady",
             false,
             "UnsupportedDestination",
             w.clone(),
-            generation,
-            previous,
-            &now,
         ));
     } else if render::backup_target(ec).is_some() {
-        conditions.push(condition(
+        conditions.push(cond(
             "BackupReady",
             true,
             "Scheduled",
@@ -184,9 +156,6 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                     .map(|b| b.schedule.as_str())
                     .unwrap_or("")
             ),
-            generation,
-            previous,
-            &now,
         ));
     }
     EtcdClusterStatus {
