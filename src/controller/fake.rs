@@ -10,7 +10,7 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::Value;
 
-use super::fake_core::{FakeCore, patch_type, status};
+use super::fake_core::{FakeCore, group_of, parse, patch_type, status};
 
 /// One request the fake answered.
 #[derive(Clone, Debug)]
@@ -24,6 +24,11 @@ pub struct Call {
     pub patch_type: Option<&'static str>,
     pub body: Option<Value>,
     pub code: u16,
+    /// API group (`""` for the core group), resource (`statefulsets`, `events`, ...) and
+    /// whether the path names one object, as the fake understood the path.
+    pub group: String,
+    pub resource: String,
+    pub named: bool,
 }
 
 impl Call {
@@ -33,11 +38,7 @@ impl Call {
     }
     /// `statefulsets`, `etcdclusters`, `events`, ...
     pub fn resource(&self) -> &str {
-        let parts: Vec<&str> = self.path.split('/').collect();
-        match parts.iter().position(|p| *p == "namespaces") {
-            Some(i) => parts.get(i + 2).copied().unwrap_or(""),
-            None => "",
-        }
+        &self.resource
     }
 }
 
@@ -154,6 +155,12 @@ impl FakeApi {
         };
         let query = parts.uri.query().unwrap_or("").to_owned();
         let method = parts.method.as_str().to_owned();
+        let (group, resource, named) = match parse(&path) {
+            Some((prefix, _, resource, name)) => {
+                (group_of(&prefix).to_owned(), resource, name.is_some())
+            }
+            None => (String::new(), String::new(), false),
+        };
         let mut st = self.state.lock().unwrap();
         let (code, out) = st
             .core
@@ -166,6 +173,9 @@ impl FakeApi {
             patch_type,
             body,
             code,
+            group,
+            resource,
+            named,
         });
         (code, out)
     }

@@ -81,15 +81,7 @@ fn events(calls: &[Call]) -> Vec<(String, String)> {
 
 /// The RBAC rule (group, resource, verb) a recorded call needs.
 fn needs(c: &Call) -> (String, String, &'static str) {
-    let parts: Vec<&str> = c.path.trim_start_matches('/').split('/').collect();
-    let (group, rest) = match parts[0] {
-        "api" => ("", &parts[2..]),
-        _ => (parts[1], &parts[3..]),
-    };
-    // rest: namespaces/NS/RESOURCE[/NAME]
-    let resource = rest[2];
-    let named = rest.len() > 3;
-    let verb = match (c.method.as_str(), named) {
+    let verb = match (c.method.as_str(), c.named) {
         ("GET", true) => "get",
         ("GET", false) => "list",
         ("POST", _) => "create",
@@ -98,11 +90,11 @@ fn needs(c: &Call) -> (String, String, &'static str) {
         (m, _) => panic!("unexpected {m}"),
     };
     let resource = if c.status_subresource {
-        format!("{resource}/status")
+        format!("{}/status", c.resource)
     } else {
-        resource.to_owned()
+        c.resource.clone()
     };
-    (group.to_owned(), resource, verb)
+    (c.group.clone(), resource, verb)
 }
 
 /// Every call was allowed by the rules the install grants.

@@ -49,6 +49,14 @@ fn apply(target: &mut Value, patch: &Value) {
     }
 }
 
+/// The API group of a path (`""` for the core group), from [`parse`]'s prefix.
+pub fn group_of(prefix: &str) -> &str {
+    match prefix.split('/').collect::<Vec<_>>()[..] {
+        ["apis", group, _] => group,
+        _ => "",
+    }
+}
+
 /// The PATCH type named by a Content-Type.
 pub fn patch_type(content_type: &str) -> Option<&'static str> {
     match content_type {
@@ -61,7 +69,7 @@ pub fn patch_type(content_type: &str) -> Option<&'static str> {
 }
 
 /// Where a path points: `(group/version prefix, namespace, resource, name)`.
-fn parse(path: &str) -> Option<(String, Option<String>, String, Option<String>)> {
+pub fn parse(path: &str) -> Option<(String, Option<String>, String, Option<String>)> {
     let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let (prefix, rest) = match *segs.first()? {
         "api" => (segs.get(..2)?.join("/"), &segs[2..]),
