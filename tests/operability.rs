@@ -22,45 +22,19 @@ fn metrics_count_exactly_what_was_sent() {
     let server = Server::start(&[]);
     let client = apiserver_client(&server.ca());
     runtime().block_on(async {
-        for f in [
-            "mutate-v1-create-minimal.json",
-            "mutate-v1-create-complete.json",
+        for (path, f, status) in [
+            ("/mutate", "mutate-v1-create-minimal.json", 200),
+            ("/mutate", "mutate-v1-create-complete.json", 200),
+            ("/validate", "validate-v1-create-even-size.json", 200),
+            ("/validate", "validate-v1-update-upgrade-dry-run.json", 200),
+            ("/validate", "malformed-no-request.json", 400),
         ] {
             assert_eq!(
-                post(&client, &server.url("/mutate"), fixture(f)).await.0,
-                200
+                post(&client, &server.url(path), fixture(f)).await.0,
+                status,
+                "{path} {f}"
             );
         }
-        assert_eq!(
-            post(
-                &client,
-                &server.url("/validate"),
-                fixture("validate-v1-create-even-size.json")
-            )
-            .await
-            .0,
-            200
-        );
-        assert_eq!(
-            post(
-                &client,
-                &server.url("/validate"),
-                fixture("validate-v1-update-upgrade-dry-run.json")
-            )
-            .await
-            .0,
-            200
-        );
-        assert_eq!(
-            post(
-                &client,
-                &server.url("/validate"),
-                fixture("malformed-no-request.json")
-            )
-            .await
-            .0,
-            400
-        );
         let rsp = client
             .post(server.url("/mutate"))
             .header("Content-Type", "text/yaml")
