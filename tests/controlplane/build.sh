@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds the end-to-end tests' control plane (etcd, kube-apiserver, kube-controller-manager in one
+# multi-call binary, see main.go) from the Go modules pinned by go.mod/go.sum, once, and prints its
+# path. The binary is cached under target/controlplane/<hash of go.mod, go.sum, main.go>/, so a
+# second call only prints the path; concurrent callers wait for one build (flock).
+#   usage: bin=$(tests/controlplane/build.sh)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+
+# Kubernetes' version string, set at link time (otherwise /version says v0.0.0). It must match the
+# k8s.io/kubernetes version in go.mod; build.sh checks that below.
+k8s_version=v1.34.12
+
+key=$(cat "$here/go.mod" "$here/go.sum" "$here/main.go" | sha256sum | cut -c1-16)
+out_dir=${CARGO_TARGET_DIR:-$root/target}/controlplane/$key
+out=$out_dir/controlplane
+if [[ -x $out ]]; then
+  echo "$out"
+  exit 0
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+  cat >&2 <<'MSG'
+tests/controlplane/build.sh: the end-to-end tests build a real Kubernetes control plane from Go
+modules, and no `go` command is on PATH. Install Go 1.25 or newer (Debian: apt-get install
+golang-go, if its version is new enough; otherwise the official tarball) and run the tests again.
+MSG
+  exit 1
+fi
+grep -q "k8s.io/kubernetes $k8s_version\$" "$here/go.mod" || {
+  echo "tests/controlplane/build.sh: go.mod does not require k8s.io/kubernetes $k8s_version; update k8s_version" >&2
+  exit 1
+}
+
+mkdir -p "$out_dir"
+exec 9>"$out_dir.lock"
+flock 9
+if [[ ! -x $out ]]; then
+  echo "building the control plane (kube-apiserver $k8s_version, kube-controller-manager, etcd) into $out_dir; the first build takes minutes" >&2
+  start=$(date +%s)
+  minor=${k8s_version#v1.}
+  minor=${minor%%.*}
+  (
+    cd "$here"
+    go build -mod=readonly -trimpath \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+      -o "$out.tmp" .
+  ) >&2
+  mv "$out.tmp" "$out"
+  echo "control plane built in $(($(date +%s) - start)) s" >&2
+fi
+echo "$out"

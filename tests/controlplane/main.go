@@ -1,0 +1,91 @@
+// Command controlplane is the real Kubernetes control plane of the end-to-end tests, built from the
+// published Go modules: one multi-call binary (one link instead of three) whose first argument names
+// the component.
+//
+//	controlplane etcd [etcd flags]
+//	controlplane kube-apiserver [kube-apiserver flags]
+//	controlplane kube-controller-manager [kube-controller-manager flags]
+//
+// The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
+// loopback Endpoints, so webhooks named by a service reference (as the shipped configurations do) are
+// resolved through a file that the tests write, CONTROLPLANE_SERVICE_MAP, read on every call:
+//
+//	# namespace/name:port=host:port
+//	etcd-system/etcd-webhook:443=127.0.0.1:40123
+//
+// A service that is not in the file resolves to an error, as a Service without ready endpoints does.
+// The apiserver still checks the serving certificate against the service's DNS name.
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	_ "time/tzdata" // CronJob time zones, as upstream's mains do
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager [flags]"
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, usage)
+		os.Exit(2)
+	}
+	component, rest := os.Args[1], os.Args[2:]
+	switch component {
+	case "etcd":
+		etcdmain.Main(append([]string{"etcd"}, rest...))
+	case "kube-apiserver":
+		if path := os.Getenv("CONTROLPLANE_SERVICE_MAP"); path != "" {
+			apiserver.SetServiceResolverForTests(fileResolver{path: path})
+		}
+		command := apiserver.NewAPIServerCommand()
+		command.SetArgs(rest)
+		os.Exit(cli.Run(command))
+	case "kube-controller-manager":
+		command := controllermanager.NewControllerManagerCommand()
+		command.SetArgs(rest)
+		os.Exit(cli.Run(command))
+	default:
+		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q\n%s\n", component, usage)
+		os.Exit(2)
+	}
+}
+
+// fileResolver resolves service references through the map file, read on every call so that a
+// test can move or stop the webhook process without restarting the apiserver.
+type fileResolver struct{ path string }
+
+func (r fileResolver) ResolveEndpoint(namespace, name string, port int32) (*url.URL, error) {
+	key := fmt.Sprintf("%s/%s:%d", namespace, name, port)
+	file, err := os.Open(r.path)
+	if err != nil {
+		return nil, fmt.Errorf("service map %s: %w", r.path, err)
+	}
+	defer file.Close()
+	lines := bufio.NewScanner(file)
+	for lines.Scan() {
+		line := strings.TrimSpace(lines.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		service, address, found := strings.Cut(line, "=")
+		if found && strings.TrimSpace(service) == key {
+			return &url.URL{Scheme: "https", Host: strings.TrimSpace(address)}, nil
+		}
+	}
+	if err := lines.Err(); err != nil {
+		return nil, fmt.Errorf("service map %s: %w", r.path, err)
+	}
+	return nil, fmt.Errorf("service %s has no endpoints in %s", key, r.path)
+}
