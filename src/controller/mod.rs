@@ -64,6 +64,9 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
         &["get", "list", "watch", "patch"],
     ),
     ("etcd.example.com", "etcdclusters/status", &["get", "patch"]),
+    // The children's ownerReferences block the cluster's deletion (blockOwnerDeletion), which
+    // the admission plugin OwnerReferencesPermissionEnforcement allows only with this grant.
+    ("etcd.example.com", "etcdclusters/finalizers", &["update"]),
     (
         "apps",
         "statefulsets",

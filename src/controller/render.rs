@@ -109,9 +109,16 @@ pub fn member_selector(ec: &EtcdCluster) -> BTreeMap<String, String> {
     l
 }
 
+/// The controller reference, blocking the owner's deletion as controller-runtime's
+/// SetControllerReference does: a foreground deletion of the cluster (`kubectl delete
+/// --cascade=foreground`) then returns only after its children are gone. Setting it needs
+/// `update` on `etcdclusters/finalizers` where OwnerReferencesPermissionEnforcement is on.
 fn owner(ec: &EtcdCluster) -> OwnerReference {
-    ec.controller_owner_ref(&())
-        .expect("an EtcdCluster read from the API has a name and uid")
+    OwnerReference {
+        block_owner_deletion: Some(true),
+        ..ec.controller_owner_ref(&())
+            .expect("an EtcdCluster read from the API has a name and uid")
+    }
 }
 
 fn meta(ec: &EtcdCluster, name: String, component: &str) -> ObjectMeta {
@@ -938,6 +945,7 @@ pub(crate) mod tests {
             let refs = m.owner_references.unwrap();
             assert_eq!(refs.len(), 1);
             assert_eq!(refs[0].controller, Some(true));
+            assert_eq!(refs[0].block_owner_deletion, Some(true));
             assert_eq!(refs[0].kind, "EtcdCluster");
             assert_eq!(refs[0].uid, ec.metadata.uid.clone().unwrap());
             assert_eq!(m.namespace.as_deref(), Some("prod"));

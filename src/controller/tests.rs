@@ -80,7 +80,10 @@ fn events(calls: &[Call]) -> Vec<(String, String)> {
 }
 
 /// The RBAC rule (group, resource, verb) a recorded call needs.
-fn needs(c: &Call) -> (String, String, &'static str) {
+/// What a call needs: its verb on its resource and, for an object whose ownerReference blocks the
+/// owner's deletion, `update` on the owner's `finalizers` subresource (the admission plugin
+/// OwnerReferencesPermissionEnforcement checks it on create and update; tests/e2e proves it).
+fn needs(c: &Call) -> Vec<(String, String, &'static str)> {
     let verb = match (c.method.as_str(), c.named) {
         ("GET", true) => "get",
         ("GET", false) => "list",
@@ -94,21 +97,38 @@ fn needs(c: &Call) -> (String, String, &'static str) {
     } else {
         c.resource.clone()
     };
-    (c.group.clone(), resource, verb)
+    let mut all = vec![(c.group.clone(), resource, verb)];
+    let owners = c
+        .body
+        .as_ref()
+        .and_then(|b| b.pointer("/metadata/ownerReferences"))
+        .and_then(Value::as_array);
+    for owner in owners.into_iter().flatten() {
+        if owner["blockOwnerDeletion"] == true {
+            assert_eq!(owner["kind"], crate::api::KIND, "{} {}", c.method, c.path);
+            all.push((
+                crate::api::GROUP.to_owned(),
+                "etcdclusters/finalizers".to_owned(),
+                "update",
+            ));
+        }
+    }
+    all
 }
 
 /// Every call was allowed by the rules the install grants.
 fn assert_granted(calls: &[Call], rules: &[(&str, &str, &[&str])]) {
     for c in calls {
-        let (group, resource, verb) = needs(c);
-        assert!(
-            rules
-                .iter()
-                .any(|(g, r, vs)| *g == group && *r == resource && vs.contains(&verb)),
-            "{} {} needs {verb} on {group}/{resource}, which the RBAC rules do not grant",
-            c.method,
-            c.path
-        );
+        for (group, resource, verb) in needs(c) {
+            assert!(
+                rules
+                    .iter()
+                    .any(|(g, r, vs)| *g == group && *r == resource && vs.contains(&verb)),
+                "{} {} needs {verb} on {group}/{resource}, which the RBAC rules do not grant",
+                c.method,
+                c.path
+            );
+        }
     }
 }
 
