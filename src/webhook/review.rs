@@ -35,7 +35,7 @@ struct AdmissionReviewIn {
 }
 
 /// The request of an AdmissionReview: what the decisions read. Fields the decisions do not use
-/// (resource, requestKind, options, ...) are skipped while decoding.
+/// (resource, requestResource, options, ...) are skipped while decoding.
 #[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRequest {
@@ -44,6 +44,10 @@ pub struct AdmissionRequest {
     pub review_api_version: String,
     pub uid: String,
     pub kind: GroupVersionKind,
+    /// The kind the user sent: with matchPolicy Equivalent the apiserver converts a v1alpha1
+    /// or v1beta1 object to v1 for the webhook and names the user's version only here.
+    #[serde(default)]
+    pub request_kind: Option<GroupVersionKind>,
     #[serde(default)]
     pub sub_resource: Option<String>,
     #[serde(default)]
@@ -75,6 +79,16 @@ impl AdmissionRequest {
             .and_then(Value::as_str)
             .and_then(Version::from_api_version)
             .or_else(|| Version::from_version(&self.kind.version))
+    }
+
+    /// The version the user wrote, to report in: the request's kind when it is an
+    /// EtcdCluster, else the object's own version.
+    pub fn user_version(&self) -> Option<Version> {
+        self.request_kind
+            .as_ref()
+            .filter(|k| k.group == api::GROUP && k.kind == api::KIND)
+            .and_then(|k| Version::from_version(&k.version))
+            .or_else(|| self.object_version())
     }
 }
 

@@ -34,7 +34,7 @@ pub fn respond(req: &AdmissionRequest) -> Answer {
     if req.sub_resource.is_some() {
         return answer;
     }
-    let Some(version) = req.object_version() else {
+    let Some(version) = req.user_version() else {
         answer.warnings.push(format!(
             "etcd-webhook judges only etcd.example.com EtcdCluster; {}/{} {} was not checked",
             req.kind.group, req.kind.version, req.kind.kind
@@ -48,7 +48,7 @@ pub fn respond(req: &AdmissionRequest) -> Answer {
             format!("{op:?} request carries no object"),
         );
     };
-    let verdict = validate::validate(version, op, obj, req.old_object.as_ref());
+    let verdict = validate::validate_as_written(version, op, obj, req.old_object.as_ref());
     answer.warnings = verdict.warnings.clone();
     if verdict.allowed() {
         return answer;
