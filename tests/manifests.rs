@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -29,29 +27,10 @@ use etcd_webhook::admission::{defaults, validate};
 use etcd_webhook::api::{self, convert};
 use etcd_webhook::controller;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The folder with helm and kubectl, installed once per test run.
-fn tools() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(root().join("tests/tools/k8s-cli.sh"))
-            .output()
-            .expect("run tests/tools/k8s-cli.sh");
-        assert!(
-            out.status.success(),
-            "k8s-cli.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-}
+use common::root;
 
 fn tool(name: &str, args: &[&str]) -> String {
-    let out = Command::new(tools().join(name))
+    let out = Command::new(common::k8s_tools().join(name))
         .args(args)
         .current_dir(root())
         .output()
@@ -742,7 +721,7 @@ fn helm_template_default_and_value_sets() {
 
 #[test]
 fn helm_refuses_another_namespace() {
-    let out = Command::new(tools().join("helm"))
+    let out = Command::new(common::k8s_tools().join("helm"))
         .args([
             "template",
             "x",

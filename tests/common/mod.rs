@@ -478,3 +478,26 @@ pub fn reqwest_client(config: Arc<rustls::ClientConfig>) -> reqwest::Client {
         .build()
         .unwrap()
 }
+
+/// The project's root folder.
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The folder with helm and kubectl (tests/tools/k8s-cli.sh: PATH first, else installed once
+/// into a cache folder).
+pub fn k8s_tools() -> &'static PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(root().join("tests/tools/k8s-cli.sh"))
+            .output()
+            .expect("run tests/tools/k8s-cli.sh");
+        assert!(
+            out.status.success(),
+            "k8s-cli.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}

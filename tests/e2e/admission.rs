@@ -1,0 +1,360 @@
+//! The CRD, the admission webhooks and the conversion webhook as the real apiserver uses them.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::cluster::{KUBERNETES_VERSION, wait_for};
+use crate::common::BIN;
+use crate::install::{CRD, Env, ok, project_file, yaml_docs};
+
+const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
+
+/// Runs `etcd-webhook ARGS` with `input` on stdin: (exit code, stdout, stderr).
+pub fn offline(args: &[&str], input: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run etcd-webhook");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// `etcd-webhook convert --to VERSION -o json` of one object.
+fn convert_offline(obj: &Value, to: &str) -> Value {
+    let (code, out, err) = offline(
+        &["convert", "--to", to, "-o", "json", "-f", "-"],
+        &obj.to_string(),
+    );
+    assert_eq!(code, 0, "etcd-webhook convert --to {to}: {err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+fn resource(version: &str) -> String {
+    format!("etcdclusters.{version}.etcd.example.com")
+}
+
+pub fn crd_is_established_with_the_schema(env: &Env) {
+    let version: Value =
+        serde_json::from_str(&ok(env.kubectl(&["get", "--raw", "/version"]), "/version")).unwrap();
+    assert_eq!(version["gitVersion"], KUBERNETES_VERSION, "{version}");
+    let crd = env.get_json(&["crd", CRD]);
+    for condition in ["Established", "NamesAccepted"] {
+        let found = crd["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == condition)
+            .unwrap_or_else(|| panic!("condition {condition} in {}", crd["status"]));
+        assert_eq!(found["status"], "True", "{found}");
+    }
+    assert_eq!(crd["status"]["storedVersions"], json!(["v1"]));
+    // The schema as the user sees it.
+    let explain = ok(
+        env.kubectl(&[
+            "explain",
+            "etcdclusters.spec",
+            "--api-version=etcd.example.com/v1",
+        ]),
+        "kubectl explain",
+    );
+    for field in ["size", "version", "storageSize", "storageClass", "backup"] {
+        assert!(
+            explain.lines().any(|l| l.trim_start().starts_with(field)),
+            "kubectl explain lists {field}:\n{explain}"
+        );
+    }
+    let explain = ok(
+        env.kubectl(&[
+            "explain",
+            "etcdclusters.spec",
+            "--api-version=etcd.example.com/v1alpha1",
+        ]),
+        "kubectl explain v1alpha1",
+    );
+    assert!(explain.contains("replicas"), "{explain}");
+}
+
+/// Each sample is applied in its own version; the stored object carries every default the webhook
+/// gives (compared with `etcd-webhook review`), and reading it in every version returns what
+/// `etcd-webhook convert` prints for the stored object.
+pub fn samples_round_trip_through_every_version(env: &Env) {
+    for file in [
+        "config/samples/etcd_v1_etcdcluster.yaml",
+        "config/samples/etcd_v1beta1_etcdcluster.yaml",
+        "config/samples/etcd_v1alpha1_etcdcluster.yaml",
+    ] {
+        let sample = &yaml_docs(&std::fs::read_to_string(project_file(file)).unwrap())[0];
+        let name = sample["metadata"]["name"].as_str().unwrap();
+        let ns = sample["metadata"]["namespace"].as_str().unwrap();
+        ok(
+            env.kubectl(&["apply", "-f", file]),
+            &format!("kubectl apply -f {file}"),
+        );
+
+        // What the webhooks would store, decided offline.
+        let (code, defaulted, err) = offline(&["review", "-f", "-"], &sample.to_string());
+        assert_eq!(code, 0, "{file}: etcd-webhook review: {err}");
+        let defaulted = &yaml_docs(&defaulted)[0];
+        let expected_v1 = convert_offline(defaulted, "v1");
+
+        for version in VERSIONS {
+            // Compare two reads taken at the same resourceVersion (the loop writes status).
+            let (stored, read) = wait_for(
+                &format!("{name} read at one resourceVersion as v1 and {version}"),
+                Duration::from_secs(30),
+                || {
+                    let stored = env.get_json(&[&resource("v1"), name, "-n", ns]);
+                    let read = env.get_json(&[&resource(version), name, "-n", ns]);
+                    (stored["metadata"]["resourceVersion"] == read["metadata"]["resourceVersion"])
+                        .then_some((stored, read))
+                },
+            );
+            assert_eq!(
+                stored["spec"], expected_v1["spec"],
+                "{file}: the stored spec has exactly the webhook's defaults"
+            );
+            assert_eq!(read["apiVersion"], format!("etcd.example.com/{version}"));
+            assert_eq!(
+                read,
+                convert_offline(&stored, version),
+                "{file}: read as {version} = etcd-webhook convert --to {version} of the stored object"
+            );
+        }
+    }
+}
+
+/// 200 objects listed in v1alpha1: every item converted, in one ConversionReview.
+pub fn list_of_200_in_an_old_version(env: &Env) {
+    let ns = "e2e-list";
+    ok(
+        env.kubectl(&["create", "namespace", ns]),
+        "create namespace",
+    );
+    let items: Vec<Value> = (0..200)
+        .map(|i| {
+            json!({
+                "apiVersion": "etcd.example.com/v1alpha1",
+                "kind": "EtcdCluster",
+                "metadata": {"name": format!("list-{i:03}"), "namespace": ns},
+                "spec": {"replicas": 1, "etcdVersion": "3.5.10", "storageSizeGi": 1}
+            })
+        })
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &list.to_string()),
+        "create 200 EtcdClusters",
+    );
+
+    let metric = |name: &str, labels: &str| {
+        env.webhook
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .metric(name, labels)
+    };
+    let conversions = || metric("etcd_webhook_conversion_requests_total", "success");
+    let objects = || metric("etcd_webhook_converted_objects_total", "");
+    // The watch caches of v1alpha1 and v1beta1 convert every write (the loop's too) as it
+    // arrives; measure the list once they are done.
+    let mut last = (conversions(), objects());
+    wait_for(
+        "the conversions of the writes to settle",
+        Duration::from_secs(90),
+        || {
+            std::thread::sleep(Duration::from_secs(3));
+            let now = (conversions(), objects());
+            std::mem::replace(&mut last, now).eq(&now).then_some(())
+        },
+    );
+    let (before, objects_before) = last;
+    let listed = env.get_json(&[&resource("v1alpha1"), "-n", ns]);
+    let (after, objects_after) = (conversions(), objects());
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 200);
+    for item in items {
+        assert_eq!(item["apiVersion"], "etcd.example.com/v1alpha1");
+        assert_eq!(item["spec"]["replicas"], 1, "{item}");
+        assert_eq!(item["spec"]["storageSizeGi"], 1, "{item}");
+    }
+    eprintln!(
+        "    list of 200 in v1alpha1: {} ConversionReviews, {} objects converted",
+        after - before,
+        objects_after - objects_before
+    );
+    assert!(
+        after - before <= 1.0,
+        "at most one ConversionReview for the list of 200 (before {before}, after {after})"
+    );
+    // Leave nothing for the loop to keep reconciling.
+    ok(
+        env.kubectl(&["delete", "namespace", ns, "--wait=false"]),
+        "delete namespace",
+    );
+}
+
+/// One denial case: an optional stored object, then the object the user sends.
+struct Denial {
+    name: &'static str,
+    old: Option<Value>,
+    new: Value,
+}
+
+fn cluster(version: &str, name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": format!("etcd.example.com/{version}"),
+        "kind": "EtcdCluster",
+        "metadata": {"name": name, "namespace": "e2e-deny"},
+        "spec": spec,
+    })
+}
+
+/// Every rule, sent through kubectl: the user sees exactly the message `/validate` wrote (as
+/// `etcd-webhook review` prints it), in the field paths of the version the user wrote.
+pub fn denials_reach_the_user(env: &Env) {
+    ok(
+        env.kubectl(&["create", "namespace", "e2e-deny"]),
+        "create namespace",
+    );
+    let v1 = |name, spec| cluster("v1", name, spec);
+    let base =
+        json!({"size": 3, "version": "v3.5.10", "storageClass": "ssd", "storageSize": "20Gi"});
+    let with = |patch: Value| {
+        let mut spec = base.clone();
+        json_patch::merge(&mut spec, &patch);
+        spec
+    };
+    let cases = [
+        Denial {
+            name: "even size",
+            old: None,
+            new: v1("even", with(json!({"size": 4}))),
+        },
+        Denial {
+            name: "even replicas in v1alpha1",
+            old: None,
+            new: cluster(
+                "v1alpha1",
+                "even-alpha",
+                json!({"replicas": 2, "etcdVersion": "3.5.10", "storageSizeGi": 10}),
+            ),
+        },
+        Denial {
+            name: "shrink",
+            old: Some(v1("shrink", base.clone())),
+            new: v1("shrink", with(json!({"size": 1}))),
+        },
+        Denial {
+            name: "storage shrink",
+            old: Some(v1("storage", base.clone())),
+            new: v1("storage", with(json!({"storageSize": "10Gi"}))),
+        },
+        Denial {
+            name: "storage class change",
+            old: Some(v1("class", base.clone())),
+            new: v1("class", with(json!({"storageClass": "standard"}))),
+        },
+        Denial {
+            name: "upgrade over two minors",
+            old: Some(v1("upgrade", with(json!({"version": "v3.4.30"})))),
+            new: v1("upgrade", with(json!({"version": "v3.6.4"}))),
+        },
+        Denial {
+            name: "bad cron in v1beta1",
+            old: None,
+            new: cluster(
+                "v1beta1",
+                "cron-beta",
+                json!({"size": 3, "version": "v3.5.10", "storage": {"size": "10Gi"},
+                       "backup": {"enabled": true, "schedule": "61 * * * *"}}),
+            ),
+        },
+    ];
+    for case in &cases {
+        let new = case.new.to_string();
+        let (code, _, err) = match &case.old {
+            None => offline(&["review", "-f", "-"], &new),
+            Some(old) => {
+                let old_file = env.cp.dir.join("old.json");
+                std::fs::write(&old_file, old.to_string()).unwrap();
+                offline(
+                    &["review", "--old", old_file.to_str().unwrap(), "-f", "-"],
+                    &new,
+                )
+            }
+        };
+        assert_eq!(code, 1, "{}: review denies offline: {err}", case.name);
+        let message = err
+            .lines()
+            .find_map(|l| l.split_once(": denied: ").map(|(_, m)| m.to_owned()))
+            .unwrap_or_else(|| panic!("{}: no denial in {err}", case.name));
+        if let Some(old) = &case.old {
+            ok(
+                env.kubectl_in(&["create", "-f", "-"], &old.to_string()),
+                case.name,
+            );
+        }
+        // The same denial with and without --dry-run=server.
+        for dry in [true, false] {
+            let mut args = vec!["apply", "-f", "-"];
+            if dry {
+                args.push("--dry-run=server");
+            }
+            let out = env.kubectl_in(&args, &new);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success(),
+                "{}: kubectl apply was accepted",
+                case.name
+            );
+            assert!(
+                stderr.contains(
+                    "admission webhook \"vetcdcluster.etcd.example.com\" denied the request"
+                ),
+                "{}: {stderr}",
+                case.name
+            );
+            assert!(
+                stderr.contains(&message),
+                "{}: kubectl shows the webhook's message {message:?}; it said: {stderr}",
+                case.name
+            );
+        }
+    }
+    // The v1alpha1 denial names the v1alpha1 field.
+    let (_, _, err) = offline(&["review", "-f", "-"], &cases[1].new.to_string());
+    assert!(err.contains("spec.replicas"), "{err}");
+
+    // A server-side dry run of a valid object is admitted (the webhooks are called with
+    // dryRun: true; they have no side effects) and stores nothing.
+    let valid = v1("dry", base.clone()).to_string();
+    let out = ok(
+        env.kubectl_in(
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            &valid,
+        ),
+        "dry-run create",
+    );
+    let dry: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(dry["spec"]["size"], 3);
+    let got = env.kubectl(&["-n", "e2e-deny", "get", &resource("v1"), "dry"]);
+    assert!(!got.status.success(), "a dry run stored nothing");
+    assert!(String::from_utf8_lossy(&got.stderr).contains("NotFound"));
+}

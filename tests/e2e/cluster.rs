@@ -1,0 +1,435 @@
+//! A real control plane for the end-to-end tests: etcd, kube-apiserver and kube-controller-manager
+//! from `tests/controlplane` (built from Go modules by its build.sh, cached under target/), on
+//! random loopback ports, with a PKI made here: a cluster CA, the apiserver's serving pair, an admin
+//! client certificate (group system:masters) and service-account signing keys.
+//!
+//! Every process writes its log into one folder per run (`target/e2e/run-*/logs`) and is killed by
+//! PID when the [`ControlPlane`] is dropped: after success, failure, or a panic.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common;
+
+/// Kubernetes' version, as built by tests/controlplane/build.sh.
+pub const KUBERNETES_VERSION: &str = "v1.34.12";
+
+/// Polls `probe` until it returns `Some`, at most `within`; panics with `what` after that.
+pub fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A free loopback port (bound, read back, released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a loopback port")
+        .port()
+}
+
+/// One process of the control plane.
+struct Proc {
+    name: &'static str,
+    child: Child,
+}
+
+/// The running control plane; stops every process on drop.
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub logs: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub server: String,
+    pub ca_pem: String,
+    /// Where the apiserver resolves service references (see tests/controlplane/main.go).
+    pub service_map: PathBuf,
+    procs: Vec<Proc>,
+}
+
+/// Builds (once) the control plane binary and returns its path.
+fn build() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(common::root().join("tests/controlplane/build.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run tests/controlplane/build.sh");
+    assert!(
+        out.status.success(),
+        "tests/controlplane/build.sh failed (see above): the end-to-end tests need the control plane"
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+struct Pki {
+    ca: rcgen::Issuer<'static, rcgen::KeyPair>,
+    ca_pem: String,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "e2e-cluster-ca");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key).unwrap();
+        Pki {
+            ca_pem: cert.pem(),
+            ca: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A leaf: (cert PEM, key PEM).
+    fn leaf(
+        &self,
+        cn: &str,
+        org: Option<&str>,
+        sans: &[&str],
+        usage: rcgen::ExtendedKeyUsagePurpose,
+    ) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        if let Some(org) = org {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::OrganizationName, org);
+        }
+        for san in sans {
+            params.subject_alt_names.push(match san.parse() {
+                Ok(ip) => rcgen::SanType::IpAddress(ip),
+                Err(_) => rcgen::SanType::DnsName((*san).try_into().unwrap()),
+            });
+        }
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// A kubeconfig for `server` with either a client certificate or a bearer token.
+pub fn kubeconfig(server: &str, ca_pem: &str, user: &str) -> String {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\ncurrent-context: e2e\nusers:\n- name: e2e\n  user:\n{user}\n",
+        b64(ca_pem)
+    )
+}
+
+fn cert_user(cert_pem: &str, key_pem: &str) -> String {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    format!(
+        "    client-certificate-data: {}\n    client-key-data: {}",
+        b64(cert_pem),
+        b64(key_pem)
+    )
+}
+
+pub fn token_user(token: &str) -> String {
+    format!("    token: {token}")
+}
+
+impl ControlPlane {
+    /// Builds (if needed) and starts etcd, kube-apiserver and kube-controller-manager; returns
+    /// when the apiserver is ready and the controller manager has created the default
+    /// ServiceAccount.
+    pub fn start() -> ControlPlane {
+        let bin = build();
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let dir = common::root()
+            .join("target/e2e")
+            .join(format!("run-{stamp}-{}", std::process::id()));
+        let logs = dir.join("logs");
+        let pki = dir.join("pki");
+        for d in [&logs, &pki] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let mut cp = ControlPlane {
+            kubeconfig: dir.join("admin.kubeconfig"),
+            service_map: dir.join("service-map"),
+            server: String::new(),
+            ca_pem: String::new(),
+            logs,
+            dir,
+            procs: Vec::new(),
+        };
+        std::fs::write(
+            &cp.service_map,
+            "# namespace/name:port=host:port (tests/controlplane/main.go)\n",
+        )
+        .unwrap();
+
+        let ca = Pki::new();
+        cp.ca_pem = ca.ca_pem.clone();
+        let write = |name: &str, body: &str| {
+            let path = pki.join(name);
+            std::fs::write(&path, body).unwrap();
+            path
+        };
+        let ca_file = write("ca.crt", &ca.ca_pem);
+        let (serving_crt, serving_key) = ca.leaf(
+            "kube-apiserver",
+            None,
+            &[
+                "127.0.0.1",
+                "localhost",
+                "10.0.0.1",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let serving_crt = write("apiserver.crt", &serving_crt);
+        let serving_key = write("apiserver.key", &serving_key);
+        let (admin_crt, admin_key) = ca.leaf(
+            "e2e-admin",
+            Some("system:masters"),
+            &[],
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        let sa = rcgen::KeyPair::generate().unwrap();
+        let sa_key = write("sa.key", &sa.serialize_pem());
+        let sa_pub = write("sa.pub", &sa.public_key_pem());
+
+        // etcd
+        let (etcd_client, etcd_peer) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        cp.spawn(
+            &bin,
+            "etcd",
+            &[
+                "--name=e2e".into(),
+                format!("--data-dir={}", cp.dir.join("etcd").display()),
+                format!("--listen-client-urls={client_url}"),
+                format!("--advertise-client-urls={client_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=e2e={peer_url}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        );
+        wait_for("etcd /health", Duration::from_secs(60), || {
+            cp.check_alive();
+            http_get_plain(etcd_client, "/health").filter(|body| body.contains("\"true\""))
+        });
+
+        // kube-apiserver
+        let port = free_port();
+        cp.server = format!("https://127.0.0.1:{port}");
+        std::fs::write(
+            &cp.kubeconfig,
+            kubeconfig(&cp.server, &ca.ca_pem, &cert_user(&admin_crt, &admin_key)),
+        )
+        .unwrap();
+        let service_map = cp.service_map.clone();
+        cp.spawn_env(
+            &bin,
+            "kube-apiserver",
+            &[
+                format!("--etcd-servers={client_url}"),
+                format!("--secure-port={port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--cert-dir={}", cp.dir.join("apiserver").display()),
+                format!("--tls-cert-file={}", serving_crt.display()),
+                format!("--tls-private-key-file={}", serving_key.display()),
+                format!("--client-ca-file={}", ca_file.display()),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                "--allow-privileged=true".into(),
+                "--authorization-mode=RBAC".into(),
+                "--service-account-issuer=https://kubernetes.default.svc".into(),
+                format!("--service-account-key-file={}", sa_pub.display()),
+                format!("--service-account-signing-key-file={}", sa_key.display()),
+                // The defaults stay on (MutatingAdmissionWebhook, ValidatingAdmissionWebhook,
+                // NamespaceLifecycle, ServiceAccount, ...); this one is on in hardened clusters.
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
+                "--v=1".into(),
+            ],
+            &[("CONTROLPLANE_SERVICE_MAP", service_map.as_os_str())],
+        );
+        wait_for("kube-apiserver /readyz", Duration::from_secs(120), || {
+            cp.check_alive();
+            let out = cp.kubectl_output(&["get", "--raw", "/readyz"], None);
+            (out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
+                .then_some(())
+        });
+
+        // kube-controller-manager
+        cp.spawn(
+            &bin,
+            "kube-controller-manager",
+            &[
+                format!("--kubeconfig={}", cp.kubeconfig.display()),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,statefulset-controller,job-controller,cronjob-controller,disruption-controller,root-ca-certificate-publisher-controller".into(),
+                format!("--service-account-private-key-file={}", sa_key.display()),
+                format!("--root-ca-file={}", ca_file.display()),
+                "--use-service-account-credentials=true".into(),
+                "--v=1".into(),
+            ],
+        );
+        wait_for(
+            "the default ServiceAccount (kube-controller-manager is up)",
+            Duration::from_secs(120),
+            || {
+                cp.check_alive();
+                cp.kubectl_output(&["-n", "default", "get", "serviceaccount", "default"], None)
+                    .status
+                    .success()
+                    .then_some(())
+            },
+        );
+        cp
+    }
+
+    fn spawn(&mut self, bin: &Path, name: &'static str, args: &[String]) {
+        self.spawn_env(bin, name, args, &[]);
+    }
+
+    fn spawn_env(
+        &mut self,
+        bin: &Path,
+        name: &'static str,
+        args: &[String],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) {
+        let log = File::create(self.logs.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(bin)
+            .arg(name)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        self.procs.push(Proc { name, child });
+    }
+
+    /// Panics (with the log's tail) when a component has exited.
+    pub fn check_alive(&mut self) {
+        for p in &mut self.procs {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                panic!(
+                    "{} exited ({status}); its log ends:\n{}",
+                    p.name,
+                    tail(&self.logs.join(format!("{}.log", p.name)), 40)
+                );
+            }
+        }
+    }
+
+    /// `kubectl --kubeconfig admin ARGS` with optional stdin.
+    pub fn kubectl_output(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        kubectl_as(&self.kubeconfig, args, stdin)
+    }
+
+    /// Prints the tail of every component's log (for a failure).
+    pub fn print_logs(&self, lines: usize) {
+        print_logs(&self.logs, lines);
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // The controller manager first, etcd last.
+        for p in self.procs.iter_mut().rev() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
+    }
+}
+
+/// Runs kubectl (tests/tools/k8s-cli.sh) with a kubeconfig.
+pub fn kubectl_as(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(common::k8s_tools().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .current_dir(common::root())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Prints the tail of every log in `dir`.
+pub fn print_logs(dir: &Path, lines: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for path in paths {
+        eprintln!("----- {} (last {lines} lines)", path.display());
+        eprintln!("{}", tail(&path, lines));
+    }
+}
+
+/// The last `n` lines of a file.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A plain-HTTP GET on a loopback port; the body on a 200.
+fn http_get_plain(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        tcp,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}

@@ -1,0 +1,302 @@
+//! The product installed as shipped on the real control plane: `kubectl kustomize config/default`
+//! applied with server-side apply, changed only where no cluster of this kind can follow:
+//! - there is no kubelet, so the Deployment's pods never run: the binary runs as a local process
+//!   with the Deployment's own arguments (only the listen addresses, the certificate folder and the
+//!   log format differ), as the ServiceAccount `etcd-system/etcd-webhook` (a TokenRequest token in a
+//!   kubeconfig), so the shipped RBAC is what is tested;
+//! - cert-manager is not installed, so its objects are listed as skipped and the serving pair comes
+//!   from `etcd-webhook certs`, with the caBundle patched in as the chart README's "without
+//!   cert-manager" path says;
+//! - nothing runs the final-snapshot Job either, so deletion gives up waiting for it after
+//!   `--finalizer-timeout=20s` (the only flag added to the Deployment's);
+//! - the apiserver resolves the shipped service reference `etcd-webhook.etcd-system.svc:443` to the
+//!   local process through the control plane's service map (tests/controlplane/main.go).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::cluster::{self, ControlPlane, wait_for};
+use crate::common::{self, BIN, Server};
+
+pub const NAMESPACE: &str = "etcd-system";
+pub const SERVICE: &str = "etcd-webhook";
+pub const CRD: &str = "etcdclusters.etcd.example.com";
+
+/// The cluster with the product installed, and the webhook process serving it.
+pub struct Env {
+    pub cp: ControlPlane,
+    /// The Deployment's container arguments as shipped.
+    pub deployment_args: Vec<String>,
+    pub webhook_certs: PathBuf,
+    /// kubeconfig of the ServiceAccount etcd-system/etcd-webhook.
+    pub sa_kubeconfig: PathBuf,
+    /// The replica the Service routes to.
+    pub webhook: Mutex<Option<Server>>,
+    /// Objects of the rendered install the cluster has no API for (cert-manager's).
+    pub skipped: Vec<String>,
+    /// Every replica started: (pod name, its log).
+    replica_logs: Mutex<Vec<(String, Arc<Mutex<String>>)>>,
+}
+
+/// Splits a YAML stream into JSON values (empty documents dropped).
+pub fn yaml_docs(text: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).expect("YAML document"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `kind namespace/name` of an object.
+pub fn label(obj: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        obj["kind"].as_str().unwrap_or("?"),
+        obj["metadata"]["namespace"].as_str().unwrap_or(""),
+        obj["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// Stdout of a successful command; panics with its stderr otherwise.
+pub fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+impl Env {
+    pub fn install(cp: ControlPlane) -> Env {
+        let rendered = ok(
+            Command::new(common::k8s_tools().join("kubectl"))
+                .args(["kustomize", "config/default"])
+                .current_dir(common::root())
+                .output()
+                .unwrap(),
+            "kubectl kustomize config/default",
+        );
+        let docs = yaml_docs(&rendered);
+        let (cert_manager, objects): (Vec<Value>, Vec<Value>) = docs.into_iter().partition(|d| {
+            d["apiVersion"]
+                .as_str()
+                .unwrap_or("")
+                .contains("cert-manager.io")
+        });
+        let skipped: Vec<String> = cert_manager.iter().map(label).collect();
+        let deployment = objects
+            .iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("config/default has the Deployment");
+        let deployment_args: Vec<String> = serde_json::from_value(
+            deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
+        )
+        .expect("the Deployment's args");
+        // The CRD first, so the rest can refer to it.
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+        ok(
+            cp.kubectl_output(
+                &[
+                    "apply",
+                    "--server-side",
+                    "--field-manager=e2e-install",
+                    "-f",
+                    "-",
+                ],
+                Some(&list.to_string()),
+            ),
+            "kubectl apply --server-side config/default",
+        );
+        ok(
+            cp.kubectl_output(
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=60s",
+                    &format!("crd/{CRD}"),
+                ],
+                None,
+            ),
+            "the CRD becomes Established",
+        );
+
+        // The serving pair and its CA, as the chart README's "without cert-manager" path makes it.
+        let webhook_certs = cp.dir.join("webhook-certs");
+        let status = Command::new(BIN)
+            .args(["certs", "--out"])
+            .arg(&webhook_certs)
+            .args(["--dns", &format!("{SERVICE}.{NAMESPACE}.svc")])
+            .status()
+            .expect("run etcd-webhook certs");
+        assert!(status.success(), "etcd-webhook certs failed");
+        let crt = webhook_certs.join("tls.crt");
+        let key = webhook_certs.join("tls.key");
+        ok(
+            cp.kubectl_output(
+                &[
+                    "-n",
+                    NAMESPACE,
+                    "create",
+                    "secret",
+                    "tls",
+                    "etcd-webhook-tls",
+                    &format!("--cert={}", crt.display()),
+                    &format!("--key={}", key.display()),
+                ],
+                None,
+            ),
+            "create the serving Secret",
+        );
+        let env = Env {
+            sa_kubeconfig: cp.dir.join("etcd-webhook-sa.kubeconfig"),
+            cp,
+            deployment_args,
+            webhook_certs,
+            webhook: Mutex::new(None),
+            skipped,
+            replica_logs: Mutex::new(Vec::new()),
+        };
+        env.patch_ca_bundles(&std::fs::read_to_string(env.webhook_certs.join("ca.crt")).unwrap());
+        env.write_sa_kubeconfig();
+        let server = env.start_replica("etcd-webhook-e2e-0", &[]);
+        env.route_to(&server);
+        *env.webhook.lock().unwrap() = Some(server);
+        env.wait_webhook_called();
+        env
+    }
+
+    /// The caBundle of both webhook configurations and of the CRD's conversion webhook.
+    pub fn patch_ca_bundles(&self, ca_pem: &str) {
+        use base64::Engine;
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+        let patch = |kind: &str, name: &str, path: &str| {
+            let body = serde_json::json!([{"op": "add", "path": path, "value": ca}]).to_string();
+            ok(
+                self.kubectl(&["patch", kind, name, "--type=json", "-p", &body]),
+                &format!("patch the caBundle of {kind} {name}"),
+            );
+        };
+        patch(
+            "mutatingwebhookconfiguration",
+            "etcd-webhook-mutating",
+            "/webhooks/0/clientConfig/caBundle",
+        );
+        patch(
+            "validatingwebhookconfiguration",
+            "etcd-webhook-validating",
+            "/webhooks/0/clientConfig/caBundle",
+        );
+        patch("crd", CRD, "/spec/conversion/webhook/clientConfig/caBundle");
+    }
+
+    /// A kubeconfig with a TokenRequest token of the ServiceAccount the Deployment runs as.
+    fn write_sa_kubeconfig(&self) {
+        let token = ok(
+            self.kubectl(&["-n", NAMESPACE, "create", "token", SERVICE, "--duration=2h"]),
+            "a token of the ServiceAccount etcd-system/etcd-webhook",
+        );
+        std::fs::write(
+            &self.sa_kubeconfig,
+            cluster::kubeconfig(
+                &self.cp.server,
+                &self.cp.ca_pem,
+                &cluster::token_user(token.trim()),
+            ),
+        )
+        .unwrap();
+    }
+
+    /// Starts one replica: the Deployment's arguments with loopback listeners, the serving pair of
+    /// this install, and the pod's environment (POD_NAME, POD_NAMESPACE, the ServiceAccount).
+    pub fn start_replica(&self, pod_name: &str, extra: &[&str]) -> Server {
+        let replaced = ["--addr", "--health-addr", "--cert-dir", "--log-format"];
+        let mut args: Vec<&str> = self
+            .deployment_args
+            .iter()
+            .map(String::as_str)
+            .filter(|a| *a != "serve")
+            .filter(|a| !replaced.iter().any(|r| a.split('=').next() == Some(*r)))
+            .collect();
+        args.push("--finalizer-timeout=20s");
+        args.extend_from_slice(extra);
+        let kubeconfig = self.sa_kubeconfig.to_str().unwrap();
+        let env = [
+            ("KUBECONFIG", kubeconfig),
+            ("POD_NAME", pod_name),
+            ("POD_NAMESPACE", NAMESPACE),
+        ];
+        let mut server = Server::spawn_with(&self.webhook_certs, &args, None, &env);
+        self.replica_logs
+            .lock()
+            .unwrap()
+            .push((pod_name.to_owned(), server.log.clone()));
+        server.wait_listening(Duration::from_secs(30));
+        server
+    }
+
+    /// Points the Service etcd-system/etcd-webhook:443 at a replica.
+    pub fn route_to(&self, server: &Server) {
+        std::fs::write(
+            &self.cp.service_map,
+            format!("{NAMESPACE}/{SERVICE}:443={}\n", server.addr),
+        )
+        .unwrap();
+    }
+
+    /// Waits until the apiserver calls the webhook (configurations take effect asynchronously):
+    /// a server-side dry run of an even-sized cluster is denied by /validate.
+    pub fn wait_webhook_called(&self) {
+        let probe = r#"{"apiVersion":"etcd.example.com/v1","kind":"EtcdCluster",
+            "metadata":{"name":"probe","namespace":"default"},
+            "spec":{"size":2,"version":"v3.5.10","storageSize":"1Gi"}}"#;
+        wait_for(
+            "the apiserver to call /validate",
+            Duration::from_secs(60),
+            || {
+                let out = self.kubectl_in(&["create", "--dry-run=server", "-f", "-"], probe);
+                let err = String::from_utf8_lossy(&out.stderr);
+                err.contains("denied the request").then_some(())
+            },
+        );
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.cp.kubectl_output(args, None)
+    }
+
+    pub fn kubectl_in(&self, args: &[&str], stdin: &str) -> Output {
+        self.cp.kubectl_output(args, Some(stdin))
+    }
+
+    /// `kubectl get -o json` as admin.
+    pub fn get_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["get", "-o", "json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(&ok(
+            self.kubectl(&all),
+            &format!("kubectl {}", all.join(" ")),
+        ))
+        .unwrap()
+    }
+
+    /// Writes every replica's log into the run's log folder.
+    pub fn save_webhook_logs(&self) {
+        for (pod, log) in self.replica_logs.lock().unwrap().iter() {
+            let _ = std::fs::write(
+                self.cp.logs.join(format!("{pod}.log")),
+                log.lock().unwrap().as_str(),
+            );
+        }
+    }
+}
+
+/// The path of a file under the project root.
+pub fn project_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}

@@ -1,0 +1,154 @@
+//! End-to-end tests against a real control plane: etcd, kube-apiserver and kube-controller-manager
+//! built from Go modules (tests/controlplane), with the product installed as shipped (install.rs).
+//!
+//! One cluster serves every scenario, so this target has its own runner (harness = false): the
+//! scenarios run in order, each caught on panic; every process is stopped by PID at the end, after
+//! success, failure or panic; the components' logs are printed for a failure. Arguments that are
+//! not flags filter scenarios by substring, as libtest's do; with none left, no cluster starts.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod admission;
+mod cluster;
+mod install;
+mod lifecycle;
+mod reconcile;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
+
+type Scenario = (&'static str, fn(&install::Env));
+
+/// In order: the leader and outage scenarios replace the serving replica, so they come last.
+const SCENARIOS: &[Scenario] = &[
+    (
+        "crd_is_established_with_the_schema",
+        admission::crd_is_established_with_the_schema,
+    ),
+    (
+        "samples_round_trip_through_every_version",
+        admission::samples_round_trip_through_every_version,
+    ),
+    ("denials_reach_the_user", admission::denials_reach_the_user),
+    (
+        "list_of_200_in_an_old_version",
+        admission::list_of_200_in_an_old_version,
+    ),
+    (
+        "the_loop_creates_and_deletes_the_children",
+        reconcile::the_loop_creates_and_deletes_the_children,
+    ),
+    (
+        "helm_chart_dry_runs_on_the_real_api",
+        lifecycle::helm_chart_dry_runs_on_the_real_api,
+    ),
+    (
+        "leader_election_on_real_leases",
+        reconcile::leader_election_on_real_leases,
+    ),
+    (
+        "webhook_down_fails_closed_and_recovers",
+        lifecycle::webhook_down_fails_closed_and_recovers,
+    ),
+];
+
+fn main() {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let list = std::env::args().any(|a| a == "--list");
+    let chosen: Vec<&Scenario> = SCENARIOS
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    if list {
+        for (name, _) in &chosen {
+            println!("{name}: test");
+        }
+        return;
+    }
+    let filtered_out = SCENARIOS.len() - chosen.len();
+    println!("\nrunning {} tests", chosen.len());
+    if chosen.is_empty() {
+        println!(
+            "\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in 0.00s\n"
+        );
+        return;
+    }
+    common::install_crypto();
+    let start = Instant::now();
+    let setup = catch_unwind(|| {
+        let cp = cluster::ControlPlane::start();
+        println!(
+            "control plane up in {:.1} s (logs: {})",
+            start.elapsed().as_secs_f64(),
+            cp.logs.display()
+        );
+        cp
+    });
+    let cp = match setup {
+        Ok(cp) => cp,
+        Err(_) => {
+            println!(
+                "\ntest result: FAILED. 0 passed; {} failed; the control plane did not start (see above)",
+                chosen.len()
+            );
+            std::process::exit(101);
+        }
+    };
+    let logs = cp.logs.clone();
+    let env = match catch_unwind(AssertUnwindSafe(|| install::Env::install(cp))) {
+        Ok(env) => env,
+        Err(_) => {
+            // The control plane was dropped (stopped) while unwinding; its logs stay.
+            cluster::print_logs(&logs, 60);
+            println!(
+                "\ntest result: FAILED. 0 passed; {} failed; the install failed (see above)",
+                chosen.len()
+            );
+            std::process::exit(101);
+        }
+    };
+    println!(
+        "installed in {:.1} s; skipped (no API here): {:?}",
+        start.elapsed().as_secs_f64(),
+        env.skipped
+    );
+
+    let (mut passed, mut failed) = (0, Vec::new());
+    for (name, scenario) in chosen {
+        let t = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| scenario(&env)));
+        let secs = t.elapsed().as_secs_f64();
+        match outcome {
+            Ok(()) => {
+                passed += 1;
+                println!("test {name} ... ok ({secs:.1} s)");
+            }
+            Err(_) => {
+                failed.push(*name);
+                println!("test {name} ... FAILED ({secs:.1} s)");
+            }
+        }
+    }
+    env.save_webhook_logs();
+    if !failed.is_empty() {
+        env.cp.print_logs(60);
+        println!("\nfailures:");
+        for name in &failed {
+            println!("    {name}");
+        }
+    }
+    let total = start.elapsed().as_secs_f64();
+    drop(env);
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in {total:.2}s\n",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        failed.len()
+    );
+    if !failed.is_empty() {
+        std::process::exit(101);
+    }
+}

@@ -1,0 +1,280 @@
+//! The reconcile loop against the real apiserver and controller manager, running as the
+//! ServiceAccount the install ships (with OwnerReferencesPermissionEnforcement on), and leader
+//! election on real Leases.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::cluster::wait_for;
+use crate::install::{Env, NAMESPACE, ok};
+
+const LEASE: &str = "etcd-webhook-leader";
+
+/// The children the loop makes for a cluster `name` with a backup volume: (resource, name).
+fn children(name: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("service", name.to_owned()),
+        ("service", format!("{name}-client")),
+        ("statefulset", name.to_owned()),
+        ("poddisruptionbudget", name.to_owned()),
+        ("cronjob", format!("{name}-backup")),
+    ]
+}
+
+fn get_opt(env: &Env, ns: &str, resource: &str, name: &str) -> Option<Value> {
+    let out = env.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        resource,
+        name,
+        "-o",
+        "json",
+        "--show-managed-fields",
+    ]);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// Creates the children with server-side apply as the ServiceAccount, the controllers act on
+/// them, status and Events are written, and deletion runs the finalizer, after which the garbage
+/// collector removes every owned object and the backup claim stays.
+pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
+    let ns = "e2e-loop";
+    let name = "loop";
+    ok(
+        env.kubectl(&["create", "namespace", ns]),
+        "create namespace",
+    );
+    let cluster = json!({
+        "apiVersion": "etcd.example.com/v1",
+        "kind": "EtcdCluster",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"size": 3, "version": "v3.5.10", "storageSize": "1Gi",
+                 "backup": {"enabled": true, "schedule": "0 * * * *"}}
+    });
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
+        "create the EtcdCluster",
+    );
+    let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
+    let uid = ec["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    for (resource, child) in children(name) {
+        let obj = wait_for(
+            &format!("{resource} {child}"),
+            Duration::from_secs(60),
+            || get_opt(env, ns, resource, &child),
+        );
+        let owner = &obj["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["uid"], uid.as_str(), "{resource} {child}: {owner}");
+        assert_eq!(owner["controller"], true);
+        assert_eq!(owner["blockOwnerDeletion"], true);
+        let applied = obj["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["manager"] == "etcd-webhook" && m["operation"] == "Apply");
+        assert!(
+            applied,
+            "{resource} {child} is server-side applied by etcd-webhook: {}",
+            obj["metadata"]["managedFields"]
+        );
+    }
+    // The backup claim exists and is deliberately not owned.
+    let claim = wait_for("the backup claim", Duration::from_secs(30), || {
+        get_opt(env, ns, "persistentvolumeclaim", &format!("{name}-backup"))
+    });
+    assert!(claim["metadata"]["ownerReferences"].is_null(), "{claim}");
+
+    // The StatefulSet controller creates the member pods (Pending: no kubelet here).
+    let pod = wait_for(
+        "pod loop-0 from the StatefulSet controller",
+        Duration::from_secs(60),
+        || get_opt(env, ns, "pod", "loop-0"),
+    );
+    assert_eq!(pod["metadata"]["ownerReferences"][0]["kind"], "StatefulSet");
+    assert_eq!(pod["status"]["phase"], "Pending");
+    // The disruption controller computes the budget's status.
+    wait_for(
+        "the PDB's status from the disruption controller",
+        Duration::from_secs(60),
+        || {
+            let pdb = get_opt(env, ns, "poddisruptionbudget", name)?;
+            pdb["status"]["expectedPods"].as_i64().filter(|n| *n >= 1)
+        },
+    );
+
+    // Status and Events.
+    let status = wait_for("the EtcdCluster's status", Duration::from_secs(30), || {
+        let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
+        let status = ec["status"].clone();
+        (status["phase"].is_string() && status["conditions"].is_array()).then_some(status)
+    });
+    assert_eq!(status["observedGeneration"], 1, "{status}");
+    let events = wait_for(
+        "an Event about the cluster",
+        Duration::from_secs(30),
+        || {
+            let events = env.get_json(&["-n", ns, "events.events.k8s.io"]);
+            let about: Vec<Value> = events["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["regarding"]["uid"] == uid.as_str())
+                .cloned()
+                .collect();
+            (!about.is_empty()).then_some(about)
+        },
+    );
+    assert!(
+        events.iter().all(|e| e["reportingController"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty())),
+        "{events:?}"
+    );
+
+    // Deletion: the finalizer starts the final snapshot Job, then (no kubelet runs it) gives up
+    // after --finalizer-timeout; the garbage collector removes what the cluster owned.
+    let finalizers =
+        env.get_json(&["-n", ns, "etcdcluster", name])["metadata"]["finalizers"].clone();
+    assert_eq!(finalizers, json!(["etcd.example.com/finalizer"]));
+    ok(
+        env.kubectl(&["-n", ns, "delete", "etcdcluster", name, "--wait=false"]),
+        "delete the EtcdCluster",
+    );
+    let job = wait_for("the final snapshot Job", Duration::from_secs(60), || {
+        get_opt(env, ns, "job", &format!("{name}-final-snapshot"))
+    });
+    assert_eq!(job["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    wait_for(
+        "the EtcdCluster to be gone",
+        Duration::from_secs(120),
+        || {
+            let out = env.kubectl(&["-n", ns, "get", "etcdcluster", name]);
+            (!out.status.success()).then_some(())
+        },
+    );
+    let mut owned = children(name);
+    owned.push(("job", format!("{name}-final-snapshot")));
+    owned.push(("pod", "loop-0".to_owned()));
+    for (resource, child) in owned {
+        wait_for(
+            &format!("the garbage collector to delete {resource} {child}"),
+            Duration::from_secs(90),
+            || get_opt(env, ns, resource, &child).is_none().then_some(()),
+        );
+    }
+    assert!(
+        get_opt(env, ns, "persistentvolumeclaim", &format!("{name}-backup")).is_some(),
+        "the backup claim outlives the cluster"
+    );
+    let events = env.get_json(&["-n", ns, "events.events.k8s.io"]);
+    assert!(
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["regarding"]["uid"] == uid.as_str() && e["type"] == "Warning"),
+        "the finalizer's timeout is reported as a Warning Event: {events}"
+    );
+}
+
+fn lease(env: &Env) -> Value {
+    env.get_json(&["-n", NAMESPACE, "lease", LEASE])
+}
+
+fn holder(env: &Env) -> Option<String> {
+    lease(env)["spec"]["holderIdentity"]
+        .as_str()
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+}
+
+/// Two replicas on a real Lease: one reconciles; killing it hands over within the lease
+/// duration; SIGTERM releases the Lease.
+pub fn leader_election_on_real_leases(env: &Env) {
+    let first = wait_for("a Lease holder", Duration::from_secs(30), || holder(env));
+    assert_eq!(first, "etcd-webhook-e2e-0");
+    let duration = lease(env)["spec"]["leaseDurationSeconds"].as_u64().unwrap();
+
+    let second = env.start_replica("etcd-webhook-e2e-1", &[]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        holder(env).as_deref(),
+        Some("etcd-webhook-e2e-0"),
+        "the holder keeps it"
+    );
+    assert_eq!(second.metric("etcd_webhook_controller_leader", ""), 0.0);
+
+    // Kill the holder (no chance to release), route the Service to the survivor.
+    let mut old = env.webhook.lock().unwrap().take().unwrap();
+    env.route_to(&second);
+    let killed = Instant::now();
+    old.child.kill().unwrap();
+    let _ = old.child.wait();
+    wait_for(
+        "the second replica to take the Lease",
+        Duration::from_secs(duration * 2 + 10),
+        || (holder(env).as_deref() == Some("etcd-webhook-e2e-1")).then_some(()),
+    );
+    let takeover = killed.elapsed();
+    eprintln!(
+        "    takeover after SIGKILL: {:.1} s (lease {duration} s)",
+        takeover.as_secs_f64()
+    );
+    assert!(
+        takeover <= Duration::from_secs(duration + 5),
+        "took over within the lease duration: {takeover:?}"
+    );
+    wait_for(
+        "the survivor to report leadership",
+        Duration::from_secs(10),
+        || (second.metric("etcd_webhook_controller_leader", "") == 1.0).then_some(()),
+    );
+    // The survivor reconciles: a cluster created now gets its StatefulSet.
+    let ns = "e2e-leader";
+    ok(
+        env.kubectl(&["create", "namespace", ns]),
+        "create namespace",
+    );
+    let cluster = json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": "led", "namespace": ns},
+        "spec": {"size": 1, "version": "v3.5.10", "storageSize": "1Gi"}
+    });
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
+        "create",
+    );
+    wait_for(
+        "the survivor's StatefulSet",
+        Duration::from_secs(60),
+        || get_opt(env, ns, "statefulset", "led"),
+    );
+
+    // SIGTERM: the Lease is released and the process exits 0.
+    let mut second = second;
+    second.sigterm();
+    assert_eq!(
+        second.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        second.log()
+    );
+    let released = holder(env);
+    assert_eq!(released, None, "SIGTERM released the Lease: {}", lease(env));
+
+    // A new replica serves and leads again (it does not wait out the released Lease).
+    let third = env.start_replica("etcd-webhook-e2e-2", &[]);
+    env.route_to(&third);
+    *env.webhook.lock().unwrap() = Some(third);
+    wait_for(
+        "the new replica to take the released Lease",
+        Duration::from_secs(15),
+        || (holder(env).as_deref() == Some("etcd-webhook-e2e-2")).then_some(()),
+    );
+    env.wait_webhook_called();
+}
