@@ -40,6 +40,10 @@ const SCENARIOS: &[Scenario] = &[
         reconcile::the_loop_creates_and_deletes_the_children,
     ),
     (
+        "foreground_deletion_waits_for_the_children",
+        reconcile::foreground_deletion_waits_for_the_children,
+    ),
+    (
         "helm_chart_dry_runs_on_the_real_api",
         lifecycle::helm_chart_dry_runs_on_the_real_api,
     ),

@@ -182,6 +182,58 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
     );
 }
 
+/// blockOwnerDeletion at work: `kubectl delete --cascade=foreground` returns only after the
+/// garbage collector has removed the children (a cluster without backups: the finalizer has no
+/// snapshot to take).
+pub fn foreground_deletion_waits_for_the_children(env: &Env) {
+    let ns = "e2e-foreground";
+    let name = "fg";
+    ok(
+        env.kubectl(&["create", "namespace", ns]),
+        "create namespace",
+    );
+    let cluster = json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"size": 1, "version": "v3.5.10", "storageSize": "1Gi"}
+    });
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
+        "create",
+    );
+    let blocking = [
+        ("statefulset", name.to_owned()),
+        ("service", name.to_owned()),
+        ("service", format!("{name}-client")),
+        ("poddisruptionbudget", name.to_owned()),
+    ];
+    for (resource, child) in &blocking {
+        wait_for(
+            &format!("{resource} {child}"),
+            Duration::from_secs(60),
+            || get_opt(env, ns, resource, child),
+        );
+    }
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "delete",
+            "etcdcluster",
+            name,
+            "--cascade=foreground",
+            "--timeout=120s",
+        ]),
+        "foreground deletion",
+    );
+    for (resource, child) in &blocking {
+        assert!(
+            get_opt(env, ns, resource, child).is_none(),
+            "{resource} {child} was gone before the cluster"
+        );
+    }
+}
+
 fn lease(env: &Env) -> Value {
     env.get_json(&["-n", NAMESPACE, "lease", LEASE])
 }
