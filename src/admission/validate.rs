@@ -45,6 +45,30 @@ impl fmt::Display for Violation {
     }
 }
 
+impl Violation {
+    /// The warning for a violation that ratcheting let through: short (warnings are shown one
+    /// per line by kubectl), with the value cut to 40 characters.
+    fn unchanged_warning(&self) -> String {
+        let head = match &self.kind {
+            Kind::Invalid(v) => format!("Invalid value: {}", cut(v)),
+            Kind::Unsupported(v) => format!("Unsupported value: {}", cut(v)),
+            Kind::Required => "Required value".to_owned(),
+            Kind::Forbidden => "Forbidden".to_owned(),
+        };
+        format!(
+            "{}: {head}: still breaks a rule, allowed as it is unchanged",
+            self.path
+        )
+    }
+}
+
+fn cut(s: &str) -> String {
+    match s.char_indices().nth(40) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
 /// The outcome: every violation found, and warnings for what is allowed but unwise.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
@@ -102,7 +126,10 @@ pub fn validate(version: Version, op: Operation, obj: &Value, old: Option<&Value
         && let Some(old) = old
     {
         match convert::to_hub(old) {
-            Ok(Hub { spec: old_spec, .. }) => check_update(&ctx, &old_spec, &hub.spec, &mut out),
+            Ok(Hub { spec: old_spec, .. }) => {
+                ratchet(&Ctx { version, obj: old }, &old_spec, &mut out);
+                check_update(&ctx, &old_spec, &hub.spec, &mut out);
+            }
             Err(e) => out.warnings.push(format!(
                 "the stored object could not be read ({e}); update rules were not checked"
             )),
@@ -134,6 +161,23 @@ pub fn validate_as_written(
             old_written.as_ref().or(old),
         ),
     }
+}
+
+/// Validation ratcheting, the rule the apiserver applies to CRD schemas since 1.30 (KEP-4008): on
+/// UPDATE, a broken rule that the stored object already broke the same way (same field, same
+/// value) does not deny; it becomes a warning. Otherwise an object stored before a rule existed,
+/// or while the webhook was bypassed, could never change a label or lose its finalizer, and its
+/// deletion would hang. A changed field is judged in full.
+fn ratchet(stored: &Ctx, stored_spec: &v1::EtcdClusterSpec, out: &mut Verdict) {
+    let mut before = Verdict::default();
+    check_spec(stored, stored_spec, &mut before);
+    let (unchanged, changed): (Vec<Violation>, Vec<Violation>) =
+        std::mem::take(&mut out.violations)
+            .into_iter()
+            .partition(|v| before.violations.contains(v));
+    out.violations = changed;
+    out.warnings
+        .extend(unchanged.iter().map(Violation::unchanged_warning));
 }
 
 struct Ctx<'a> {
@@ -437,6 +481,66 @@ mod tests {
     }
     fn beta(spec: Value) -> Value {
         json!({"apiVersion": "etcd.example.com/v1beta1", "kind": "EtcdCluster", "metadata": {"name": "a"}, "spec": spec})
+    }
+
+    /// Ratcheting: an invalid stored spec does not block an update that leaves it as it is
+    /// (labels, the finalizer's removal during deletion), and is named in a warning; a changed
+    /// field is judged in full, and the update rules still apply.
+    #[test]
+    fn an_unchanged_invalid_field_does_not_deny_an_update() {
+        let spec = json!({"size": 4, "version": "v3.5.10", "storageClass": "standard", "storageSize": "10Gi"});
+        let stored = v1(spec.clone());
+        let mut deleting = v1(spec.clone());
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-11-30T00:00:00Z");
+        let verdict = validate(Version::V1, Operation::Update, &deleting, Some(&stored));
+        assert!(verdict.allowed(), "{}", verdict.message());
+        assert_eq!(
+            verdict.warnings,
+            ["spec.size: Invalid value: 4: still breaks a rule, allowed as it is unchanged"]
+        );
+        // As a CREATE the same object is denied.
+        assert!(!validate(Version::V1, Operation::Create, &stored, None).allowed());
+        // A changed invalid value is judged: 4 -> 6 is still even.
+        let six = v1(
+            json!({"size": 6, "version": "v3.5.10", "storageClass": "standard", "storageSize": "10Gi"}),
+        );
+        let verdict = validate(Version::V1, Operation::Update, &six, Some(&stored));
+        assert!(
+            verdict
+                .message()
+                .starts_with("spec.size: Invalid value: 6: must be odd"),
+            "{}",
+            verdict.message()
+        );
+        // Another field changed: the unchanged one still only warns, the new one denies.
+        let both = v1(
+            json!({"size": 4, "version": "v3.5.10", "storageClass": "standard", "storageSize": "5Gi"}),
+        );
+        let verdict = validate(Version::V1, Operation::Update, &both, Some(&stored));
+        assert!(!verdict.allowed());
+        assert!(
+            verdict.message().starts_with("spec.storageSize"),
+            "{}",
+            verdict.message()
+        );
+        assert!(
+            verdict.warnings.iter().any(|w| w.starts_with("spec.size")),
+            "{:?}",
+            verdict.warnings
+        );
+        // Reported in the version written, through the converted path too.
+        let verdict = validate_as_written(
+            Version::V1Alpha1,
+            Operation::Update,
+            &deleting,
+            Some(&stored),
+        );
+        assert!(verdict.allowed());
+        assert!(
+            verdict.warnings[0].starts_with("spec.replicas: Invalid value: 4"),
+            "{:?}",
+            verdict.warnings
+        );
     }
 
     /// matchPolicy Equivalent: the apiserver sends a v1alpha1 write converted to v1; the

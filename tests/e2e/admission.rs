@@ -156,12 +156,6 @@ pub fn list_of_200_in_an_old_version(env: &Env) {
             })
         })
         .collect();
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
-    ok(
-        env.kubectl_in(&["create", "-f", "-"], &list.to_string()),
-        "create 200 EtcdClusters",
-    );
-
     let metric = |name: &str, labels: &str| {
         env.webhook
             .lock()
@@ -171,6 +165,13 @@ pub fn list_of_200_in_an_old_version(env: &Env) {
             .metric(name, labels)
     };
     let conversions = || metric("etcd_webhook_conversion_requests_total", "success");
+    let created_before = conversions();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &list.to_string()),
+        "create 200 EtcdClusters",
+    );
+
     let objects = || metric("etcd_webhook_converted_objects_total", "");
     // The watch caches of v1alpha1 and v1beta1 convert every write (the loop's too) as it
     // arrives; measure the list once they are done.
@@ -185,6 +186,11 @@ pub fn list_of_200_in_an_old_version(env: &Env) {
         },
     );
     let (before, objects_before) = last;
+    // Each write is converted for the watch cache of every served non-storage version.
+    eprintln!(
+        "    200 creates in v1alpha1 and the loop's writes for them: {} ConversionReviews",
+        before - created_before
+    );
     let listed = env.get_json(&[&resource("v1alpha1"), "-n", ns]);
     let (after, objects_after) = (conversions(), objects());
     let items = listed["items"].as_array().unwrap();
@@ -357,4 +363,99 @@ pub fn denials_reach_the_user(env: &Env) {
     let got = env.kubectl(&["-n", "e2e-deny", "get", &resource("v1"), "dry"]);
     assert!(!got.status.success(), "a dry run stored nothing");
     assert!(String::from_utf8_lossy(&got.stderr).contains("NotFound"));
+}
+
+/// Ratcheting through the real apiserver: a cluster whose stored spec became invalid while the
+/// webhook was bypassed (failurePolicy Ignore, webhook down) still takes label edits, with a
+/// warning, and its deletion completes: the loop's finalizer removal is admitted.
+pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
+    let ns = "e2e-ratchet";
+    let name = "ratchet";
+    ok(
+        env.kubectl(&["create", "namespace", ns]),
+        "create namespace",
+    );
+    let cluster = json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"size": 3, "version": "v3.5.10", "storageSize": "1Gi"}
+    });
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
+        "create",
+    );
+    wait_for("the loop's finalizer", Duration::from_secs(60), || {
+        let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
+        ec["metadata"]["finalizers"].is_array().then_some(())
+    });
+
+    // Bypass the webhooks: failurePolicy Ignore, and the webhook down.
+    env.set_failure_policy("Ignore");
+    env.stop_webhook();
+    wait_for(
+        "an even size to get past the bypassed webhook",
+        Duration::from_secs(30),
+        || {
+            env.kubectl(&[
+                "-n",
+                ns,
+                "patch",
+                "etcdcluster",
+                name,
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"size":4}}"#,
+            ])
+            .status
+            .success()
+            .then_some(())
+        },
+    );
+    env.set_failure_policy("Fail");
+    env.serve_with("etcd-webhook-e2e-ratchet");
+    env.wait_webhook_called();
+
+    // A label edit leaves the spec as it is: admitted, with a warning naming the field.
+    let out = env.kubectl(&["-n", ns, "label", "etcdcluster", name, "team=storage"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "label edit on an invalid stored cluster: {stderr}"
+    );
+    assert!(
+        stderr.contains("spec.size: Invalid value: 4: still breaks a rule"),
+        "kubectl shows the warning: {stderr}"
+    );
+    // A spec change is still judged in full.
+    let out = env.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "etcdcluster",
+        name,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"size":6}}"#,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("spec.size: Invalid value: 6: must be odd")
+    );
+
+    // Deletion: the finalizer's removal is an UPDATE of the invalid object; it is admitted.
+    ok(
+        env.kubectl(&["-n", ns, "delete", "etcdcluster", name, "--wait=false"]),
+        "delete",
+    );
+    wait_for(
+        "the invalid cluster's deletion to complete",
+        Duration::from_secs(90),
+        || {
+            (!env
+                .kubectl(&["-n", ns, "get", "etcdcluster", name])
+                .status
+                .success())
+            .then_some(())
+        },
+    );
 }

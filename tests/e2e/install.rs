@@ -164,9 +164,7 @@ impl Env {
         };
         env.patch_ca_bundles(&std::fs::read_to_string(env.webhook_certs.join("ca.crt")).unwrap());
         env.write_sa_kubeconfig();
-        let server = env.start_replica("etcd-webhook-e2e-0", &[]);
-        env.route_to(&server);
-        *env.webhook.lock().unwrap() = Some(server);
+        env.serve_with("etcd-webhook-e2e-0");
         env.wait_webhook_called();
         env
     }
@@ -247,6 +245,48 @@ impl Env {
             format!("{NAMESPACE}/{SERVICE}:443={}\n", server.addr),
         )
         .unwrap();
+    }
+
+    /// Stops the serving replica with SIGTERM (it must exit 0). The apiserver's connections to it
+    /// break, so it dials (and resolves the Service) anew.
+    pub fn stop_webhook(&self) {
+        let mut server = self
+            .webhook
+            .lock()
+            .unwrap()
+            .take()
+            .expect("a serving replica");
+        server.sigterm();
+        assert_eq!(
+            server.wait_exit(Duration::from_secs(30)),
+            Some(0),
+            "{}",
+            server.log()
+        );
+    }
+
+    /// Starts a replica as pod `pod_name` and routes the Service to it.
+    pub fn serve_with(&self, pod_name: &str) {
+        let server = self.start_replica(pod_name, &[]);
+        self.route_to(&server);
+        *self.webhook.lock().unwrap() = Some(server);
+    }
+
+    /// Sets `failurePolicy` on both webhook configurations.
+    pub fn set_failure_policy(&self, policy: &str) {
+        for (kind, name) in [
+            ("mutatingwebhookconfiguration", "etcd-webhook-mutating"),
+            ("validatingwebhookconfiguration", "etcd-webhook-validating"),
+        ] {
+            let body = serde_json::json!([
+                {"op": "replace", "path": "/webhooks/0/failurePolicy", "value": policy}
+            ])
+            .to_string();
+            ok(
+                self.kubectl(&["patch", kind, name, "--type=json", "-p", &body]),
+                &format!("failurePolicy {policy} on {name}"),
+            );
+        }
     }
 
     /// Waits until the apiserver calls the webhook (configurations take effect asynchronously):

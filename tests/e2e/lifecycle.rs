@@ -30,9 +30,7 @@ pub fn webhook_down_fails_closed_and_recovers(env: &Env) {
         "create while up",
     );
 
-    let mut server = env.webhook.lock().unwrap().take().unwrap();
-    server.sigterm();
-    assert_eq!(server.wait_exit(Duration::from_secs(30)), Some(0));
+    env.stop_webhook();
 
     let out = env.kubectl_in(&["create", "-f", "-"], &cluster("during"));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -71,9 +69,7 @@ pub fn webhook_down_fails_closed_and_recovers(env: &Env) {
     );
 
     // A replica comes back (on another port, as a new pod would); the apiserver was not touched.
-    let back = env.start_replica("etcd-webhook-e2e-3", &[]);
-    env.route_to(&back);
-    *env.webhook.lock().unwrap() = Some(back);
+    env.serve_with("etcd-webhook-e2e-3");
     wait_for(
         "writes to be admitted again",
         Duration::from_secs(30),

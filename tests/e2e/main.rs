@@ -44,6 +44,10 @@ const SCENARIOS: &[Scenario] = &[
         reconcile::foreground_deletion_waits_for_the_children,
     ),
     (
+        "an_invalid_stored_cluster_can_still_be_edited_and_deleted",
+        admission::an_invalid_stored_cluster_can_still_be_edited_and_deleted,
+    ),
+    (
         "helm_chart_dry_runs_on_the_real_api",
         lifecycle::helm_chart_dry_runs_on_the_real_api,
     ),

@@ -248,17 +248,27 @@ fn holder(env: &Env) -> Option<String> {
 /// Two replicas on a real Lease: one reconciles; killing it hands over within the lease
 /// duration; SIGTERM releases the Lease.
 pub fn leader_election_on_real_leases(env: &Env) {
+    // The serving replica holds the Lease (it is the only one running).
     let first = wait_for("a Lease holder", Duration::from_secs(30), || holder(env));
-    assert_eq!(first, "etcd-webhook-e2e-0");
+    wait_for(
+        "the serving replica to report leadership",
+        Duration::from_secs(10),
+        || {
+            let leader = env
+                .webhook
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .metric("etcd_webhook_controller_leader", "");
+            (leader == 1.0).then_some(())
+        },
+    );
     let duration = lease(env)["spec"]["leaseDurationSeconds"].as_u64().unwrap();
 
     let second = env.start_replica("etcd-webhook-e2e-1", &[]);
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        holder(env).as_deref(),
-        Some("etcd-webhook-e2e-0"),
-        "the holder keeps it"
-    );
+    assert_eq!(holder(env), Some(first), "the holder keeps it");
     assert_eq!(second.metric("etcd_webhook_controller_leader", ""), 0.0);
 
     // Kill the holder (no chance to release), route the Service to the survivor.
@@ -320,9 +330,7 @@ pub fn leader_election_on_real_leases(env: &Env) {
     assert_eq!(released, None, "SIGTERM released the Lease: {}", lease(env));
 
     // A new replica serves and leads again (it does not wait out the released Lease).
-    let third = env.start_replica("etcd-webhook-e2e-2", &[]);
-    env.route_to(&third);
-    *env.webhook.lock().unwrap() = Some(third);
+    env.serve_with("etcd-webhook-e2e-2");
     wait_for(
         "the new replica to take the released Lease",
         Duration::from_secs(15),
