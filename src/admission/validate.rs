@@ -282,6 +282,26 @@ fn check_name(obj: &Value, out: &mut Verdict) {
             ),
         });
     }
+    // A generateName prefix is followed by 5 random lower-case alphanumerics, so it may end in '-'.
+    let is_prefix = meta("name").is_none();
+    if !is_dns1035_label(shown, is_prefix) {
+        out.violations.push(Violation {
+            path: path.to_owned(),
+            kind: Kind::Invalid(format!("{shown:?}")),
+            detail: "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character: the cluster's Services are named after it".to_owned(),
+        });
+    }
+}
+
+/// Kubernetes' DNS-1035 label (`[a-z]([-a-z0-9]*[a-z0-9])?`), the rule for Service names; a
+/// `prefix` may end in '-'. The length is checked apart (MAX_NAME is below 63).
+fn is_dns1035_label(s: &str, prefix: bool) -> bool {
+    let bytes = s.as_bytes();
+    bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && (prefix || bytes.last() != Some(&b'-'))
 }
 
 /// `v3.5.10` -> (3, 5, 10); anything else -> None.
@@ -481,6 +501,65 @@ mod tests {
     }
     fn beta(spec: Value) -> Value {
         json!({"apiVersion": "etcd.example.com/v1beta1", "kind": "EtcdCluster", "metadata": {"name": "a"}, "spec": spec})
+    }
+
+    /// The loop names Services after the cluster, so the name must be a DNS-1035 label.
+    #[test]
+    fn names_must_be_dns1035_labels() {
+        let spec = json!({"size": 3, "version": "v3.5.10", "storageClass": "standard", "storageSize": "10Gi"});
+        let with_meta = |meta: Value| {
+            let mut o = v1(spec.clone());
+            o["metadata"] = meta;
+            o
+        };
+        for bad in ["1etcd", "etcd.v2", "Etcd", "etcd-", "-etcd", "et_cd"] {
+            let verdict = validate(
+                Version::V1,
+                Operation::Create,
+                &with_meta(json!({"name": bad})),
+                None,
+            );
+            assert_eq!(
+                verdict.message(),
+                format!(
+                    "metadata.name: Invalid value: \"{bad}\": a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character: the cluster's Services are named after it"
+                )
+            );
+        }
+        for good in ["e", "etcd", "etcd-2", "a1-b2"] {
+            assert!(
+                validate(
+                    Version::V1,
+                    Operation::Create,
+                    &with_meta(json!({"name": good})),
+                    None
+                )
+                .allowed(),
+                "{good}"
+            );
+        }
+        assert!(
+            validate(
+                Version::V1,
+                Operation::Create,
+                &with_meta(json!({"generateName": "etcd-"})),
+                None
+            )
+            .allowed()
+        );
+        let verdict = validate(
+            Version::V1,
+            Operation::Create,
+            &with_meta(json!({"generateName": "2etcd-"})),
+            None,
+        );
+        assert!(
+            verdict
+                .message()
+                .starts_with("metadata.generateName: Invalid value: \"2etcd-\": a DNS-1035 label"),
+            "{}",
+            verdict.message()
+        );
     }
 
     /// Ratcheting: an invalid stored spec does not block an update that leaves it as it is

@@ -283,6 +283,11 @@ pub fn denials_reach_the_user(env: &Env) {
             new: v1("upgrade", with(json!({"version": "v3.6.4"}))),
         },
         Denial {
+            name: "a name that is no Service name",
+            old: None,
+            new: v1("1etcd", base.clone()),
+        },
+        Denial {
             name: "bad cron in v1beta1",
             old: None,
             new: cluster(
@@ -344,6 +349,17 @@ pub fn denials_reach_the_user(env: &Env) {
             );
         }
     }
+    // Why the name rule exists: the apiserver refuses a Service of that name, so the loop could
+    // never create the cluster's Services.
+    let service = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"1etcd","namespace":"e2e-deny"},
+        "spec":{"ports":[{"port":2379}]}}"#;
+    let out = env.kubectl_in(&["create", "--dry-run=server", "-f", "-"], service);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a DNS-1035 label must consist of"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The v1alpha1 denial names the v1alpha1 field.
     let (_, _, err) = offline(&["review", "-f", "-"], &cases[1].new.to_string());
     assert!(err.contains("spec.replicas"), "{err}");
