@@ -346,16 +346,19 @@ current-context: fake
             "--addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0", "--shutdown-delay", "0s",
             "--resync-interval", f"{args.resync}s", "--lease-duration", "15s", "--identity", "bench"]
 
-    def start(name, env):
-        return Proc(name, argv, env, "etcd-webhook listening", os.path.join(tmp, f"{name}.log"))
+    def start(name, env, *extra):
+        return Proc(name, argv + list(extra), env, "etcd-webhook listening", os.path.join(tmp, f"{name}.log"))
+
+    # --controller auto is off outside a pod, so the loop is asked for explicitly.
+    on = ("--controller", "on", "--leader-election-namespace", "bench")
 
     settle = 2 if args.smoke else 5
-    off = start("off", base)
+    off = start("off", base, "--controller", "off")
     time.sleep(settle)
     rss_off = off.mem("VmRSS")
     off.stop()
     on_env = dict(base, KUBECONFIG=kubeconfig)
-    idle = start("idle", on_env)
+    idle = start("idle", on_env, *on)
     time.sleep(settle)
     rss_idle = idle.mem("VmRSS")
     idle.stop()
@@ -367,7 +370,7 @@ current-context: fake
     threading.Thread(target=simulate, args=(store, stop), daemon=True).start()
     limit = 60 if args.smoke else 900
     phases = []
-    busy = start("busy", on_env)
+    busy = start("busy", on_env, *on)
     try:
         cycle(store, busy, n, args, limit, phases)
     finally:

@@ -215,8 +215,8 @@ pub struct CertsArgs {
 /// When the reconcile loop runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ControllerMode {
-    /// On when a Kubernetes config is found in-cluster or through KUBECONFIG; otherwise off with
-    /// a log line (webhooks only, e.g. on a laptop).
+    /// On inside a pod (in-cluster config); elsewhere off with a log line, KUBECONFIG or not
+    /// (webhooks only, e.g. on a laptop).
     Auto,
     /// Always; no usable Kubernetes config is an error.
     On,
@@ -236,7 +236,7 @@ pub struct ControllerArgs {
         num_args = 0..=1, default_missing_value = "true")]
     pub leader_elect: bool,
     /// Namespace of the leader Lease; by default the pod's own (POD_NAMESPACE, else the
-    /// service account's, else the kubeconfig context's).
+    /// service account's), outside a pod etcd-system (never the kubeconfig context's).
     #[arg(long, env = "POD_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
     /// A holder that stops renewing loses the Lease after this long.

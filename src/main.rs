@@ -372,6 +372,11 @@ async fn shutdown_on_signal(
     token.cancel();
 }
 
+/// Where a pod's service account namespace is mounted.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+/// The install's namespace, the Lease's home when nothing else says.
+const DEFAULT_NAMESPACE: &str = "etcd-system";
+
 /// Starts the reconcile loop when `--controller` says so (behind the leader Lease unless
 /// `--leader-elect=false`). `None` when it stays off.
 async fn start_controller(
@@ -379,16 +384,17 @@ async fn start_controller(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> Result<Option<tokio::task::JoinHandle<()>>> {
-    let found = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
-        || std::env::var_os("KUBECONFIG").is_some();
+    // Only a pod reconciles on its own: a laptop with KUBECONFIG set must not start a second
+    // reconciler against whatever cluster that file points at.
+    let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     match args.mode {
         ControllerMode::Off => {
             tracing::info!("controller off (--controller off): webhooks only");
             return Ok(None);
         }
-        ControllerMode::Auto if !found => {
+        ControllerMode::Auto if !in_pod => {
             tracing::info!(
-                "controller off: no Kubernetes config (not in a cluster, KUBECONFIG unset); webhooks only"
+                "controller off: not in a pod (--controller auto); webhooks only. --controller on reconciles the cluster of KUBECONFIG"
             );
             return Ok(None);
         }
@@ -402,10 +408,17 @@ async fn start_controller(
         }
         Err(e) => return Err(e).context("--controller on: no usable Kubernetes config"),
     };
-    let lease_namespace = args
-        .leader_election_namespace
-        .clone()
-        .unwrap_or_else(|| config.default_namespace.clone());
+    // POD_NAMESPACE (the flag's env), else the pod's service account namespace, else
+    // etcd-system: never the kubeconfig context's, which would put a laptop's Lease where the
+    // in-cluster replicas never look.
+    let lease_namespace = args.leader_election_namespace.clone().unwrap_or_else(|| {
+        std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+            .ok()
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| in_pod && !ns.is_empty())
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
+    });
+    tracing::info!(server = %config.cluster_url, %lease_namespace, "controller: reconciling EtcdClusters of this API server");
     let client = kube::Client::try_from(config).context("cannot build the Kubernetes client")?;
     let identity = args
         .identity

@@ -156,10 +156,14 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
     let port = serve_fake(&rt, api.clone());
     let tmp = tempfile::tempdir().unwrap();
     let config = kubeconfig(tmp.path(), port);
+    // No --leader-election-namespace and no POD_NAMESPACE: the Lease goes to etcd-system, not
+    // to the kubeconfig context's namespace.
+    let lease_path =
+        "/apis/coordination.k8s.io/v1/namespaces/etcd-system/leases/etcd-webhook-leader";
     let mut server = Server::start_with_env(
         &[
-            "--leader-election-namespace",
-            "test",
+            "--controller",
+            "on",
             "--identity",
             "replica-a",
             "--lease-duration",
@@ -187,8 +191,14 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
         "no EtcdCluster list; requests: {:?}",
         api.requests.lock().unwrap()
     );
-    let holder = api.get(LEASE).unwrap()["spec"]["holderIdentity"].clone();
+    let holder = api.get(lease_path).unwrap()["spec"]["holderIdentity"].clone();
     assert_eq!(holder, "replica-a");
+    assert!(
+        log.contains(&format!(
+            "controller: reconciling EtcdClusters of this API server server=http://127.0.0.1:{port}"
+        )),
+        "the log names the API server: {log}"
+    );
     assert_eq!(server.metric("etcd_webhook_controller_leader", ""), 1.0);
     // The webhooks answer as before.
     let (code, _, review) = rt.block_on(post(
@@ -206,7 +216,7 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
         "log:\n{}",
         server.log()
     );
-    let lease = api.get(LEASE).unwrap();
+    let lease = api.get(lease_path).unwrap();
     assert!(
         lease["spec"]["holderIdentity"].is_null(),
         "Lease not released: {lease}"
@@ -217,17 +227,30 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
 }
 
 #[test]
-fn controller_auto_without_a_cluster_serves_webhooks_only() {
-    let server = Server::start(&[]);
+fn controller_auto_outside_a_pod_serves_webhooks_only() {
+    // With KUBECONFIG set too: a laptop never becomes a second reconciler by accident.
+    let rt = runtime();
+    let api = Arc::new(FakeApi::default());
+    let port = serve_fake(&rt, api.clone());
+    let tmp = tempfile::tempdir().unwrap();
+    let config = kubeconfig(tmp.path(), port);
+    for env in [vec![], vec![("KUBECONFIG", config.to_str().unwrap())]] {
+        let server = Server::start_with_env(&[], &env);
+        assert!(
+            server.wait_log(
+                "controller off: not in a pod (--controller auto)",
+                Duration::from_secs(5)
+            ),
+            "{}",
+            server.log()
+        );
+        assert_eq!(server.health_get("/readyz").0, 200);
+        assert!(!server.log().contains("controller starting"));
+    }
     assert!(
-        server.wait_log(
-            "controller off: no Kubernetes config",
-            Duration::from_secs(5)
-        ),
-        "{}",
-        server.log()
+        api.requests.lock().unwrap().is_empty(),
+        "auto outside a pod calls no API server"
     );
-    assert_eq!(server.health_get("/readyz").0, 200);
 }
 
 #[test]
@@ -263,6 +286,8 @@ fn stored_cluster() -> Value {
 fn replica(config: &std::path::Path, identity: &str) -> Server {
     Server::start_with_env(
         &[
+            "--controller",
+            "on",
             "--leader-election-namespace",
             "test",
             "--identity",

@@ -37,6 +37,20 @@ impl LeaseSettings {
     }
 }
 
+/// What to look at for a Lease error: RBAC only when the API said Forbidden, the address when
+/// the API server could not be reached.
+fn hint(error: &LeaseManagerError) -> &'static str {
+    match error {
+        LeaseManagerError::KubeError(kube::Error::Api(status)) if status.code == 403 => {
+            " (RBAC: this identity needs get, create and patch on coordination.k8s.io/leases in that namespace)"
+        }
+        LeaseManagerError::KubeError(
+            kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_),
+        ) => " (the API server cannot be reached: check its address and the network)",
+        _ => "",
+    }
+}
+
 async fn manager(
     client: Client,
     s: &LeaseSettings,
@@ -70,7 +84,7 @@ pub async fn run_when_leader<F, Fut>(
             Ok(m) => break m,
             Err(error) => {
                 tracing::error!(%error, lease = %settings.name, namespace = %settings.namespace,
-                    "cannot use the leader Lease; retrying (RBAC for coordination.k8s.io/leases?)");
+                    "cannot use the leader Lease; retrying{}", hint(&error));
                 tokio::select! {
                     () = tokio::time::sleep(retry) => retry = (retry * 2).min(Duration::from_secs(30)),
                     () = stop.cancelled() => return,
