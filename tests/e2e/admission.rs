@@ -349,6 +349,18 @@ pub fn denials_reach_the_user(env: &Env) {
             );
         }
     }
+    // The webhook's own namespace is checked like any other.
+    let mut own = cases[0].new.clone();
+    own["metadata"]["namespace"] = json!(crate::install::NAMESPACE);
+    let out = env.kubectl_in(&["create", "-f", "-"], &own.to_string());
+    assert!(
+        !out.status.success(),
+        "an even size in etcd-system is denied"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("spec.size: Invalid value: 4: must be odd")
+    );
+
     // Why the name rule exists: the apiserver refuses a Service of that name, so the loop could
     // never create the cluster's Services.
     let service = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"1etcd","namespace":"e2e-deny"},
