@@ -360,6 +360,15 @@ fn check(install: &Install, cert_manager: bool) {
         assert_eq!(arv, &["v1".to_owned()]);
         assert_eq!(se, "None");
         assert!((1..=30).contains(&timeout.unwrap()), "{n}");
+        // The server answers (503 at the latest) before the apiserver gives up on the call.
+        let args = serve_args(install);
+        let request_timeout = arg(&args, "--request-timeout")
+            .unwrap_or_else(|| panic!("{n}: --request-timeout is set from timeoutSeconds"));
+        let request_timeout = humantime::parse_duration(request_timeout).unwrap();
+        assert!(
+            request_timeout < std::time::Duration::from_secs(timeout.unwrap() as u64),
+            "{n}: --request-timeout {request_timeout:?} < timeoutSeconds {timeout:?}"
+        );
         // EtcdClusters are checked in every namespace, the webhook's own included: the rules
         // match only etcdclusters, so there is no lock-out to avoid.
         assert!(ns_sel.is_none(), "{n}: no namespaceSelector");
