@@ -626,6 +626,48 @@ fn kustomize_config_default() {
     assert_eq!(ns[0]["metadata"]["name"], "etcd-system");
 }
 
+/// An overlay that sets another namespace rewrites every reference, the ones kustomize's
+/// `namespace:` leaves alone too (cert-manager's inject-ca-from annotations, the Certificate's
+/// DNS names), through config/namespace-references.
+#[test]
+fn kustomize_overlay_in_another_namespace_rewrites_every_reference() {
+    let rendered = tool("kubectl", &["kustomize", "config/custom-namespace"]);
+    assert!(
+        !rendered.contains("etcd-system"),
+        "etcd-system is left somewhere:\n{rendered}"
+    );
+    let install = Install {
+        name: "config/custom-namespace".into(),
+        docs: documents(&rendered),
+    };
+    let inject = |kind: &str| {
+        install.raw(kind)[0]["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].clone()
+    };
+    for kind in [
+        "CustomResourceDefinition",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert_eq!(inject(kind), "etcd-webhook/etcd-webhook-serving", "{kind}");
+    }
+    let serving = install
+        .raw("Certificate")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == "etcd-webhook-serving")
+        .expect("the serving Certificate");
+    assert_eq!(
+        serving["spec"]["dnsNames"],
+        serde_json::json!([
+            "etcd-webhook.etcd-webhook.svc",
+            "etcd-webhook.etcd-webhook.svc.cluster.local"
+        ])
+    );
+    assert_eq!(
+        install.raw("Namespace")[0]["metadata"]["name"],
+        "etcd-webhook"
+    );
+}
+
 #[test]
 fn kustomize_single_namespace_overlay() {
     let install = Install {
