@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds the end-to-end tests' control plane (etcd, kube-apiserver, kube-controller-manager in one
-# multi-call binary, see main.go) from the Go modules pinned by go.mod/go.sum, once, and prints its
-# path. The binary is cached under target/controlplane/<hash of go.mod, go.sum, main.go>/, so a
+# Builds the end-to-end tests' control plane (etcd, kube-apiserver, kube-controller-manager and
+# cert-manager's controller and cainjector in one multi-call binary, see main.go) from the Go
+# modules pinned by go.mod/go.sum, once, and prints its path; cert-manager's CRDs are copied beside
+# it (cert-manager-crds/). The binary is cached under target/controlplane/<hash of go.mod, go.sum, *.go>/, so a
 # second call only prints the path; concurrent callers wait for one build (flock).
 #   usage: bin=$(tests/controlplane/build.sh)
 set -euo pipefail
@@ -12,10 +13,11 @@ root=$(cd "$here/../.." && pwd)
 # k8s.io/kubernetes version in go.mod; build.sh checks that below.
 k8s_version=v1.34.12
 
-key=$(cat "$here/go.mod" "$here/go.sum" "$here/main.go" | sha256sum | cut -c1-16)
+key=$(cat "$here/go.mod" "$here/go.sum" "$here"/*.go | sha256sum | cut -c1-16)
 out_dir=${CARGO_TARGET_DIR:-$root/target}/controlplane/$key
 out=$out_dir/controlplane
-if [[ -x $out ]]; then
+crds=$out_dir/cert-manager-crds
+if [[ -x $out && -d $crds ]]; then
   echo "$out"
   exit 0
 fi
@@ -36,7 +38,7 @@ grep -q "k8s.io/kubernetes $k8s_version\$" "$here/go.mod" || {
 mkdir -p "$out_dir"
 exec 9>"$out_dir.lock"
 flock 9
-if [[ ! -x $out ]]; then
+if [[ ! -x $out || ! -d $crds ]]; then
   echo "building the control plane (kube-apiserver $k8s_version, kube-controller-manager, etcd) into $out_dir; the first build takes minutes" >&2
   start=$(date +%s)
   minor=${k8s_version#v1.}
@@ -48,6 +50,11 @@ if [[ ! -x $out ]]; then
       -o "$out.tmp" .
   ) >&2
   mv "$out.tmp" "$out"
+  # cert-manager's CRDs, from the same module version as its controllers.
+  cm_dir=$(cd "$here" && go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)
+  rm -rf "$crds.tmp" && mkdir -p "$crds.tmp"
+  cp "$cm_dir"/deploy/crds/*.yaml "$crds.tmp"/
+  rm -rf "$crds" && mv "$crds.tmp" "$crds"
   echo "control plane built in $(($(date +%s) - start)) s" >&2
 fi
 echo "$out"

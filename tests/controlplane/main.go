@@ -5,6 +5,8 @@
 //	controlplane etcd [etcd flags]
 //	controlplane kube-apiserver [kube-apiserver flags]
 //	controlplane kube-controller-manager [kube-controller-manager flags]
+//	controlplane cert-manager-controller --kubeconfig FILE (certmanager.go)
+//	controlplane cainjector --kubeconfig FILE
 //
 // The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
 // loopback Endpoints, so webhooks named by a service reference (as the shipped configurations do) are
@@ -34,7 +36,7 @@ import (
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 )
 
-const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager [flags]"
+const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector [flags]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -56,6 +58,10 @@ func main() {
 		command := controllermanager.NewControllerManagerCommand()
 		command.SetArgs(rest)
 		os.Exit(cli.Run(command))
+	case "cert-manager-controller":
+		os.Exit(runCertManagerController(rest))
+	case "cainjector":
+		os.Exit(runCAInjector(rest))
 	default:
 		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q\n%s\n", component, usage)
 		os.Exit(2)

@@ -1,7 +1,8 @@
-//! A real control plane for the end-to-end tests: etcd, kube-apiserver and kube-controller-manager
-//! from `tests/controlplane` (built from Go modules by its build.sh, cached under target/), on
-//! random loopback ports, with a PKI made here: a cluster CA, the apiserver's serving pair, an admin
-//! client certificate (group system:masters) and service-account signing keys.
+//! A real control plane for the end-to-end tests: etcd, kube-apiserver, kube-controller-manager and
+//! cert-manager (controller and cainjector) from `tests/controlplane` (built from Go modules by its
+//! build.sh, cached under target/), on random loopback ports, with a PKI made here: a cluster CA,
+//! the apiserver's serving pair, an admin client certificate (group system:masters) and
+//! service-account signing keys.
 //!
 //! Every process writes its log into one folder per run (`target/e2e/run-*/logs`) and is killed by
 //! PID when the [`ControlPlane`] is dropped: after success, failure, or a panic.
@@ -13,6 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common;
+use crate::install::ok;
 
 /// Kubernetes' version, as built by tests/controlplane/build.sh.
 pub const KUBERNETES_VERSION: &str = "v1.34.12";
@@ -308,6 +310,37 @@ impl ControlPlane {
                     .then_some(())
             },
         );
+        // cert-manager: its CRDs from the same module as its controllers, then the controller
+        // and cainjector.
+        let crds = bin.parent().unwrap().join("cert-manager-crds");
+        ok(
+            cp.kubectl_output(
+                &["apply", "--server-side", "-f", crds.to_str().unwrap()],
+                None,
+            ),
+            "install cert-manager's CRDs",
+        );
+        ok(
+            cp.kubectl_output(
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=60s",
+                    "crd/certificates.cert-manager.io",
+                    "crd/issuers.cert-manager.io",
+                    "crd/certificaterequests.cert-manager.io",
+                ],
+                None,
+            ),
+            "cert-manager's CRDs established",
+        );
+        let kubeconfig_flag = format!("--kubeconfig={}", cp.kubeconfig.display());
+        cp.spawn(
+            &bin,
+            "cert-manager-controller",
+            std::slice::from_ref(&kubeconfig_flag),
+        );
+        cp.spawn(&bin, "cainjector", &[kubeconfig_flag]);
         cp
     }
 

@@ -4,9 +4,9 @@
 //!   with the Deployment's own arguments (only the listen addresses, the certificate folder and the
 //!   log format differ), as the ServiceAccount `etcd-system/etcd-webhook` (a TokenRequest token in a
 //!   kubeconfig), so the shipped RBAC is what is tested;
-//! - cert-manager is not installed, so its objects are listed as skipped and the serving pair comes
-//!   from `etcd-webhook certs`, with the caBundle patched in as the chart README's "without
-//!   cert-manager" path says;
+//! - cert-manager (controller and cainjector, built from its Go module) issues the shipped chain,
+//!   but no kubelet mounts the Secret: the test copies it into a folder laid out as a Secret
+//!   volume (the `..data` symlink), and checks that cainjector's caBundles carry its CA;
 //! - nothing runs the final-snapshot Job either, so deletion gives up waiting for it after
 //!   `--finalizer-timeout=20s` (the only flag added to the Deployment's);
 //! - the apiserver resolves the shipped service reference `etcd-webhook.etcd-system.svc:443` to the
@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::cluster::{self, ControlPlane, wait_for};
-use crate::common::{self, BIN, Server};
+use crate::common::{self, Server};
 
 pub const NAMESPACE: &str = "etcd-system";
 pub const SERVICE: &str = "etcd-webhook";
@@ -36,8 +36,6 @@ pub struct Env {
     pub sa_kubeconfig: PathBuf,
     /// The replica the Service routes to.
     pub webhook: Mutex<Option<Server>>,
-    /// Objects of the rendered install the cluster has no API for (cert-manager's).
-    pub skipped: Vec<String>,
     /// Every replica started: (pod name, its log).
     replica_logs: Mutex<Vec<(String, Arc<Mutex<String>>)>>,
 }
@@ -82,14 +80,7 @@ impl Env {
                 .unwrap(),
             "kubectl kustomize config/default",
         );
-        let docs = yaml_docs(&rendered);
-        let (cert_manager, objects): (Vec<Value>, Vec<Value>) = docs.into_iter().partition(|d| {
-            d["apiVersion"]
-                .as_str()
-                .unwrap_or("")
-                .contains("cert-manager.io")
-        });
-        let skipped: Vec<String> = cert_manager.iter().map(label).collect();
+        let objects = yaml_docs(&rendered);
         let deployment = objects
             .iter()
             .find(|d| d["kind"] == "Deployment")
@@ -98,7 +89,6 @@ impl Env {
             deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
         )
         .expect("the Deployment's args");
-        // The CRD first, so the rest can refer to it.
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
         ok(
             cp.kubectl_output(
@@ -125,72 +115,98 @@ impl Env {
             ),
             "the CRD becomes Established",
         );
-
-        // The serving pair and its CA, as the chart README's "without cert-manager" path makes it.
-        let webhook_certs = cp.dir.join("webhook-certs");
-        let status = Command::new(BIN)
-            .args(["certs", "--out"])
-            .arg(&webhook_certs)
-            .args(["--dns", &format!("{SERVICE}.{NAMESPACE}.svc")])
-            .status()
-            .expect("run etcd-webhook certs");
-        assert!(status.success(), "etcd-webhook certs failed");
-        let crt = webhook_certs.join("tls.crt");
-        let key = webhook_certs.join("tls.key");
-        ok(
-            cp.kubectl_output(
-                &[
-                    "-n",
-                    NAMESPACE,
-                    "create",
-                    "secret",
-                    "tls",
-                    "etcd-webhook-tls",
-                    &format!("--cert={}", crt.display()),
-                    &format!("--key={}", key.display()),
-                ],
-                None,
-            ),
-            "create the serving Secret",
-        );
         let env = Env {
             sa_kubeconfig: cp.dir.join("etcd-webhook-sa.kubeconfig"),
+            webhook_certs: cp.dir.join("webhook-certs"),
             cp,
             deployment_args,
-            webhook_certs,
             webhook: Mutex::new(None),
-            skipped,
             replica_logs: Mutex::new(Vec::new()),
         };
-        env.patch_ca_bundles(&std::fs::read_to_string(env.webhook_certs.join("ca.crt")).unwrap());
+        env.mount_serving_secret();
         env.write_sa_kubeconfig();
         env.serve_with("etcd-webhook-e2e-0");
         env.wait_webhook_called();
         env
     }
 
-    /// The caBundle of both webhook configurations and of the CRD's conversion webhook.
-    pub fn patch_ca_bundles(&self, ca_pem: &str) {
-        use base64::Engine;
-        let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-        let patch = |kind: &str, name: &str, path: &str| {
-            let body = serde_json::json!([{"op": "add", "path": path, "value": ca}]).to_string();
-            ok(
-                self.kubectl(&["patch", kind, name, "--type=json", "-p", &body]),
-                &format!("patch the caBundle of {kind} {name}"),
-            );
+    /// cert-manager issues the shipped chain (SelfSigned issuer -> CA Certificate -> CA issuer ->
+    /// serving Certificate); its Secret is laid out as the kubelet mounts a Secret volume (files
+    /// behind the `..data` symlink), and cainjector's caBundles must match the Secret's CA.
+    fn mount_serving_secret(&self) {
+        ok(
+            self.kubectl(&[
+                "-n",
+                NAMESPACE,
+                "wait",
+                "--for=condition=Ready",
+                "--timeout=120s",
+                "certificate/etcd-webhook-ca",
+                "certificate/etcd-webhook-serving",
+            ]),
+            "cert-manager issues the shipped Certificates",
+        );
+        let secret = self.get_json(&["-n", NAMESPACE, "secret", "etcd-webhook-tls"]);
+        let data = |key: &str| -> Vec<u8> {
+            use base64::Engine;
+            let b64 = secret["data"][key]
+                .as_str()
+                .unwrap_or_else(|| panic!("the Secret has {key}"));
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap()
         };
-        patch(
-            "mutatingwebhookconfiguration",
-            "etcd-webhook-mutating",
-            "/webhooks/0/clientConfig/caBundle",
-        );
-        patch(
-            "validatingwebhookconfiguration",
-            "etcd-webhook-validating",
-            "/webhooks/0/clientConfig/caBundle",
-        );
-        patch("crd", CRD, "/spec/conversion/webhook/clientConfig/caBundle");
+        let version = self.webhook_certs.join("..2026_01_01_00_00_00.000000001");
+        std::fs::create_dir_all(&version).unwrap();
+        for key in ["tls.crt", "tls.key", "ca.crt"] {
+            std::fs::write(version.join(key), data(key)).unwrap();
+            std::os::unix::fs::symlink(Path::new("..data").join(key), self.webhook_certs.join(key))
+                .unwrap();
+        }
+        std::os::unix::fs::symlink(
+            version.file_name().unwrap(),
+            self.webhook_certs.join("..data"),
+        )
+        .unwrap();
+        // cainjector writes the CA of the serving Certificate into all three.
+        use base64::Engine;
+        let ca = base64::engine::general_purpose::STANDARD.encode(data("ca.crt"));
+        for (what, args) in [
+            (
+                "the mutating webhook's caBundle",
+                [
+                    "mutatingwebhookconfiguration",
+                    "etcd-webhook-mutating",
+                    "{.webhooks[0].clientConfig.caBundle}",
+                ],
+            ),
+            (
+                "the validating webhook's caBundle",
+                [
+                    "validatingwebhookconfiguration",
+                    "etcd-webhook-validating",
+                    "{.webhooks[0].clientConfig.caBundle}",
+                ],
+            ),
+            (
+                "the CRD conversion webhook's caBundle",
+                [
+                    "crd",
+                    CRD,
+                    "{.spec.conversion.webhook.clientConfig.caBundle}",
+                ],
+            ),
+        ] {
+            let jsonpath = format!("jsonpath={}", args[2]);
+            wait_for(
+                &format!("cainjector to fill {what}"),
+                Duration::from_secs(60),
+                || {
+                    let out = self.kubectl(&["get", args[0], args[1], "-o", &jsonpath]);
+                    (String::from_utf8_lossy(&out.stdout).trim() == ca).then_some(())
+                },
+            );
+        }
     }
 
     /// A kubeconfig with a TokenRequest token of the ServiceAccount the Deployment runs as.

@@ -27,6 +27,10 @@ const SCENARIOS: &[Scenario] = &[
         admission::crd_is_established_with_the_schema,
     ),
     (
+        "the_served_certificate_is_what_the_apiserver_trusts",
+        lifecycle::the_served_certificate_is_what_the_apiserver_trusts,
+    ),
+    (
         "samples_round_trip_through_every_version",
         admission::samples_round_trip_through_every_version,
     ),
@@ -119,11 +123,7 @@ fn main() {
             std::process::exit(101);
         }
     };
-    println!(
-        "installed in {:.1} s; skipped (no API here): {:?}",
-        start.elapsed().as_secs_f64(),
-        env.skipped
-    );
+    println!("installed in {:.1} s", start.elapsed().as_secs_f64());
 
     let (mut passed, mut failed) = (0, Vec::new());
     for (name, scenario) in chosen {
