@@ -146,31 +146,10 @@ impl Env {
             ]),
             "cert-manager issues the shipped Certificates",
         );
-        let secret = self.get_json(&["-n", NAMESPACE, "secret", "etcd-webhook-tls"]);
-        let data = |key: &str| -> Vec<u8> {
-            use base64::Engine;
-            let b64 = secret["data"][key]
-                .as_str()
-                .unwrap_or_else(|| panic!("the Secret has {key}"));
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap()
-        };
-        let version = self.webhook_certs.join("..2026_01_01_00_00_00.000000001");
-        std::fs::create_dir_all(&version).unwrap();
-        for key in ["tls.crt", "tls.key", "ca.crt"] {
-            std::fs::write(version.join(key), data(key)).unwrap();
-            std::os::unix::fs::symlink(Path::new("..data").join(key), self.webhook_certs.join(key))
-                .unwrap();
-        }
-        std::os::unix::fs::symlink(
-            version.file_name().unwrap(),
-            self.webhook_certs.join("..data"),
-        )
-        .unwrap();
+        let ca_pem = self.sync_secret_volume()["ca.crt"].clone();
         // cainjector writes the CA of the serving Certificate into all three.
         use base64::Engine;
-        let ca = base64::engine::general_purpose::STANDARD.encode(data("ca.crt"));
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
         for (what, args) in [
             (
                 "the mutating webhook's caBundle",
@@ -207,6 +186,50 @@ impl Env {
                 },
             );
         }
+    }
+
+    /// Does what the kubelet does for a Secret volume: the Secret's data is written into a new
+    /// timestamped folder, then the `..data` symlink is swapped to it in one rename, and the old
+    /// folder removed; `tls.crt` and friends are symlinks through `..data`. Returns the data.
+    pub fn sync_secret_volume(&self) -> std::collections::BTreeMap<String, Vec<u8>> {
+        use base64::Engine;
+        let secret = self.get_json(&["-n", NAMESPACE, "secret", "etcd-webhook-tls"]);
+        let data: std::collections::BTreeMap<String, Vec<u8>> = ["tls.crt", "tls.key", "ca.crt"]
+            .into_iter()
+            .map(|key| {
+                let b64 = secret["data"][key]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("the Secret has {key}"));
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap();
+                (key.to_owned(), bytes)
+            })
+            .collect();
+        let dir = &self.webhook_certs;
+        std::fs::create_dir_all(dir).unwrap();
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let version = format!("..{stamp}");
+        std::fs::create_dir(dir.join(&version)).unwrap();
+        for (key, bytes) in &data {
+            std::fs::write(dir.join(&version).join(key), bytes).unwrap();
+        }
+        let old = std::fs::read_link(dir.join("..data")).ok();
+        std::os::unix::fs::symlink(&version, dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        for key in data.keys() {
+            let link = dir.join(key);
+            if std::fs::symlink_metadata(&link).is_err() {
+                std::os::unix::fs::symlink(Path::new("..data").join(key), link).unwrap();
+            }
+        }
+        if let Some(old) = old {
+            std::fs::remove_dir_all(dir.join(old)).unwrap();
+        }
+        data
     }
 
     /// A kubeconfig with a TokenRequest token of the ServiceAccount the Deployment runs as.

@@ -154,6 +154,18 @@ pub fn helm_chart_dry_runs_on_the_real_api(env: &Env) {
 /// cert-manager issued, and it verifies, for the Service's DNS name, against the caBundle that
 /// cainjector wrote into each webhook configuration and the CRD.
 pub fn the_served_certificate_is_what_the_apiserver_trusts(env: &Env) {
+    the_served_certificate_is_what_the_apiserver_trusts_now(env);
+    let certificate = env.get_json(&["-n", NAMESPACE, "certificate", "etcd-webhook-serving"]);
+    assert_eq!(certificate["spec"]["secretName"], "etcd-webhook-tls");
+    assert_eq!(
+        certificate["status"]["revision"], 1,
+        "{}",
+        certificate["status"]
+    );
+}
+
+/// The served certificate verifies against each caBundle, and it is the Secret's.
+fn the_served_certificate_is_what_the_apiserver_trusts_now(env: &Env) {
     use base64::Engine;
     let port = env.webhook.lock().unwrap().as_ref().unwrap().addr.port();
     let host = format!("{SERVICE}.{NAMESPACE}.svc");
@@ -202,13 +214,183 @@ pub fn the_served_certificate_is_what_the_apiserver_trusts(env: &Env) {
     let issued = base64::engine::general_purpose::STANDARD
         .decode(secret["data"]["tls.crt"].as_str().unwrap())
         .unwrap();
-    let served = std::fs::read(env.webhook_certs.join("tls.crt")).unwrap();
-    assert_eq!(served, issued, "the mounted pair is the issued one");
-    let certificate = env.get_json(&["-n", NAMESPACE, "certificate", "etcd-webhook-serving"]);
-    assert_eq!(certificate["spec"]["secretName"], "etcd-webhook-tls");
+    let mounted = std::fs::read(env.webhook_certs.join("tls.crt")).unwrap();
+    assert_eq!(mounted, issued, "the mounted pair is the issued one");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&issued).unwrap();
+    let leaf = pem.parse_x509().unwrap();
+    let serial: String = leaf
+        .tbs_certificate
+        .raw_serial()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let log = env.webhook.lock().unwrap().as_ref().unwrap().log();
+    let last_loaded = log
+        .lines()
+        .rfind(|l| l.contains("serving certificate loaded"))
+        .and_then(|l| l.split("serial=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_owned);
     assert_eq!(
-        certificate["status"]["revision"], 1,
-        "{}",
-        certificate["status"]
+        last_loaded.as_deref(),
+        Some(serial.trim_start_matches("00")),
+        "the server serves the Secret's leaf"
+    );
+}
+
+/// A leaf renewal under load: while a client creates (in v1alpha1, so through /convert, /mutate
+/// and /validate), updates and reads EtcdClusters through the apiserver without pause, the
+/// serving Certificate is renewed as `cmctl renew` does it, the new Secret reaches the mounted
+/// folder as the kubelet writes it (`..data` swap), and the server reloads it. Not one request may
+/// fail.
+pub fn leaf_renewal_under_load_drops_nothing(env: &Env) {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Instant;
+
+    let ns = "e2e-renew";
+    ok(
+        env.kubectl(&["create", "namespace", ns]),
+        "create namespace",
+    );
+    let stop = AtomicBool::new(false);
+    let admitted = AtomicUsize::new(0);
+    let failures = Mutex::new(Vec::new());
+    let loaded = || {
+        env.webhook
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .log()
+            .matches("serving certificate loaded")
+            .count()
+    };
+    let loads_before = loaded();
+    let mut latency = Duration::ZERO;
+    let mut admitted_at_swap = 0;
+    std::thread::scope(|scope| {
+        // Three clients, so requests are in flight at every moment of the reload.
+        for client in 0..3 {
+            let (stop, admitted, failures) = (&stop, &admitted, &failures);
+            scope.spawn(move || {
+                for i in 0..2000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let name = format!("renew-{client}-{i}");
+                    let cluster = json!({
+                        "apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster",
+                        "metadata": {"name": name, "namespace": ns},
+                        "spec": {"replicas": 1, "etcdVersion": "3.5.10", "storageSizeGi": 1}
+                    })
+                    .to_string();
+                    let calls: [(&[&str], Option<&str>); 3] = [
+                        (&["create", "-f", "-"], Some(&cluster)),
+                        (
+                            &[
+                                "-n",
+                                ns,
+                                "label",
+                                "etcdclusters.v1alpha1.etcd.example.com",
+                                &name,
+                                "step=updated",
+                            ],
+                            None,
+                        ),
+                        (
+                            &[
+                                "-n",
+                                ns,
+                                "get",
+                                "etcdclusters.v1alpha1.etcd.example.com",
+                                &name,
+                                "-o",
+                                "name",
+                            ],
+                            None,
+                        ),
+                    ];
+                    for (args, input) in calls {
+                        let out = env.cp.kubectl_output(args, input);
+                        if out.status.success() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            failures.lock().unwrap().push(format!(
+                                "kubectl {}: {}",
+                                args.join(" "),
+                                String::from_utf8_lossy(&out.stderr)
+                            ));
+                        }
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        // Renew the leaf as `cmctl renew` does: the Issuing condition, reason ManuallyTriggered.
+        let before =
+            env.get_json(&["-n", NAMESPACE, "secret", "etcd-webhook-tls"])["data"]["tls.crt"]
+                .clone();
+        let condition = json!([{"op": "add", "path": "/status/conditions/-", "value": {
+            "type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+            "message": "renewal triggered by the e2e test"}}]);
+        ok(
+            env.kubectl(&[
+                "-n",
+                NAMESPACE,
+                "patch",
+                "certificate",
+                "etcd-webhook-serving",
+                "--subresource=status",
+                "--type=json",
+                "-p",
+                &condition.to_string(),
+            ]),
+            "trigger the renewal",
+        );
+        wait_for(
+            "cert-manager to write the renewed Secret",
+            Duration::from_secs(60),
+            || {
+                let now = env.get_json(&["-n", NAMESPACE, "secret", "etcd-webhook-tls"])["data"]["tls.crt"].clone();
+                (now != before).then_some(())
+            },
+        );
+        let synced = Instant::now();
+        admitted_at_swap = admitted.load(Ordering::Relaxed);
+        env.sync_secret_volume();
+        wait_for(
+            "the server to load the renewed certificate",
+            Duration::from_secs(30),
+            || (loaded() > loads_before).then_some(()),
+        );
+        latency = synced.elapsed();
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+    });
+    let failures = failures.into_inner().unwrap();
+    let admitted = admitted.into_inner();
+    eprintln!(
+        "    {admitted} apiserver requests admitted during the renewal ({} after the ..data swap), {} failed; served {:.0} ms after the swap",
+        admitted - admitted_at_swap,
+        failures.len(),
+        latency.as_secs_f64() * 1000.0
+    );
+    assert!(
+        failures.is_empty(),
+        "failed during the renewal: {failures:#?}"
+    );
+    assert!(
+        admitted >= 30 && admitted - admitted_at_swap >= 10,
+        "the load ran through the reload: {admitted} requests, {} after the swap",
+        admitted - admitted_at_swap
+    );
+    // The server serves the renewed leaf, and the apiserver still trusts it.
+    let revision = env.get_json(&["-n", NAMESPACE, "certificate", "etcd-webhook-serving"])["status"]["revision"].clone();
+    assert_eq!(revision, 2);
+    the_served_certificate_is_what_the_apiserver_trusts_now(env);
+    ok(
+        env.kubectl(&["delete", "namespace", ns, "--wait=false"]),
+        "delete namespace",
     );
 }

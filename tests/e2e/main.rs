@@ -52,6 +52,10 @@ const SCENARIOS: &[Scenario] = &[
         admission::an_invalid_stored_cluster_can_still_be_edited_and_deleted,
     ),
     (
+        "leaf_renewal_under_load_drops_nothing",
+        lifecycle::leaf_renewal_under_load_drops_nothing,
+    ),
+    (
         "helm_chart_dry_runs_on_the_real_api",
         lifecycle::helm_chart_dry_runs_on_the_real_api,
     ),
