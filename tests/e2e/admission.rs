@@ -13,21 +13,9 @@ const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
 
 /// Runs `etcd-webhook ARGS` with `input` on stdin: (exit code, stdout, stderr).
 pub fn offline(args: &[&str], input: &str) -> (i32, String, String) {
-    use std::io::Write;
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run etcd-webhook");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    let out = crate::cluster::run(cmd, Some(input));
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8(out.stdout).unwrap(),
@@ -142,10 +130,7 @@ pub fn samples_round_trip_through_every_version(env: &Env) {
 /// 200 objects listed in v1alpha1: every item converted, in one ConversionReview.
 pub fn list_of_200_in_an_old_version(env: &Env) {
     let ns = "e2e-list";
-    ok(
-        env.kubectl(&["create", "namespace", ns]),
-        "create namespace",
-    );
+    env.create_namespace(ns);
     let items: Vec<Value> = (0..200)
         .map(|i| {
             json!({
@@ -235,10 +220,7 @@ fn cluster(version: &str, name: &str, spec: Value) -> Value {
 /// Every rule, sent through kubectl: the user sees exactly the message `/validate` wrote (as
 /// `etcd-webhook review` prints it), in the field paths of the version the user wrote.
 pub fn denials_reach_the_user(env: &Env) {
-    ok(
-        env.kubectl(&["create", "namespace", "e2e-deny"]),
-        "create namespace",
-    );
+    env.create_namespace("e2e-deny");
     let v1 = |name, spec| cluster("v1", name, spec);
     let base =
         json!({"size": 3, "version": "v3.5.10", "storageClass": "ssd", "storageSize": "20Gi"});
@@ -399,45 +381,37 @@ pub fn denials_reach_the_user(env: &Env) {
 pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
     let ns = "e2e-ratchet";
     let name = "ratchet";
-    ok(
-        env.kubectl(&["create", "namespace", ns]),
-        "create namespace",
-    );
-    let cluster = json!({
-        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"size": 3, "version": "v3.5.10", "storageSize": "1Gi"}
-    });
-    ok(
-        env.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
-        "create",
+    env.create_namespace(ns);
+    env.create_cluster(
+        ns,
+        name,
+        json!({"size": 3, "version": "v3.5.10", "storageSize": "1Gi"}),
     );
     wait_for("the loop's finalizer", Duration::from_secs(60), || {
         let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
         ec["metadata"]["finalizers"].is_array().then_some(())
     });
 
+    let set_size = |size: u32| {
+        let patch = json!({"spec": {"size": size}}).to_string();
+        env.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "etcdcluster",
+            name,
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+    };
     // Bypass the webhooks: failurePolicy Ignore, and the webhook down.
     env.set_failure_policy("Ignore");
     env.stop_webhook();
     wait_for(
         "an even size to get past the bypassed webhook",
         Duration::from_secs(30),
-        || {
-            env.kubectl(&[
-                "-n",
-                ns,
-                "patch",
-                "etcdcluster",
-                name,
-                "--type=merge",
-                "-p",
-                r#"{"spec":{"size":4}}"#,
-            ])
-            .status
-            .success()
-            .then_some(())
-        },
+        || set_size(4).status.success().then_some(()),
     );
     env.set_failure_policy("Fail");
     env.serve_with("etcd-webhook-e2e-ratchet");
@@ -455,16 +429,7 @@ pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
         "kubectl shows the warning: {stderr}"
     );
     // A spec change is still judged in full.
-    let out = env.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "etcdcluster",
-        name,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"size":6}}"#,
-    ]);
+    let out = set_size(6);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("spec.size: Invalid value: 6: must be odd")

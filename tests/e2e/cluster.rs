@@ -405,12 +405,18 @@ impl Drop for ControlPlane {
 
 /// Runs kubectl (tests/tools/k8s-cli.sh) with a kubeconfig.
 pub fn kubectl_as(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(common::k8s_tools().join("kubectl"))
-        .arg("--kubeconfig")
+    let mut cmd = Command::new(common::k8s_tools().join("kubectl"));
+    cmd.arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)
-        .current_dir(common::root())
+        .current_dir(common::root());
+    run(cmd, stdin)
+}
+
+/// Runs a command with `stdin` (or none) and collects its output.
+pub fn run(mut cmd: Command, stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut child = cmd
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -419,7 +425,7 @@ pub fn kubectl_as(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Outp
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run kubectl");
+        .unwrap_or_else(|e| panic!("run {:?}: {e}", cmd.get_program()));
     if let Some(input) = stdin {
         child
             .stdin

@@ -345,6 +345,26 @@ impl Env {
         );
     }
 
+    pub fn create_namespace(&self, ns: &str) {
+        ok(
+            self.kubectl(&["create", "namespace", ns]),
+            &format!("create namespace {ns}"),
+        );
+    }
+
+    /// Creates the v1 EtcdCluster `ns/name` with `spec`.
+    pub fn create_cluster(&self, ns: &str, name: &str, spec: Value) {
+        let cluster = serde_json::json!({
+            "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": spec,
+        });
+        ok(
+            self.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
+            &format!("create EtcdCluster {ns}/{name}"),
+        );
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.cp.kubectl_output(args, None)
     }

@@ -13,10 +13,7 @@ use crate::install::{CRD, Env, NAMESPACE, SERVICE, label, ok, yaml_docs};
 /// still work. Both recover when a replica returns, without touching the apiserver.
 pub fn webhook_down_fails_closed_and_recovers(env: &Env) {
     let ns = "e2e-down";
-    ok(
-        env.kubectl(&["create", "namespace", ns]),
-        "create namespace",
-    );
+    env.create_namespace(ns);
     let cluster = |name: &str| {
         json!({
             "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
@@ -249,10 +246,7 @@ pub fn leaf_renewal_under_load_drops_nothing(env: &Env) {
     use std::time::Instant;
 
     let ns = "e2e-renew";
-    ok(
-        env.kubectl(&["create", "namespace", ns]),
-        "create namespace",
-    );
+    env.create_namespace(ns);
     let stop = AtomicBool::new(false);
     let admitted = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());

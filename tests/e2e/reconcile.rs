@@ -44,20 +44,12 @@ fn get_opt(env: &Env, ns: &str, resource: &str, name: &str) -> Option<Value> {
 pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
     let ns = "e2e-loop";
     let name = "loop";
-    ok(
-        env.kubectl(&["create", "namespace", ns]),
-        "create namespace",
-    );
-    let cluster = json!({
-        "apiVersion": "etcd.example.com/v1",
-        "kind": "EtcdCluster",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"size": 3, "version": "v3.5.10", "storageSize": "1Gi",
-                 "backup": {"enabled": true, "schedule": "0 * * * *"}}
-    });
-    ok(
-        env.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
-        "create the EtcdCluster",
+    env.create_namespace(ns);
+    env.create_cluster(
+        ns,
+        name,
+        json!({"size": 3, "version": "v3.5.10", "storageSize": "1Gi",
+               "backup": {"enabled": true, "schedule": "0 * * * *"}}),
     );
     let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
     let uid = ec["metadata"]["uid"].as_str().unwrap().to_owned();
@@ -188,18 +180,11 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
 pub fn foreground_deletion_waits_for_the_children(env: &Env) {
     let ns = "e2e-foreground";
     let name = "fg";
-    ok(
-        env.kubectl(&["create", "namespace", ns]),
-        "create namespace",
-    );
-    let cluster = json!({
-        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"size": 1, "version": "v3.5.10", "storageSize": "1Gi"}
-    });
-    ok(
-        env.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
-        "create",
+    env.create_namespace(ns);
+    env.create_cluster(
+        ns,
+        name,
+        json!({"size": 1, "version": "v3.5.10", "storageSize": "1Gi"}),
     );
     let blocking = [
         ("statefulset", name.to_owned()),
@@ -298,18 +283,11 @@ pub fn leader_election_on_real_leases(env: &Env) {
     );
     // The survivor reconciles: a cluster created now gets its StatefulSet.
     let ns = "e2e-leader";
-    ok(
-        env.kubectl(&["create", "namespace", ns]),
-        "create namespace",
-    );
-    let cluster = json!({
-        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
-        "metadata": {"name": "led", "namespace": ns},
-        "spec": {"size": 1, "version": "v3.5.10", "storageSize": "1Gi"}
-    });
-    ok(
-        env.kubectl_in(&["create", "-f", "-"], &cluster.to_string()),
-        "create",
+    env.create_namespace(ns);
+    env.create_cluster(
+        ns,
+        "led",
+        json!({"size": 1, "version": "v3.5.10", "storageSize": "1Gi"}),
     );
     wait_for(
         "the survivor's StatefulSet",
