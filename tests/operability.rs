@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn sample(body: &str, name_and_labels: &str) -> f64 {
+    common::assert_exposed(body, name_and_labels.split('{').next().unwrap());
     body.lines()
         .find(|l| l.split_whitespace().next() == Some(name_and_labels))
         .and_then(|l| l.rsplit(' ').next())

@@ -195,6 +195,7 @@ impl Server {
     /// that contain `labels`.
     pub fn metric(&self, name: &str, labels: &str) -> f64 {
         let (_, body) = self.health_get("/metrics");
+        assert_exposed(&body, name);
         body.lines()
             .filter(|l| !l.starts_with('#'))
             .filter(|l| {
@@ -254,6 +255,20 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Panics unless `/metrics` declares the family of `name` (`# TYPE`): a metric that vanished must
+/// not read as 0, which is what a label set without samples yet reads as.
+pub fn assert_exposed(body: &str, name: &str) {
+    let family = ["_total", "_bucket", "_count", "_sum"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name);
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with(&format!("# TYPE {family} "))),
+        "metric {name} is not exposed at all:\n{body}"
+    );
 }
 
 /// A rustls client config trusting `ca` and offering `alpn`.
