@@ -376,7 +376,9 @@ fn check(install: &Install, cert_manager: bool) {
 
     // The CRD: generated, converting through our Service.
     let crds: Vec<CustomResourceDefinition> = install.all("CustomResourceDefinition");
-    if let Some(crd) = crds.first() {
+    assert_eq!(crds.len(), 1, "{n}: the install carries the CRD");
+    {
+        let crd = &crds[0];
         let conv = crd
             .spec
             .conversion

@@ -231,12 +231,17 @@ async fn check_fixture(client: &reqwest::Client, server: &Server, e: &Value) {
             }
             let mut again = request.clone();
             again["request"]["object"] = patched.clone();
-            let (_, _, second) = post(
+            let (code, _, second) = post(
                 client,
                 &server.url("/mutate"),
                 serde_json::to_vec(&again).unwrap(),
             )
             .await;
+            assert_eq!(code, 200, "{file}: second round: {second}");
+            assert_eq!(
+                second["response"]["allowed"], true,
+                "{file}: second round: {second}"
+            );
             assert!(
                 second["response"].get("patch").is_none(),
                 "{file}: second round patched again: {second}"
