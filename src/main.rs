@@ -412,10 +412,11 @@ async fn start_controller(
     // etcd-system: never the kubeconfig context's, which would put a laptop's Lease where the
     // in-cluster replicas never look.
     let lease_namespace = args.leader_election_namespace.clone().unwrap_or_else(|| {
-        std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
-            .ok()
+        in_pod
+            .then(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
+            .flatten()
             .map(|ns| ns.trim().to_owned())
-            .filter(|ns| in_pod && !ns.is_empty())
+            .filter(|ns| !ns.is_empty())
             .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
     });
     tracing::info!(server = %config.cluster_url, %lease_namespace, "controller: reconciling EtcdClusters of this API server");

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::{KUBERNETES_VERSION, wait_for};
 use crate::common::BIN;
-use crate::install::{CRD, Env, ok, project_file, yaml_docs};
+use crate::install::{CRD, Env, ok, yaml_docs};
 
 const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
 
@@ -87,7 +87,8 @@ pub fn samples_round_trip_through_every_version(env: &Env) {
         "config/samples/etcd_v1beta1_etcdcluster.yaml",
         "config/samples/etcd_v1alpha1_etcdcluster.yaml",
     ] {
-        let sample = &yaml_docs(&std::fs::read_to_string(project_file(file)).unwrap())[0];
+        let sample =
+            &yaml_docs(&std::fs::read_to_string(crate::common::root().join(file)).unwrap())[0];
         let name = sample["metadata"]["name"].as_str().unwrap();
         let ns = sample["metadata"]["namespace"].as_str().unwrap();
         ok(

@@ -130,17 +130,18 @@ impl Pki {
 
 /// A kubeconfig for `server` with either a client certificate or a bearer token.
 pub fn kubeconfig(server: &str, ca_pem: &str, user: &str) -> String {
-    use base64::Engine;
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\ncurrent-context: e2e\nusers:\n- name: e2e\n  user:\n{user}\n",
         b64(ca_pem)
     )
 }
 
-fn cert_user(cert_pem: &str, key_pem: &str) -> String {
+fn b64(s: &str) -> String {
     use base64::Engine;
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn cert_user(cert_pem: &str, key_pem: &str) -> String {
     format!(
         "    client-certificate-data: {}\n    client-key-data: {}",
         b64(cert_pem),

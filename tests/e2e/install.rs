@@ -26,6 +26,25 @@ pub const NAMESPACE: &str = "etcd-system";
 pub const SERVICE: &str = "etcd-webhook";
 pub const CRD: &str = "etcdclusters.etcd.example.com";
 
+/// Where cainjector writes the CA: (resource, name, JSONPath of the caBundle).
+pub const CA_BUNDLES: [(&str, &str, &str); 3] = [
+    (
+        "mutatingwebhookconfiguration",
+        "etcd-webhook-mutating",
+        "{.webhooks[0].clientConfig.caBundle}",
+    ),
+    (
+        "validatingwebhookconfiguration",
+        "etcd-webhook-validating",
+        "{.webhooks[0].clientConfig.caBundle}",
+    ),
+    (
+        "crd",
+        CRD,
+        "{.spec.conversion.webhook.clientConfig.caBundle}",
+    ),
+];
+
 /// The cluster with the product installed, and the webhook process serving it.
 pub struct Env {
     pub cp: ControlPlane,
@@ -150,42 +169,22 @@ impl Env {
         // cainjector writes the CA of the serving Certificate into all three.
         use base64::Engine;
         let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-        for (what, args) in [
-            (
-                "the mutating webhook's caBundle",
-                [
-                    "mutatingwebhookconfiguration",
-                    "etcd-webhook-mutating",
-                    "{.webhooks[0].clientConfig.caBundle}",
-                ],
-            ),
-            (
-                "the validating webhook's caBundle",
-                [
-                    "validatingwebhookconfiguration",
-                    "etcd-webhook-validating",
-                    "{.webhooks[0].clientConfig.caBundle}",
-                ],
-            ),
-            (
-                "the CRD conversion webhook's caBundle",
-                [
-                    "crd",
-                    CRD,
-                    "{.spec.conversion.webhook.clientConfig.caBundle}",
-                ],
-            ),
-        ] {
-            let jsonpath = format!("jsonpath={}", args[2]);
+        for target in CA_BUNDLES {
             wait_for(
-                &format!("cainjector to fill {what}"),
+                &format!(
+                    "cainjector to fill the caBundle of {} {}",
+                    target.0, target.1
+                ),
                 Duration::from_secs(60),
-                || {
-                    let out = self.kubectl(&["get", args[0], args[1], "-o", &jsonpath]);
-                    (String::from_utf8_lossy(&out.stdout).trim() == ca).then_some(())
-                },
+                || (self.ca_bundle(target) == ca).then_some(()),
             );
         }
+    }
+
+    /// The caBundle (base64, as stored) at one of [`CA_BUNDLES`].
+    pub fn ca_bundle(&self, (kind, name, path): (&str, &str, &str)) -> String {
+        let out = self.kubectl(&["get", kind, name, "-o", &format!("jsonpath={path}")]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
     /// Does what the kubelet does for a Secret volume: the Secret's data is written into a new
@@ -393,9 +392,4 @@ impl Env {
             );
         }
     }
-}
-
-/// The path of a file under the project root.
-pub fn project_file(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::wait_for;
 use crate::common;
-use crate::install::{CRD, Env, NAMESPACE, SERVICE, label, ok, yaml_docs};
+use crate::install::{CA_BUNDLES, Env, NAMESPACE, SERVICE, label, ok, yaml_docs};
 
 /// With the webhook process stopped, `failurePolicy: Fail` rejects writes with the apiserver's
 /// message and reads in an old version fail (the conversion webhook is unreachable); v1 reads
@@ -166,27 +166,8 @@ fn the_served_certificate_is_what_the_apiserver_trusts_now(env: &Env) {
     use base64::Engine;
     let port = env.webhook.lock().unwrap().as_ref().unwrap().addr.port();
     let host = format!("{SERVICE}.{NAMESPACE}.svc");
-    for (kind, name, path) in [
-        (
-            "mutatingwebhookconfiguration",
-            "etcd-webhook-mutating",
-            "{.webhooks[0].clientConfig.caBundle}",
-        ),
-        (
-            "validatingwebhookconfiguration",
-            "etcd-webhook-validating",
-            "{.webhooks[0].clientConfig.caBundle}",
-        ),
-        (
-            "crd",
-            CRD,
-            "{.spec.conversion.webhook.clientConfig.caBundle}",
-        ),
-    ] {
-        let bundle = ok(
-            env.kubectl(&["get", kind, name, "-o", &format!("jsonpath={path}")]),
-            "read the caBundle",
-        );
+    for target @ (kind, name, _) in CA_BUNDLES {
+        let bundle = env.ca_bundle(target);
         let pem = base64::engine::general_purpose::STANDARD
             .decode(bundle.trim())
             .unwrap_or_else(|e| panic!("{kind} {name}: caBundle is not base64: {e}"));
