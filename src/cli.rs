@@ -1,4 +1,4 @@
-//! Command line: `serve`, `crd`, `certs`. Every serve flag has an environment fallback.
+//! Command line: `serve`, `crd`, `certs`, `review`, `convert`, `render`, `migrate-storage`. Every serve flag has an environment fallback.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -24,7 +24,7 @@ pub enum Command {
     /// Serve /mutate, /validate and /convert over HTTPS.
     Serve(Box<ServeArgs>),
     /// Print the CustomResourceDefinition (all versions, v1 stored) as YAML.
-    Crd,
+    Crd(CrdArgs),
     /// Write a development CA (ca.crt) and a serving pair (tls.crt, tls.key) signed by it.
     Certs(CertsArgs),
     /// Decide offline what the webhooks would: defaults, then the rules. Exit 0 allowed,
@@ -35,6 +35,37 @@ pub enum Command {
     /// Print the objects the controller creates for EtcdCluster manifests (after the webhooks'
     /// defaults and rules). Exit 0, 1 when a manifest is denied, 2 on bad input.
     Render(RenderArgs),
+    /// Rewrite every EtcdCluster so the apiserver stores it in the CRD's storage version (v1),
+    /// then set the CRD's status.storedVersions to that version alone (KUBECONFIG or in-cluster
+    /// config; RBAC: config/storage-migration). Exit 0 done, 1 when an object could not be
+    /// rewritten (storedVersions left alone), 2 on any other error.
+    MigrateStorage(MigrateStorageArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CrdArgs {
+    /// Versions to serve (comma-separated); the others are left out of the CRD.
+    /// Anything but all three is checked against the cluster of KUBECONFIG first: refused
+    /// while the CRD's status.storedVersions lists an unserved version (run `migrate-storage`).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TargetVersion::V1alpha1, TargetVersion::V1beta1, TargetVersion::V1])]
+    pub served: Vec<TargetVersion>,
+    /// Print without the check against a cluster.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateStorageArgs {
+    /// Send every rewrite with dryRun=All (conversion and webhooks run, nothing is written) and
+    /// leave storedVersions alone.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Rewrites in flight at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
+    /// The final report as YAML or JSON instead of text.
+    #[arg(short = 'o', long = "output", value_enum)]
+    pub output: Option<OutputFormat>,
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod controller;
 pub mod health;
 pub mod metrics;
+pub mod migrate;
 pub mod offline;
 pub mod server;
 pub mod tls;

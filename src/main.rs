@@ -8,11 +8,11 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use etcd_webhook::cli::{
-    CertsArgs, Cli, Command, ControllerArgs, ControllerMode, ConvertArgs, LogArgs, LogFormat,
-    OutputFormat, RenderArgs, ReviewArgs, ServeArgs,
+    CertsArgs, Cli, Command, ControllerArgs, ControllerMode, ConvertArgs, CrdArgs, LogArgs,
+    LogFormat, MigrateStorageArgs, OutputFormat, RenderArgs, ReviewArgs, ServeArgs,
 };
 use etcd_webhook::controller::{self, leader, render::RenderOptions};
-use etcd_webhook::offline;
+use etcd_webhook::{migrate, offline};
 use std::time::Duration;
 
 use etcd_webhook::metrics::Metrics;
@@ -39,19 +39,13 @@ fn main() -> Result<()> {
         .install_default()
         .map_err(|_| anyhow::anyhow!("a TLS crypto provider was already installed"))?;
     match cli.command {
-        Command::Crd => {
-            print!("{}", api::crd_yaml());
-            Ok(())
-        }
+        Command::Crd(args) => std::process::exit(crd(&args)),
+        Command::MigrateStorage(args) => std::process::exit(migrate_storage(&args)),
         Command::Certs(args) => certs(&args),
         Command::Review(_) | Command::Convert(_) | Command::Render(_) => {
             unreachable!("handled above")
         }
-        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")?
-            .block_on(serve(*args)),
+        Command::Serve(args) => runtime()?.block_on(serve(*args)),
     }
 }
 
@@ -73,6 +67,118 @@ fn init_tracing(args: &LogArgs) -> Result<()> {
         builder.init();
     }
     Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// `crd`: all versions served, offline; fewer only after checking that the cluster stores none
+/// of the others (exit 1 when it may, 2 when it cannot tell).
+fn crd(args: &CrdArgs) -> i32 {
+    let served: Vec<api::Version> = args.served.iter().map(|&v| v.into()).collect();
+    if api::Version::ALL.iter().all(|v| served.contains(v)) {
+        print!("{}", api::crd_yaml());
+        return 0;
+    }
+    let crd = match migrate::crd_serving(&served) {
+        Ok(crd) => crd,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let names: Vec<&str> = served.iter().map(|v| v.as_str()).collect();
+    if !args.offline {
+        let check = async {
+            let client = kube::Client::try_default().await?;
+            Ok::<_, anyhow::Error>(migrate::stored_versions(client).await?)
+        };
+        let stored = match runtime().and_then(|rt| rt.block_on(check)) {
+            Ok(stored) => stored,
+            Err(e) => {
+                eprintln!(
+                    "error: cannot read status.storedVersions of {} from the cluster: {e:#}\n\
+                     (--offline prints the CRD without this check)",
+                    migrate::CRD_NAME
+                );
+                return 2;
+            }
+        };
+        match stored {
+            None => tracing::info!(
+                crd = migrate::CRD_NAME,
+                "the CRD is not installed in this cluster: nothing is stored in any version"
+            ),
+            Some(stored) => {
+                let left = migrate::still_stored(&stored, &served);
+                if !left.is_empty() {
+                    eprintln!(
+                        "refusing to stop serving {}: status.storedVersions of {} is [{}], so \
+                         objects may still be stored in {}. Run `etcd-webhook migrate-storage` \
+                         first (see README, \"Retiring v1alpha1 and v1beta1\").",
+                        left.join(", "),
+                        migrate::CRD_NAME,
+                        stored.join(", "),
+                        left.join(", ")
+                    );
+                    return 1;
+                }
+            }
+        }
+    }
+    print!(
+        "{}",
+        api::crd_document(
+            &crd,
+            &format!("etcd-webhook crd --served {}", names.join(","))
+        )
+    );
+    0
+}
+
+/// `migrate-storage`: exit 0 when every object was rewritten, 1 when some could not be
+/// (storedVersions left alone), 2 on any other error.
+fn migrate_storage(args: &MigrateStorageArgs) -> i32 {
+    let options = migrate::Options {
+        dry_run: args.dry_run,
+        concurrency: usize::from(args.concurrency),
+    };
+    let run = async {
+        let client = kube::Client::try_default()
+            .await
+            .context("no usable Kubernetes config (KUBECONFIG or in-cluster)")?;
+        let report = migrate::run(client, options, |done, total| {
+            let step = (total / 20).max(10);
+            if done % step == 0 || done == total {
+                tracing::info!(done, total, "migrate-storage progress: {done}/{total}");
+            }
+        })
+        .await?;
+        Ok::<_, anyhow::Error>(report)
+    };
+    let report = match runtime().and_then(|rt| rt.block_on(run)) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return 2;
+        }
+    };
+    match args.output {
+        None => print!("{}", report.text()),
+        Some(OutputFormat::Json) => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("a report serializes")
+        ),
+        Some(OutputFormat::Yaml) => print!(
+            "{}",
+            serde_yaml_ng::to_string(&report).expect("a report serializes")
+        ),
+    }
+    if report.failed.is_empty() { 0 } else { 1 }
 }
 
 /// `review`: exit 0 when every document is allowed, 1 when any is denied, 2 on bad input.

@@ -826,3 +826,51 @@ fn samples_pass_validate_and_mutate_only_adds_defaults() {
     let k = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
     assert_eq!(k.matches("etcd_").count(), 3);
 }
+
+/// config/storage-migration grants exactly what `migrate-storage` calls (src/migrate.rs), the
+/// CRD only by name, and binds nothing.
+#[test]
+fn storage_migration_role_is_exactly_what_the_migration_calls() {
+    let install = Install {
+        name: "config/storage-migration".into(),
+        docs: documents(&tool("kubectl", &["kustomize", "config/storage-migration"])),
+    };
+    assert_eq!(install.docs.len(), 1, "only the ClusterRole");
+    let role: ClusterRole = install.one("ClusterRole");
+    assert_eq!(
+        role.metadata.name.as_deref(),
+        Some("etcd-webhook-storage-migrator")
+    );
+    let rules = role.rules.unwrap_or_default();
+    grants(
+        &rules,
+        etcd_webhook::migrate::MIGRATOR_RBAC_RULES,
+        "storage migrator",
+    );
+    let mut granted = Vec::new();
+    for r in &rules {
+        for group in r.api_groups.iter().flatten() {
+            for resource in r.resources.iter().flatten() {
+                for verb in &r.verbs {
+                    granted.push((group.clone(), resource.clone(), verb.clone()));
+                }
+                if group == "apiextensions.k8s.io" {
+                    assert_eq!(
+                        r.resource_names.as_deref(),
+                        Some(&[etcd_webhook::migrate::CRD_NAME.to_owned()][..]),
+                        "{resource}: this CRD only"
+                    );
+                }
+            }
+        }
+    }
+    let needed: usize = etcd_webhook::migrate::MIGRATOR_RBAC_RULES
+        .iter()
+        .map(|(_, _, verbs)| verbs.len())
+        .sum();
+    assert_eq!(
+        granted.len(),
+        needed,
+        "nothing beyond the calls: {granted:?}"
+    );
+}

@@ -12,7 +12,7 @@ pub mod render;
 pub mod status;
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 // One in-memory API server for the unit tests and the binary's tests.
 #[cfg(test)]
 #[path = "../../tests/common/fake_api.rs"]

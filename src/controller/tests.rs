@@ -9,7 +9,7 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::fake::{Call, FakeApi, per_verb};
+use super::fake::{Call, FakeApi, assert_granted, per_verb};
 use super::render::tests::{backup, cluster};
 use super::*;
 use crate::api::v1::Backup;
@@ -77,59 +77,6 @@ fn events(calls: &[Call]) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-/// The RBAC rule (group, resource, verb) a recorded call needs.
-/// What a call needs: its verb on its resource and, for an object whose ownerReference blocks the
-/// owner's deletion, `update` on the owner's `finalizers` subresource (the admission plugin
-/// OwnerReferencesPermissionEnforcement checks it on create and update; tests/e2e proves it).
-fn needs(c: &Call) -> Vec<(String, String, &'static str)> {
-    let verb = match (c.method.as_str(), c.named) {
-        ("GET", true) => "get",
-        ("GET", false) => "list",
-        ("POST", _) => "create",
-        ("PATCH", _) => "patch",
-        ("DELETE", _) => "delete",
-        (m, _) => panic!("unexpected {m}"),
-    };
-    let resource = if c.status_subresource {
-        format!("{}/status", c.resource)
-    } else {
-        c.resource.clone()
-    };
-    let mut all = vec![(c.group.clone(), resource, verb)];
-    let owners = c
-        .body
-        .as_ref()
-        .and_then(|b| b.pointer("/metadata/ownerReferences"))
-        .and_then(Value::as_array);
-    for owner in owners.into_iter().flatten() {
-        if owner["blockOwnerDeletion"] == true {
-            assert_eq!(owner["kind"], crate::api::KIND, "{} {}", c.method, c.path);
-            all.push((
-                crate::api::GROUP.to_owned(),
-                "etcdclusters/finalizers".to_owned(),
-                "update",
-            ));
-        }
-    }
-    all
-}
-
-/// Every call was allowed by the rules the install grants.
-fn assert_granted(calls: &[Call], rules: &[(&str, &str, &[&str])]) {
-    for c in calls {
-        for (group, resource, verb) in needs(c) {
-            assert!(
-                rules
-                    .iter()
-                    .any(|(g, r, vs)| *g == group && *r == resource && vs.contains(&verb)),
-                "{} {} needs {verb} on {group}/{resource}, which the RBAC rules do not grant",
-                c.method,
-                c.path
-            );
-        }
-    }
 }
 
 fn cluster_json(api: &FakeApi) -> Value {

@@ -57,6 +57,20 @@ pub fn group_of(prefix: &str) -> &str {
     }
 }
 
+/// The apiserver's answer to a write whose resourceVersion is not the stored one.
+fn conflict(path: &str) -> (u16, Value) {
+    (
+        409,
+        status(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {path}: the object has been modified; please apply your changes to the latest version and try again"
+            ),
+        ),
+    )
+}
+
 /// The PATCH type named by a Content-Type.
 pub fn patch_type(content_type: &str) -> Option<&'static str> {
     match content_type {
@@ -78,6 +92,8 @@ pub fn parse(path: &str) -> Option<(String, Option<String>, String, Option<Strin
     };
     match rest {
         [res] => Some((prefix, None, (*res).to_owned(), None)),
+        // A cluster-scoped object (a CustomResourceDefinition, a Namespace).
+        [res, name] => Some((prefix, None, (*res).to_owned(), Some((*name).to_owned()))),
         ["namespaces", ns, res] => Some((prefix, Some((*ns).to_owned()), (*res).to_owned(), None)),
         ["namespaces", ns, res, name] => Some((
             prefix,
@@ -278,6 +294,7 @@ impl FakeCore {
                 }
             }
             "PATCH" => self.patch(path, sub, query, patch_type, body),
+            "PUT" => self.put(path, sub, query, body),
             _ => (405, status(405, "MethodNotAllowed", method.to_owned())),
         }
     }
@@ -302,6 +319,11 @@ impl FakeCore {
             (None, _) => return (404, status(404, "NotFound", format!("{path} not found"))),
             (Some(o), _) => o,
         };
+        if let (Some(o), Some(want)) = (&existing, body["metadata"]["resourceVersion"].as_str())
+            && o["metadata"]["resourceVersion"].as_str() != Some(want)
+        {
+            return conflict(path);
+        }
         let before = obj.clone();
         match patch_type {
             Some("apply") => {
@@ -341,8 +363,43 @@ impl FakeCore {
                 );
             }
         }
-        // The status subresource: each endpoint changes only its own part.
-        if path.contains("/etcdclusters/") {
+        self.commit(path, sub, existing, before, obj)
+    }
+
+    /// An update (PUT): the whole object, on the condition of its resourceVersion; a dry run
+    /// (`dryRun=All`) answers what would be stored and stores nothing.
+    fn put(&mut self, path: &str, sub: bool, query: &str, body: Option<&Value>) -> (u16, Value) {
+        let Some(existing) = self.objects.get(path).cloned() else {
+            return (404, status(404, "NotFound", format!("{path} not found")));
+        };
+        let mut obj = body.cloned().unwrap_or(json!({}));
+        if let Some(want) = obj["metadata"]["resourceVersion"].as_str()
+            && existing["metadata"]["resourceVersion"].as_str() != Some(want)
+        {
+            return conflict(path);
+        }
+        // What the apiserver sets and a client cannot change.
+        for field in ["uid", "creationTimestamp", "generation", "resourceVersion"] {
+            obj["metadata"][field] = existing["metadata"][field].clone();
+        }
+        if query.split('&').any(|q| q == "dryRun=All") {
+            return (200, obj);
+        }
+        self.commit(path, sub, Some(existing.clone()), existing, obj)
+    }
+
+    /// Stores the result of a write: the status subresource and the main resource each change
+    /// only their own part, generation follows the spec, and a write that changes nothing
+    /// stores nothing (no new resourceVersion), as the apiserver does.
+    fn commit(
+        &mut self,
+        path: &str,
+        sub: bool,
+        existing: Option<Value>,
+        before: Value,
+        mut obj: Value,
+    ) -> (u16, Value) {
+        if path.contains("/etcdclusters/") || path.contains("/customresourcedefinitions/") {
             if sub {
                 let new_status = obj["status"].clone();
                 obj = before.clone();

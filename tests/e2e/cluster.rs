@@ -55,6 +55,8 @@ pub struct ControlPlane {
     pub kubeconfig: PathBuf,
     pub server: String,
     pub ca_pem: String,
+    /// etcd's client URL (plain HTTP on loopback), for reading what the apiserver stored.
+    pub etcd_url: String,
     /// Where the apiserver resolves service references (see tests/controlplane/main.go).
     pub service_map: PathBuf,
     procs: Vec<Proc>,
@@ -176,6 +178,7 @@ impl ControlPlane {
             service_map: dir.join("service-map"),
             server: String::new(),
             ca_pem: String::new(),
+            etcd_url: String::new(),
             logs,
             dir,
             procs: Vec::new(),
@@ -224,6 +227,7 @@ impl ControlPlane {
         let (etcd_client, etcd_peer) = (free_port(), free_port());
         let client_url = format!("http://127.0.0.1:{etcd_client}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        cp.etcd_url = client_url.clone();
         cp.spawn(
             &bin,
             "etcd",

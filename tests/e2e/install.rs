@@ -55,6 +55,8 @@ pub struct Env {
     pub sa_kubeconfig: PathBuf,
     /// The replica the Service routes to.
     pub webhook: Mutex<Option<Server>>,
+    /// Flags every replica gets beyond the Deployment's (each replaces the Deployment's own).
+    replica_flags: Vec<String>,
     /// Every replica started: (pod name, its log).
     replica_logs: Mutex<Vec<(String, Arc<Mutex<String>>)>>,
 }
@@ -91,6 +93,12 @@ pub fn ok(out: Output, what: &str) -> String {
 
 impl Env {
     pub fn install(cp: ControlPlane) -> Env {
+        Env::install_with(cp, &[])
+    }
+
+    /// The install, with `replica_flags` added to every replica's arguments (replacing the
+    /// Deployment's value of the same flag), e.g. `--controller=off` for webhooks only.
+    pub fn install_with(cp: ControlPlane, replica_flags: &[&str]) -> Env {
         let rendered = ok(
             Command::new(common::k8s_tools().join("kubectl"))
                 .args(["kustomize", "config/default"])
@@ -140,6 +148,7 @@ impl Env {
             cp,
             deployment_args,
             webhook: Mutex::new(None),
+            replica_flags: replica_flags.iter().map(|f| (*f).to_owned()).collect(),
             replica_logs: Mutex::new(Vec::new()),
         };
         env.mount_serving_secret();
@@ -251,16 +260,23 @@ impl Env {
     /// Starts one replica: the Deployment's arguments with loopback listeners, the serving pair of
     /// this install, and the pod's environment (POD_NAME, POD_NAMESPACE, the ServiceAccount).
     pub fn start_replica(&self, pod_name: &str, extra: &[&str]) -> Server {
-        let replaced = ["--addr", "--health-addr", "--cert-dir", "--log-format"];
+        let flag = |a: &str| a.split('=').next().unwrap_or_default().to_owned();
+        let mut added: Vec<&str> = vec!["--finalizer-timeout=20s"];
+        added.extend(self.replica_flags.iter().map(String::as_str));
+        added.extend_from_slice(extra);
+        let mut replaced = vec!["--addr", "--health-addr", "--cert-dir", "--log-format"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        replaced.extend(added.iter().map(|a| flag(a)));
         let mut args: Vec<&str> = self
             .deployment_args
             .iter()
             .map(String::as_str)
             .filter(|a| *a != "serve")
-            .filter(|a| !replaced.iter().any(|r| a.split('=').next() == Some(*r)))
+            .filter(|a| !replaced.contains(&flag(a)))
             .collect();
-        args.push("--finalizer-timeout=20s");
-        args.extend_from_slice(extra);
+        args.extend(added);
         let kubeconfig = self.sa_kubeconfig.to_str().unwrap();
         let env = [
             ("KUBECONFIG", kubeconfig),

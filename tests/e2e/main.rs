@@ -1,7 +1,8 @@
 //! End-to-end tests against a real control plane: etcd, kube-apiserver and kube-controller-manager
 //! built from Go modules (tests/controlplane), with the product installed as shipped (install.rs).
 //!
-//! One cluster serves every scenario, so this target has its own runner (harness = false): the
+//! One cluster serves every scenario but those that need a cluster of their own (OWN_CLUSTER:
+//! they start from another install), so this target has its own runner (harness = false): the
 //! scenarios run in order, each caught on panic; every process is stopped by PID at the end, after
 //! success, failure or panic; the components' logs are printed for a failure. Arguments that are
 //! not flags filter scenarios by substring, as libtest's do; with none left, no cluster starts.
@@ -14,11 +15,20 @@ mod cluster;
 mod install;
 mod lifecycle;
 mod reconcile;
+mod storage;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 type Scenario = (&'static str, fn(&install::Env));
+/// A scenario that starts from a bare control plane and installs what it needs itself.
+type OwnScenario = (&'static str, fn(cluster::ControlPlane));
+
+/// Each on a control plane of its own, after the shared one is stopped.
+const OWN_CLUSTER: &[OwnScenario] = &[(
+    "retiring_old_versions_after_storage_migration",
+    storage::retiring_old_versions,
+)];
 
 /// In order: the leader and outage scenarios replace the serving replica, so they come last.
 const SCENARIOS: &[Scenario] = &[
@@ -75,19 +85,23 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let list = std::env::args().any(|a| a == "--list");
-    let chosen: Vec<&Scenario> = SCENARIOS
+    let wanted =
+        |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+    let chosen: Vec<&Scenario> = SCENARIOS.iter().filter(|(name, _)| wanted(name)).collect();
+    let own: Vec<&OwnScenario> = OWN_CLUSTER
         .iter()
-        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .filter(|(name, _)| wanted(name))
         .collect();
     if list {
-        for (name, _) in &chosen {
+        for name in chosen.iter().map(|s| s.0).chain(own.iter().map(|s| s.0)) {
             println!("{name}: test");
         }
         return;
     }
-    let filtered_out = SCENARIOS.len() - chosen.len();
-    println!("\nrunning {} tests", chosen.len());
-    if chosen.is_empty() {
+    let total_chosen = chosen.len() + own.len();
+    let filtered_out = SCENARIOS.len() + OWN_CLUSTER.len() - total_chosen;
+    println!("\nrunning {total_chosen} tests");
+    if total_chosen == 0 {
         println!(
             "\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in 0.00s\n"
         );
@@ -95,6 +109,57 @@ fn main() {
     }
     common::install_crypto();
     let start = Instant::now();
+    let (mut passed, mut failed) = (0, Vec::new());
+    if !chosen.is_empty() {
+        shared_cluster(&chosen, start, &mut passed, &mut failed);
+    }
+    for (name, scenario) in own {
+        let t = Instant::now();
+        let mut logs = None;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let cp = cluster::ControlPlane::start();
+            logs = Some(cp.logs.clone());
+            scenario(cp)
+        }));
+        let secs = t.elapsed().as_secs_f64();
+        match outcome {
+            Ok(()) => {
+                passed += 1;
+                println!("test {name} ... ok ({secs:.1} s)");
+            }
+            Err(_) => {
+                if let Some(logs) = &logs {
+                    cluster::print_logs(logs, 60);
+                }
+                failed.push(*name);
+                println!("test {name} ... FAILED ({secs:.1} s)");
+            }
+        }
+    }
+    if !failed.is_empty() {
+        println!("\nfailures:");
+        for name in &failed {
+            println!("    {name}");
+        }
+    }
+    let total = start.elapsed().as_secs_f64();
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in {total:.2}s\n",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        failed.len()
+    );
+    if !failed.is_empty() {
+        std::process::exit(101);
+    }
+}
+
+/// The scenarios that share one cluster with the product installed as shipped.
+fn shared_cluster(
+    chosen: &[&Scenario],
+    start: Instant,
+    passed: &mut usize,
+    failed: &mut Vec<&'static str>,
+) {
     let setup = catch_unwind(|| {
         let cp = cluster::ControlPlane::start();
         println!(
@@ -104,39 +169,28 @@ fn main() {
         );
         cp
     });
-    let cp = match setup {
-        Ok(cp) => cp,
-        Err(_) => {
-            println!(
-                "\ntest result: FAILED. 0 passed; {} failed; the control plane did not start (see above)",
-                chosen.len()
-            );
-            std::process::exit(101);
-        }
+    let Ok(cp) = setup else {
+        println!("the control plane did not start (see above)");
+        failed.extend(chosen.iter().map(|s| s.0));
+        return;
     };
     let logs = cp.logs.clone();
-    let env = match catch_unwind(AssertUnwindSafe(|| install::Env::install(cp))) {
-        Ok(env) => env,
-        Err(_) => {
-            // The control plane was dropped (stopped) while unwinding; its logs stay.
-            cluster::print_logs(&logs, 60);
-            println!(
-                "\ntest result: FAILED. 0 passed; {} failed; the install failed (see above)",
-                chosen.len()
-            );
-            std::process::exit(101);
-        }
+    let Ok(env) = catch_unwind(AssertUnwindSafe(|| install::Env::install(cp))) else {
+        // The control plane was dropped (stopped) while unwinding; its logs stay.
+        cluster::print_logs(&logs, 60);
+        println!("the install failed (see above)");
+        failed.extend(chosen.iter().map(|s| s.0));
+        return;
     };
     println!("installed in {:.1} s", start.elapsed().as_secs_f64());
-
-    let (mut passed, mut failed) = (0, Vec::new());
+    let failed_before = failed.len();
     for (name, scenario) in chosen {
         let t = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| scenario(&env)));
         let secs = t.elapsed().as_secs_f64();
         match outcome {
             Ok(()) => {
-                passed += 1;
+                *passed += 1;
                 println!("test {name} ... ok ({secs:.1} s)");
             }
             Err(_) => {
@@ -146,21 +200,7 @@ fn main() {
         }
     }
     env.save_webhook_logs();
-    if !failed.is_empty() {
+    if failed.len() > failed_before {
         env.cp.print_logs(60);
-        println!("\nfailures:");
-        for name in &failed {
-            println!("    {name}");
-        }
-    }
-    let total = start.elapsed().as_secs_f64();
-    drop(env);
-    println!(
-        "\ntest result: {}. {passed} passed; {} failed; 0 ignored; 0 measured; {filtered_out} filtered out; finished in {total:.2}s\n",
-        if failed.is_empty() { "ok" } else { "FAILED" },
-        failed.len()
-    );
-    if !failed.is_empty() {
-        std::process::exit(101);
     }
 }
