@@ -3,6 +3,7 @@
 
 pub mod convert;
 pub mod defaults;
+pub mod quantity;
 pub mod v1;
 pub mod v1alpha1;
 pub mod v1beta1;

@@ -237,13 +237,27 @@ fn now() -> Time {
 /// not count; a field we stopped setting does, through the lists and the lengths.
 /// `apiVersion`/`kind` are skipped: the typed objects write them into embedded objects (a
 /// StatefulSet's claim templates), where the apiserver need not keep them.
+/// Resource quantities (the values of `requests` and `limits` maps) compare as values: the
+/// apiserver returns them in canonical form.
 pub fn includes(actual: &Value, expected: &Value) -> bool {
+    includes_in(actual, expected, false)
+}
+
+/// `quantities`: `actual` and `expected` are a `requests` or `limits` map.
+fn includes_in(actual: &Value, expected: &Value, quantities: bool) -> bool {
     match (actual, expected) {
         (Value::Object(a), Value::Object(e)) => e.iter().all(|(k, v)| {
-            k == "apiVersion" || k == "kind" || a.get(k).is_some_and(|av| includes(av, v))
+            k == "apiVersion"
+                || k == "kind"
+                || a.get(k).is_some_and(|av| match (av, v) {
+                    (Value::String(x), Value::String(y)) if quantities => {
+                        x == y || crate::api::quantity::same(x, y)
+                    }
+                    _ => includes_in(av, v, matches!(k.as_str(), "requests" | "limits")),
+                })
         }),
         (Value::Array(a), Value::Array(e)) => {
-            a.len() == e.len() && a.iter().zip(e).all(|(x, y)| includes(x, y))
+            a.len() == e.len() && a.iter().zip(e).all(|(x, y)| includes_in(x, y, false))
         }
         (a, e) => a == e,
     }
@@ -825,7 +839,7 @@ async fn resize_storage(
     have: i64,
     want: i64,
 ) -> Result<(), Error> {
-    let size = format!("{want}Gi");
+    let size = crate::api::quantity::canonical_gib(want);
     for ordinal in 0..replicas {
         let claim = render::member_claim(ec, ordinal);
         let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});

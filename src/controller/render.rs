@@ -273,8 +273,13 @@ fn etcd_image(ec: &EtcdCluster, opts: &RenderOptions) -> String {
     )
 }
 
+/// A storage request as the apiserver writes it back (`1024Gi` is stored as `1Ti`), so what the
+/// loop renders is what it reads.
 fn storage(size: &str) -> BTreeMap<String, Quantity> {
-    BTreeMap::from([("storage".to_owned(), Quantity(size.to_owned()))])
+    BTreeMap::from([(
+        "storage".to_owned(),
+        Quantity(crate::api::quantity::canonical(size)),
+    )])
 }
 
 /// StatefulSet `NAME`.
@@ -740,9 +745,9 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
     out
 }
 
-/// Whole GiB of a `NGi` quantity (the only spelling the webhook admits).
+/// Whole GiB of a quantity in any spelling (`10Gi`, and `1Ti` as the apiserver returns 1024Gi).
 pub fn gib(q: &str) -> Option<i64> {
-    q.strip_suffix("Gi")?.parse().ok()
+    crate::api::quantity::gib(q)
 }
 
 #[cfg(test)]

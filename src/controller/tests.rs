@@ -299,6 +299,61 @@ async fn version_upgrade_rolls_the_template_and_records_an_event() {
     );
 }
 
+/// The apiserver stores `1024Gi` as `1Ti` (the fake does too): an unchanged 1024Gi cluster is
+/// not re-applied, and growing it to 2048Gi takes the resize path rather than applying a changed
+/// volumeClaimTemplates, which the apiserver refuses.
+#[tokio::test]
+async fn storage_in_tebibytes_is_read_back_canonical_and_grows() {
+    let (api, ctx) = setup(3, None);
+    api.set(EC, "/spec/storageSize", json!("1024Gi"));
+    pass(&api, &ctx).await.unwrap();
+    let template = |api: &FakeApi| {
+        api.get(STS).expect("StatefulSet")["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]
+            ["requests"]["storage"]
+            .clone()
+    };
+    assert_eq!(template(&api), "1Ti");
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    assert!(
+        writes(&calls).is_empty(),
+        "writes on an unchanged 1024Gi cluster: {:?}",
+        describe(&writes(&calls))
+    );
+    let claim = |i: i32| format!("/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-{i}");
+    for i in 0..3 {
+        api.insert(
+            &claim(i),
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": format!("data-etcd-{i}"), "namespace": "prod"},
+                "spec": {"resources": {"requests": {"storage": "1Ti"}}}}),
+        );
+    }
+    api.set(EC, "/spec/storageSize", json!("2048Gi"));
+    api.clear_calls();
+    pass(&api, &ctx)
+        .await
+        .expect("the resize path, not a refused apply");
+    let calls = api.calls();
+    assert!(
+        writes(&calls).iter().all(|c| c.code < 400),
+        "{:?}",
+        describe(&writes(&calls))
+    );
+    for i in 0..3 {
+        assert_eq!(
+            api.get(&claim(i)).unwrap()["spec"]["resources"]["requests"]["storage"],
+            "2Ti"
+        );
+    }
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(template(&api), "2Ti");
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(writes(&api.calls()).is_empty(), "settled at 2048Gi");
+}
+
 #[tokio::test]
 async fn storage_growth_grows_the_claims_and_recreates_the_stateful_set_keeping_pods() {
     let (api, ctx) = setup(3, None);
@@ -673,6 +728,24 @@ fn includes_ignores_what_the_apiserver_adds_but_not_what_changed() {
     let mut missing = live;
     missing["spec"].as_object_mut().unwrap().remove("replicas");
     assert!(!includes(&missing, &want));
+}
+
+#[test]
+fn includes_compares_requests_and_limits_as_quantities_only() {
+    let want = json!({"resources": {"requests": {"storage": "1024Gi"}, "limits": {"cpu": "1"}},
+        "image": "1024Gi"});
+    let live = json!({"resources": {"requests": {"storage": "1Ti"}, "limits": {"cpu": "1000m"}},
+        "image": "1024Gi"});
+    assert!(includes(&live, &want));
+    let mut grown = live.clone();
+    grown["resources"]["requests"]["storage"] = json!("2Ti");
+    assert!(!includes(&grown, &want));
+    let mut elsewhere = live;
+    elsewhere["image"] = json!("1Ti");
+    assert!(
+        !includes(&elsewhere, &want),
+        "only quantities compare as values"
+    );
 }
 
 #[tokio::test]

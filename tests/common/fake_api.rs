@@ -2,10 +2,13 @@
 //! tests (`src/controller/fake.rs` puts it behind a `tower_test` mock client) and the binary's
 //! tests (`tests/controller.rs` serves it over HTTP on a loopback port).
 //!
-//! It knows GET (object and list), POST, DELETE and the four PATCH types, the status
-//! subresource of EtcdClusters, finalizers and deletionTimestamp, generation and
-//! resourceVersion, and server-side-apply conflicts on a Lease's holder. Watches are the
-//! caller's business (they never send events here).
+//! It knows GET (object and list), POST, PUT, DELETE and the four PATCH types, the status
+//! subresource of EtcdClusters and CRDs, finalizers and deletionTimestamp, generation and
+//! resourceVersion (a write naming a stale one gets the apiserver's 409), dry runs of PUT,
+//! canonical storage quantities (`1024Gi` is stored as `1Ti`), the fields of a StatefulSet's and
+//! a Job's spec the apiserver refuses to change (422 with its message), and server-side-apply
+//! conflicts on a Lease's holder. Watches are the caller's business (they never send events
+//! here).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -55,6 +58,73 @@ pub fn group_of(prefix: &str) -> &str {
         ["apis", group, _] => group,
         _ => "",
     }
+}
+
+/// Resource quantities (under `requests`, `limits`, `capacity`) as the apiserver stores them:
+/// whole GiB in canonical form (`1024Gi` -> `1Ti`, `010Gi` -> `10Gi`); other spellings are
+/// kept (the loop renders only whole GiB).
+fn canonicalize_quantities(v: &mut Value, quantities: bool) {
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map.iter_mut() {
+                match child {
+                    Value::String(s) if quantities => {
+                        *s = etcd_webhook::api::quantity::canonical(s);
+                    }
+                    _ => canonicalize_quantities(
+                        child,
+                        matches!(k.as_str(), "requests" | "limits" | "capacity"),
+                    ),
+                }
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|i| canonicalize_quantities(i, false)),
+        _ => {}
+    }
+}
+
+/// Fields of `spec` the apiserver refuses to change, by resource (a 422 with its message).
+fn immutable_change(path: &str, before: &Value, after: &Value) -> Option<Value> {
+    let spec = |o: &Value, keep: &[&str]| -> Value {
+        let mut s = o["spec"].clone();
+        if let Some(m) = s.as_object_mut() {
+            m.retain(|k, _| !keep.contains(&k.as_str()));
+        }
+        s
+    };
+    let name = after["metadata"]["name"].as_str().unwrap_or("");
+    if path.contains("/statefulsets/") {
+        let mutable = [
+            "replicas",
+            "ordinals",
+            "template",
+            "updateStrategy",
+            "revisionHistoryLimit",
+            "persistentVolumeClaimRetentionPolicy",
+            "minReadySeconds",
+        ];
+        if spec(before, &mutable) != spec(after, &mutable) {
+            return Some(status(
+                422,
+                "Invalid",
+                format!(
+                    "StatefulSet.apps \"{name}\" is invalid: spec: Forbidden: updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', 'revisionHistoryLimit', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden"
+                ),
+            ));
+        }
+    }
+    if path.contains("/jobs/") && before["spec"]["template"] != after["spec"]["template"] {
+        return Some(status(
+            422,
+            "Invalid",
+            format!(
+                "Job.batch \"{name}\" is invalid: spec.template: Invalid value: field is immutable"
+            ),
+        ));
+    }
+    None
 }
 
 /// The apiserver's answer to a write whose resourceVersion is not the stored one.
@@ -259,6 +329,7 @@ impl FakeCore {
             },
             "POST" => {
                 let mut obj = body.cloned().unwrap_or(json!({}));
+                canonicalize_quantities(&mut obj, false);
                 let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
                 let full = format!("{path}/{name}");
                 if self.objects.contains_key(&full) {
@@ -399,6 +470,13 @@ impl FakeCore {
         before: Value,
         mut obj: Value,
     ) -> (u16, Value) {
+        canonicalize_quantities(&mut obj, false);
+        if existing.is_some()
+            && !sub
+            && let Some(invalid) = immutable_change(path, &before, &obj)
+        {
+            return (422, invalid);
+        }
         if path.contains("/etcdclusters/") || path.contains("/customresourcedefinitions/") {
             if sub {
                 let new_status = obj["status"].clone();

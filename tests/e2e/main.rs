@@ -58,6 +58,10 @@ const SCENARIOS: &[Scenario] = &[
         reconcile::foreground_deletion_waits_for_the_children,
     ),
     (
+        "storage_in_tebibytes_settles_and_grows",
+        reconcile::storage_in_tebibytes_settles_and_grows,
+    ),
+    (
         "an_invalid_stored_cluster_can_still_be_edited_and_deleted",
         admission::an_invalid_stored_cluster_can_still_be_edited_and_deleted,
     ),

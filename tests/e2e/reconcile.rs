@@ -316,3 +316,145 @@ pub fn leader_election_on_real_leases(env: &Env) {
     );
     env.wait_webhook_called();
 }
+
+/// Server-side applies of StatefulSets the apiserver has answered (its own counter).
+fn statefulset_applies(env: &Env) -> f64 {
+    let metrics = ok(
+        env.kubectl(&["get", "--raw", "/metrics"]),
+        "the apiserver's /metrics",
+    );
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains("resource=\"statefulsets\"")
+                && l.contains("verb=\"APPLY\"")
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// 1024Gi comes back from the apiserver as 1Ti: the loop must neither re-apply an unchanged
+/// cluster nor miss the growth to 2048Gi (which must take the resize path: a changed
+/// volumeClaimTemplates is refused).
+pub fn storage_in_tebibytes_settles_and_grows(env: &Env) {
+    let ns = "e2e-tebibytes";
+    let name = "tb";
+    env.create_namespace(ns);
+    // Claims of a class that allows expansion can grow (admission plugin
+    // PersistentVolumeClaimResize); nothing provisions them here.
+    let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "nvme"}, "provisioner": "example.com/none",
+        "allowVolumeExpansion": true});
+    ok(
+        env.kubectl_in(&["apply", "-f", "-"], &class.to_string()),
+        "StorageClass",
+    );
+    env.create_cluster(
+        ns,
+        name,
+        json!({"size": 1, "version": "v3.5.10", "storageClass": "nvme", "storageSize": "1024Gi"}),
+    );
+    let template = |env: &Env| {
+        get_opt(env, ns, "statefulset", name).map(|s| {
+            s["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+    };
+    assert_eq!(
+        wait_for("the StatefulSet", Duration::from_secs(60), || template(env)),
+        "1Ti",
+        "the apiserver stores 1024Gi as 1Ti"
+    );
+    // Each annotation is a change the loop reconciles; none may re-apply the StatefulSet.
+    let reconciles = || {
+        env.webhook
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .metric("etcd_webhook_controller_reconciles_total", "")
+    };
+    // Let the first passes (finalizer, status) settle.
+    let mut last = reconciles();
+    wait_for(
+        "the first passes to settle",
+        Duration::from_secs(60),
+        || {
+            std::thread::sleep(Duration::from_secs(2));
+            let now = reconciles();
+            (std::mem::replace(&mut last, now) == now).then_some(())
+        },
+    );
+    let applies = statefulset_applies(env);
+    for i in 0..3 {
+        let before = reconciles();
+        ok(
+            env.kubectl(&[
+                "-n",
+                ns,
+                "annotate",
+                "--overwrite",
+                "etcdcluster",
+                name,
+                &format!("e2e/touch={i}"),
+            ]),
+            "annotate",
+        );
+        wait_for("a reconcile", Duration::from_secs(30), || {
+            (reconciles() > before).then_some(())
+        });
+    }
+    assert_eq!(
+        statefulset_applies(env),
+        applies,
+        "an unchanged 1024Gi cluster was re-applied"
+    );
+    // The StatefulSet controller made the member's claim; bind it as a provisioner would.
+    let claim = format!("data-{name}-0");
+    wait_for("the member claim", Duration::from_secs(60), || {
+        get_opt(env, ns, "persistentvolumeclaim", &claim)
+    });
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "persistentvolumeclaim",
+            &claim,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Bound","capacity":{"storage":"1Ti"}}}"#,
+        ]),
+        "bind the claim",
+    );
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "etcdcluster",
+            name,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"storageSize":"2048Gi"}}"#,
+        ]),
+        "grow to 2048Gi",
+    );
+    wait_for(
+        "the StatefulSet recreated with 2Ti claims",
+        Duration::from_secs(60),
+        || (template(env).as_deref() == Some("2Ti")).then_some(()),
+    );
+    let pvc = get_opt(env, ns, "persistentvolumeclaim", &claim).unwrap();
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "2Ti");
+    let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
+    assert_ne!(ec["status"]["phase"], "Failed", "{}", ec["status"]);
+    ok(
+        env.kubectl(&["delete", "namespace", ns, "--wait=false"]),
+        "delete the namespace",
+    );
+}
