@@ -4,7 +4,8 @@
 Builds release binaries, generates payloads (benches/payloads.py), starts both servers pinned to
 core 0 with one tokio worker each, drives them with h2load pinned to core 1, alternates which
 goes first over the rounds, and prints one table: absolute numbers, the ratio to the floor, and
-pass/fail for every target of docs/benchmarks.md. Only loopback addresses are used.
+pass/fail for every target of docs/benchmarks.md. A full run exits 1 when any target is missed
+(a smoke run only shows the harness works and exits 0). Only loopback addresses are used.
 
   python3 benches/load.py                 # full run (~15 min on 2 cores)
   python3 benches/load.py --smoke         # ~10 s: checks the harness works (CI)
@@ -227,16 +228,21 @@ def main():
         if rss_after[n]:
             avg[n]["rss_after_first"] = rss_after[n][0]
             avg[n]["rss_after_last"] = rss_after[n][-1]
-    report(avg, args)
+    missed = report(avg, args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rounds": results, "mean": avg, "rss_after": rss_after}, f, indent=2)
+            json.dump({"rounds": results, "mean": avg, "rss_after": rss_after, "missed": missed}, f, indent=2)
     shutil.rmtree(tmp, ignore_errors=True)
+    if missed and not args.smoke:
+        print(f"\nFAILED: {len(missed)} target(s) missed: " + "; ".join(missed))
+        sys.exit(1)
 
 
 def report(avg, args):
+    """Prints every target; returns the ones missed (a full run exits 1 on any)."""
     o, f = avg["ours"], avg["floor"]
     rows = []
+    missed = []
 
     def row(target, what, key, must, stretch=None, higher_is_better=True, unit=""):
         ov, fv = o.get(key), f.get(key)
@@ -267,9 +273,11 @@ def report(avg, args):
     print(f"\n{'target':6} {'what':34} {'ours':>14} {'floor':>14} {'ratio':>8}  result")
     for r in rows:
         print(f"{r[0]:6} {r[1]:34} {r[2]:>14} {r[3]:>14} {r[4]:>8}  {r[5]}")
+    missed += [f"{r[0]} {r[1]} {r[4]}" for r in rows if r[5] == "FAIL"]
     extra = []
     if o.get("rss_idle", 0) > 16:
-        extra.append(f"P6 idle RSS {o['rss_idle']:.1f} MiB is over 16 MiB")
+        extra.append(f"P6 idle RSS {o['rss_idle']:.1f} MiB is over 16 MiB: FAIL")
+        missed.append(f"P6 idle RSS {o['rss_idle']:.1f} MiB > 16 MiB")
     for n in (1000, 5000):
         k = f"convert{n}_ms"
         if k in o:
@@ -279,12 +287,17 @@ def report(avg, args):
         grow = o["rss_after_last"] / o["rss_after_first"]
         extra.append(f"P7 RSS 60 s after load: first {o['rss_after_first']:.1f} MiB, last {o['rss_after_last']:.1f} MiB "
                      f"({grow:.2f}x; {'pass' if grow <= 1.2 else 'FAIL'})")
+        if grow > 1.2:
+            missed.append(f"P7 RSS after load grew {grow:.2f}x")
     for e in extra:
         print(e)
     print(f"\nmode: {'smoke' if args.smoke else 'full'}, {args.profile} binaries, rounds {args.rounds}, {args.seconds} s runs, "
           f"allocator {args.allocator}, nproc {os.cpu_count()}")
     if args.smoke:
         print("smoke mode: the numbers only show the harness works; see docs/benchmarks.md for a full run")
+        if missed:
+            print(f"smoke mode: {len(missed)} target(s) missed, not judged (debug binaries, 1 s runs)")
+    return missed
 
 
 if __name__ == "__main__":
