@@ -360,18 +360,31 @@ fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
     replicas[l].child.kill().unwrap();
     replicas[l].child.wait().unwrap();
     let died = Instant::now();
+    // The dead holder's last renewal, read after it can no longer renew.
+    let dead = api.get(LEASE).unwrap()["spec"].clone();
     assert!(
         replicas[f].wait_log("controller starting", Duration::from_secs(20)),
         "no takeover:\n{}",
         replicas[f].log()
     );
     let took = died.elapsed();
+    let taken = api.get(LEASE).unwrap()["spec"].clone();
+    assert_ne!(taken["holderIdentity"], json!(holder));
+    // Taken only once the Lease had expired: by the Lease's own times, not the test's clock.
+    let time = |v: &Value| {
+        v.as_str()
+            .unwrap_or_else(|| panic!("a Lease time: {v}"))
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .unwrap()
+    };
+    let renewed = time(&dead["renewTime"]);
+    let acquired = time(&taken["acquireTime"]);
+    let duration = dead["leaseDurationSeconds"].as_i64().unwrap();
+    let gap = acquired.duration_since(renewed);
     assert!(
-        took >= Duration::from_secs(1),
-        "took over before the Lease expired: {took:?}"
+        gap.as_secs() >= duration,
+        "taken {gap:?} after the last renewal, before the {duration} s Lease expired: {dead} -> {taken}"
     );
-    let new_holder = api.get(LEASE).unwrap()["spec"]["holderIdentity"].clone();
-    assert_ne!(new_holder, json!(holder));
     // The new leader reconciles: a StatefulSet deleted behind its back comes back.
     api.core.lock().unwrap().remove(STS);
     assert!(

@@ -231,7 +231,7 @@ async fn finish(
 
 #[test]
 fn sigterm_drains_slow_requests_and_exits_zero() {
-    let mut server = Server::start(&["--shutdown-delay", "1s", "--shutdown-timeout", "10s"]);
+    let mut server = Server::start(&["--shutdown-delay", "3s", "--shutdown-timeout", "10s"]);
     let body = fixture("validate-v1-create-valid.json");
     runtime().block_on(async {
         let mut pending = Vec::new();
@@ -240,28 +240,43 @@ fn sigterm_drains_slow_requests_and_exits_zero() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         server.sigterm();
-        // Readiness goes false at once.
+        // Readiness goes false within the shutdown delay, while new connections are still
+        // accepted (the endpoints controller needs that time to stop sending traffic).
         let start = Instant::now();
         loop {
             if server.health_get("/readyz").0 == 503 {
                 break;
             }
             assert!(
-                start.elapsed() < Duration::from_secs(1),
-                "readiness did not turn false"
+                start.elapsed() < Duration::from_secs(3),
+                "readiness did not turn false within the 3 s shutdown delay"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let flipped = start.elapsed();
+        if flipped < Duration::from_secs(2) {
+            assert!(
+                tokio::net::TcpStream::connect(server.addr).await.is_ok(),
+                "new connections are accepted during the shutdown delay"
+            );
+        }
         // After the delay, new connections are refused...
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let refused = tokio::time::timeout(
-            Duration::from_secs(2),
-            tokio::net::TcpStream::connect(server.addr),
-        )
-        .await;
+        let mut refused = false;
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(server.addr).await.is_err() {
+                refused = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert!(
-            matches!(refused, Ok(Err(_))),
+            refused,
             "new connections must be refused after the shutdown delay"
+        );
+        assert!(
+            start.elapsed() >= Duration::from_millis(2900),
+            "refused before the shutdown delay ended: {:?}",
+            start.elapsed()
         );
         // ...while every in-flight request completes with 200.
         let tasks: Vec<_> = pending

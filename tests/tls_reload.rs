@@ -208,15 +208,14 @@ fn in_place_writes_broken_files_and_recovery() {
         // A key that does not match the certificate: rejected too.
         let fourth = ca.issue();
         write_in_place(&dir, &third.cert_pem, &fourth.key_pem);
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(
+            server.wait_log("do not belong together", Duration::from_secs(10)),
+            "{}",
+            server.log()
+        );
         assert_eq!(
             served_leaf(server.addr, config.clone()).await.unwrap(),
             second.der
-        );
-        assert!(
-            server.log().contains("do not belong together"),
-            "{}",
-            server.log()
         );
         assert!(server.metric("etcd_webhook_cert_reloads_total", r#"result="failure""#) >= 2.0);
 
