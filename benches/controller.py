@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benches"))
@@ -87,6 +87,31 @@ def where(path):
     return prefix, None, None, None
 
 
+def selected(query, obj):
+    """Whether the labelSelector of `query` (if any) selects `obj`: k=v, k==v, k!=v, k, !k, all
+    required; the same rules as selected() in tests/common/fake_api.rs (the Rust fake of the
+    unit and integration tests); keep the two alike."""
+    params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+    selector = unquote_plus(params.get("labelSelector", ""))
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for req in filter(None, (r.strip() for r in selector.split(","))):
+        if " in " in req or " notin " in req:
+            raise ValueError(f"set-based selector {req!r} is not modelled")
+        if "!=" in req:
+            k, v = req.split("!=", 1)
+            ok = labels.get(k.strip()) != v.strip()
+        elif "=" in req:
+            k, v = req.replace("==", "=").split("=", 1)
+            ok = labels.get(k.strip()) == v.strip()
+        elif req.startswith("!"):
+            ok = req[1:] not in labels
+        else:
+            ok = req in labels
+        if not ok:
+            return False
+    return True
+
+
 class Store:
     def __init__(self):
         self.lock = threading.Condition()
@@ -106,8 +131,9 @@ class Store:
         self.versions.append(self.version)
         self.lock.notify_all()
 
-    def watch(self, path, since, until, send):
-        """Sends the changes of `path`'s resource after `since` until `until` (a time)."""
+    def watch(self, path, query, since, until, send):
+        """Sends the changes of `path`'s resource after `since` until `until` (a time); with a
+        labelSelector, only the objects it selects (one that stops being selected: DELETED)."""
         prefix, ns, res, _ = where(path)
         with self.lock:
             index = bisect.bisect_right(self.versions, since)
@@ -120,6 +146,10 @@ class Store:
             for _, kind, key, obj in batch:
                 p, n, r, _ = where(key)
                 if p == prefix and r == res and (ns is None or n == ns):
+                    if not selected(query, obj):
+                        if kind != "MODIFIED":
+                            continue
+                        kind = "DELETED"
                     if not send({"type": kind, "object": obj}):
                         return
 
@@ -134,6 +164,7 @@ class Store:
                 items = [
                     o for k, o in self.objects.items()
                     if where(k)[0] == prefix and where(k)[2] == res and (ns is None or where(k)[1] == ns)
+                    and selected(query, o)
                 ]
                 return 200, {"apiVersion": "v1", "kind": "List",
                              "metadata": {"resourceVersion": str(self.version)}, "items": items}
@@ -229,7 +260,7 @@ def fake_api(store, stop):
                     except OSError:
                         return False
 
-                store.watch(url.path, since, until, send)
+                store.watch(url.path, url.query, since, until, send)
                 try:
                     self.wfile.write(b"0\r\n\r\n")
                 except OSError:

@@ -92,11 +92,12 @@ fn watch(api: Arc<FakeApi>, path: String, query: &str) -> Response {
     };
     let since = param("resourceVersion").unwrap_or(0);
     let until = Instant::now() + Duration::from_secs(param("timeoutSeconds").unwrap_or(290));
+    let query = query.to_owned();
     let stream = futures_util::stream::unfold(since, move |since| {
-        let (api, path) = (api.clone(), path.clone());
+        let (api, path, query) = (api.clone(), path.clone(), query.clone());
         async move {
             while Instant::now() < until {
-                let (events, last) = api.core.lock().unwrap().watch_events(&path, since);
+                let (events, last) = api.core.lock().unwrap().watch_events(&path, &query, since);
                 if !events.is_empty() {
                     let mut lines = String::new();
                     for e in events {

@@ -5,7 +5,7 @@
 //! It knows GET (object and list), POST, PUT, DELETE and the four PATCH types, the status
 //! subresource of EtcdClusters and CRDs, finalizers and deletionTimestamp, generation and
 //! resourceVersion (a write naming a stale one gets the apiserver's 409), dry runs of PUT,
-//! canonical storage quantities (`1024Gi` is stored as `1Ti`), the fields of a StatefulSet's and
+//! label selectors on list and watch, canonical storage quantities (`1024Gi` is stored as `1Ti`), the fields of a StatefulSet's and
 //! a Job's spec the apiserver refuses to change (422 with its message), and server-side-apply
 //! conflicts on a Lease's holder. Watches are the caller's business (they never send events
 //! here).
@@ -127,6 +127,63 @@ fn immutable_change(path: &str, before: &Value, after: &Value) -> Option<Value> 
     None
 }
 
+/// Decodes `%XX` escapes (a query parameter's value).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(b) => {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                Err(_) => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether the `labelSelector` of `query` (if any) selects `object`: `k=v`, `k==v`, `k!=v`,
+/// `k` and `!k`, comma-separated, all of which must hold (set-based `in`/`notin` panic: nothing
+/// here sends them).
+pub fn selected(query: &str, object: &Value) -> bool {
+    let Some(selector) = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("labelSelector="))
+        .map(percent_decode)
+    else {
+        return true;
+    };
+    let labels = &object["metadata"]["labels"];
+    let label = |k: &str| labels[k.trim()].as_str();
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .all(|req| {
+            assert!(
+                !req.contains(" in ") && !req.contains(" notin "),
+                "set-based selector {req:?} is not modelled"
+            );
+            if let Some((k, v)) = req.split_once("!=") {
+                label(k) != Some(v.trim())
+            } else if let Some((k, v)) = req.split_once("==").or_else(|| req.split_once('=')) {
+                label(k) == Some(v.trim())
+            } else if let Some(k) = req.strip_prefix('!') {
+                label(k).is_none()
+            } else {
+                label(req).is_some()
+            }
+        })
+}
+
 /// The apiserver's answer to a write whose resourceVersion is not the stored one.
 fn conflict(path: &str) -> (u16, Value) {
     (
@@ -199,8 +256,9 @@ impl FakeCore {
     }
 
     /// The watch events of the collection at `watch_path` after resourceVersion `since`, and
-    /// the resourceVersion to continue from.
-    pub fn watch_events(&self, watch_path: &str, since: u64) -> (Vec<Value>, u64) {
+    /// the resourceVersion to continue from. With a `labelSelector` in `query`, only objects
+    /// it selects; one that stops being selected is seen as DELETED, as the apiserver sends it.
+    pub fn watch_events(&self, watch_path: &str, query: &str, since: u64) -> (Vec<Value>, u64) {
         let want = parse(watch_path);
         let mut last = since;
         let mut out = Vec::new();
@@ -214,7 +272,11 @@ impl FakeCore {
                 && *r == r2
                 && (ns.is_none() || *ns == ns2)
             {
-                out.push(json!({"type": kind, "object": object}));
+                if selected(query, object) {
+                    out.push(json!({"type": kind, "object": object}));
+                } else if *kind == "MODIFIED" {
+                    out.push(json!({"type": "DELETED", "object": object}));
+                }
             }
         }
         (out, last)
@@ -277,7 +339,7 @@ impl FakeCore {
         });
     }
 
-    fn list(&self, path: &str) -> Value {
+    fn list(&self, path: &str, query: &str) -> Value {
         let want = parse(path);
         let items: Vec<Value> = self
             .objects
@@ -291,6 +353,7 @@ impl FakeCore {
                     _ => false,
                 }
             })
+            .filter(|(_, v)| selected(query, v))
             .map(|(_, v)| v.clone())
             .collect();
         json!({"apiVersion": "v1", "kind": "List",
@@ -322,7 +385,7 @@ impl FakeCore {
         let not_found = || (404, status(404, "NotFound", format!("{path} not found")));
         let is_collection = parse(path).is_some_and(|(_, _, _, name)| name.is_none());
         match method {
-            "GET" if is_collection => (200, self.list(path)),
+            "GET" if is_collection => (200, self.list(path, query)),
             "GET" => match self.objects.get(path) {
                 Some(o) => (200, o.clone()),
                 None => not_found(),
