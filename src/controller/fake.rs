@@ -111,6 +111,16 @@ impl FakeApi {
         self.state.lock().unwrap().core.set(path, pointer, value);
     }
 
+    /// Runs the garbage collector until it has nothing left to do (bounded).
+    pub fn collect_garbage(&self) {
+        for _ in 0..10 {
+            if self.state.lock().unwrap().core.collect_garbage() == 0 {
+                return;
+            }
+        }
+        panic!("the garbage collector did not settle in 10 rounds");
+    }
+
     pub fn fail(&self, method: &str, path_contains: &str, times: usize, code: u16) {
         self.state
             .lock()

@@ -854,7 +854,8 @@ async fn resize_storage(
         }
     }
     let name = ec.name_any();
-    kids.api::<StatefulSet>()
+    let deleted = kids
+        .api::<StatefulSet>()
         .delete(
             &name,
             &DeleteParams {
@@ -862,8 +863,13 @@ async fn resize_storage(
                 ..Default::default()
             },
         )
-        .await
-        .map_err(|e| Error::kube("replace", "StatefulSet", &name, e))?;
+        .await;
+    match deleted {
+        Ok(_) => {}
+        // Already deleted by an earlier pass (the cache had not seen it go): nothing to do.
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(Error::kube("replace", "StatefulSet", &name, e)),
+    }
     kids.ctx
         .event(
             ec,

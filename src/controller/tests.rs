@@ -347,11 +347,25 @@ async fn storage_in_tebibytes_is_read_back_canonical_and_grows() {
             "2Ti"
         );
     }
+    api.collect_garbage();
     pass(&api, &ctx).await.unwrap();
     assert_eq!(template(&api), "2Ti");
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert!(writes(&api.calls()).is_empty(), "settled at 2048Gi");
+}
+
+/// The cache can still show a StatefulSet the resize already deleted (and the garbage
+/// collector removed): the second delete's 404 means done, not a failed pass.
+#[tokio::test]
+async fn storage_resize_takes_a_404_on_the_delete_as_done() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    api.set(EC, "/spec/storageSize", json!("20Gi"));
+    api.fail("DELETE", "/statefulsets/etcd", 1, 404);
+    pass(&api, &ctx)
+        .await
+        .expect("a 404 on the delete is not an error");
 }
 
 #[tokio::test]
@@ -389,6 +403,35 @@ async fn storage_growth_grows_the_claims_and_recreates_the_stateful_set_keeping_
     }
     assert!(events(&calls).contains(&("Normal".to_owned(), "ResizingStorage".to_owned())));
     assert_granted(&calls, RBAC_RULES);
+    // Orphan deletion: the StatefulSet stays, being deleted, until the garbage collector has
+    // released its pods; meanwhile a pass waits and applies nothing to it.
+    let deleting = api
+        .get(STS)
+        .expect("still there, with the orphan finalizer");
+    assert!(!deleting["metadata"]["deletionTimestamp"].is_null());
+    assert_eq!(deleting["metadata"]["finalizers"], json!(["orphan"]));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        !api.calls()
+            .iter()
+            .any(|c| c.is_write() && c.path.starts_with(STS)),
+        "no write to a StatefulSet being deleted: {:?}",
+        describe(&writes(&api.calls()))
+    );
+    assert_eq!(
+        cluster_json(&api)["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Progressing")
+            .map(|c| c["reason"].clone()),
+        Some(json!("ResizingStorage")),
+        "{}",
+        cluster_json(&api)["status"]
+    );
+    api.collect_garbage();
+    assert!(api.get(STS).is_none(), "gone once the pods are orphaned");
     pass(&api, &ctx).await.unwrap();
     let sts = api.get(STS).expect("recreated");
     assert_eq!(
