@@ -111,6 +111,22 @@ impl FakeApi {
         self.state.lock().unwrap().core.set(path, pointer, value);
     }
 
+    /// Every stored object of `resource` (`statefulsets`, ...) in any namespace that the label
+    /// selector selects, as a watch with that selector would list them.
+    pub fn list_selected(&self, resource: &str, selector: &str) -> Vec<Value> {
+        let query = format!("labelSelector={selector}");
+        let st = self.state.lock().unwrap();
+        st.core
+            .objects
+            .iter()
+            .filter(|(k, _)| {
+                parse(k).is_some_and(|(_, _, r, name)| r == resource && name.is_some())
+            })
+            .filter(|(_, o)| super::fake_core::selected(&query, o))
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
     /// Runs the garbage collector until it has nothing left to do (bounded).
     pub fn collect_garbage(&self) {
         for _ in 0..10 {

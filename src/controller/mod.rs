@@ -166,7 +166,8 @@ pub struct Context {
     pub settings: Settings,
     pub metrics: Arc<Metrics>,
     recorder: Recorder,
-    reads: Reads,
+    /// Where a pass reads the children: the watches' caches (also in the unit tests).
+    caches: Caches,
     /// Consecutive failures per cluster, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The status last written per cluster uid, and when ([`update_status`]).
@@ -176,7 +177,7 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>, caches: Caches) -> Self {
         let reporter = Reporter {
             controller: MANAGER.to_owned(),
             instance: settings.instance.clone(),
@@ -186,17 +187,11 @@ impl Context {
             client,
             settings,
             metrics,
-            reads: Reads::Api,
+            caches,
             failures: Mutex::default(),
             written: Mutex::default(),
             finalizing: Mutex::default(),
         }
-    }
-
-    /// Reads children from the controller's caches instead of the API.
-    pub fn with_caches(mut self, caches: Caches) -> Self {
-        self.reads = Reads::Cache(caches);
-        self
     }
 
     /// Publishes an Event about `ec`; a failure to publish is logged, never fatal.
@@ -279,8 +274,7 @@ fn kind_of<K: Resource<DynamicType = ()>>() -> &'static str {
     }
 }
 
-/// A kind of object the loop owns: read from its reflector cache in the controller, or from
-/// the API in the tests.
+/// A kind of object the loop owns, read from its reflector cache.
 pub trait Child:
     Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
     + Clone
@@ -319,15 +313,7 @@ child! {
     PersistentVolumeClaim => claims,
 }
 
-/// Where a pass reads the children from.
-pub enum Reads {
-    /// GET from the API (used by the tests' in-memory API server).
-    Api,
-    /// The controller's reflector caches.
-    Cache(Caches),
-}
-
-/// The children of one cluster, in its namespace: reads from [`Reads`], writes to the API.
+/// The children of one cluster, in its namespace: reads from the caches, writes to the API.
 struct Children<'a> {
     ctx: &'a Context,
     ns: String,
@@ -345,28 +331,18 @@ impl<'a> Children<'a> {
         Api::namespaced(self.ctx.client.clone(), &self.ns)
     }
 
-    /// The object as the caches (or the API) hold it; shared, never copied out of a cache.
+    /// The object as the caches hold it; shared, never copied out of a cache.
     async fn read<K: Child>(&self, name: &str) -> Result<Option<Arc<K>>, Error> {
         let kind = kind_of::<K>();
-        match &self.ctx.reads {
-            Reads::Api => self
-                .api::<K>()
-                .get_opt(name)
-                .await
-                .map(|o| o.map(Arc::new))
-                .map_err(|e| Error::kube("read", kind, name, e)),
-            Reads::Cache(caches) => {
-                let store = K::cache(caches);
-                // The first pass after a start waits for the first full list, so a cold cache is
-                // never mistaken for missing objects.
-                tokio::time::timeout(CACHE_WAIT, store.wait_until_ready())
-                    .await
-                    .map_err(|_| Error::CacheNotReady(kind))?
-                    .map_err(|_| Error::CacheNotReady(kind))?;
-                let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
-                Ok(store.get(&key))
-            }
-        }
+        let store = K::cache(&self.ctx.caches);
+        // The first pass after a start waits for the first full list, so a cold cache is never
+        // mistaken for missing objects.
+        tokio::time::timeout(CACHE_WAIT, store.wait_until_ready())
+            .await
+            .map_err(|_| Error::CacheNotReady(kind))?
+            .map_err(|_| Error::CacheNotReady(kind))?;
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
+        Ok(store.get(&key))
     }
 
     /// Applies `desired` (server-side, forced, field manager [`MANAGER`]) only when what is
@@ -1141,7 +1117,7 @@ pub async fn run(
         jobs,
         claims,
     };
-    let ctx = Arc::new(Context::new(client.clone(), settings, metrics).with_caches(caches));
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics, caches));
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
     let claims_stop = stop.clone();
     let claims_task = tokio::spawn(async move {
