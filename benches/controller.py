@@ -2,7 +2,12 @@
 """Controller benchmark: what the reconcile loop costs, against a fake API server on loopback.
 
 Starts an in-memory API server (this file; GET/LIST, POST, PATCH of the four kinds, DELETE,
-the status subresource, watches with ADDED/MODIFIED/DELETED events), preloads N EtcdClusters,
+the status subresource, watches with ADDED/MODIFIED/DELETED events; label selectors, canonical
+storage quantities, the StatefulSet and Job fields the apiserver refuses to change, and
+resourceVersion preconditions by the same rules as tests/common/fake_api.rs, the Rust fake of the
+unit and integration tests: each Python function names its Rust twin; the garbage collector's
+Orphan/Foreground steps are modelled there only, as this cycle never deletes that way), preloads N
+EtcdClusters,
 then runs the release binary three ways and reports each against the webhooks-only baseline
 of the same run:
 
@@ -21,6 +26,7 @@ import bisect
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote_plus, urlsplit
 
@@ -112,6 +119,73 @@ def selected(query, obj):
     return True
 
 
+SUFFIXES = {"": 1, "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+            "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def canonical(q):
+    """A storage quantity as the apiserver stores it: whole GiB in the largest binary suffix
+    with a whole mantissa (1024Gi -> 1Ti); anything else as written. The same rule as
+    src/api/quantity.rs canonical(), which the Rust fake uses."""
+    m = re.fullmatch(r"([+-]?)(\d*\.?\d*)(e[+-]?\d+|E[+-]?\d+|[a-zA-Z]*)", q.strip())
+    if not m or m.group(2) in ("", "."):
+        return q
+    sign, number, suffix = m.groups()
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        value = Fraction(number) * Fraction(10) ** int(suffix[1:])
+    elif suffix in SUFFIXES:
+        value = Fraction(number) * SUFFIXES[suffix]
+    else:
+        return q
+    if sign == "-" or value.denominator != 1 or value % 2**30:
+        return q
+    n = int(value) // 2**30
+    if n == 0:
+        return "0"
+    for suffix in ("Gi", "Ti", "Pi"):
+        if n % 1024:
+            return f"{n}{suffix}"
+        n //= 1024
+    return f"{n}Ei"
+
+
+def canonicalize(obj, quantities=False):
+    """Canonical quantities under requests, limits and capacity, in place."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if quantities and isinstance(v, str):
+                obj[k] = canonical(v)
+            else:
+                canonicalize(v, k in ("requests", "limits", "capacity"))
+    elif isinstance(obj, list):
+        for v in obj:
+            canonicalize(v)
+
+
+STS_MUTABLE = ("replicas", "ordinals", "template", "updateStrategy", "revisionHistoryLimit",
+               "persistentVolumeClaimRetentionPolicy", "minReadySeconds")
+
+
+def immutable_change(path, before, after):
+    """The apiserver's 422 for a change it refuses (StatefulSet spec outside the mutable
+    fields, a Job's template), or None; the same rules as tests/common/fake_api.rs."""
+    name = after["metadata"].get("name", "")
+    if "/statefulsets/" in path:
+        def fixed(o):
+            return {k: v for k, v in (o.get("spec") or {}).items() if k not in STS_MUTABLE}
+        if fixed(before) != fixed(after):
+            return {"kind": "Status", "code": 422, "reason": "Invalid", "message":
+                    f'StatefulSet.apps "{name}" is invalid: spec: Forbidden: updates to statefulset spec '
+                    "for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', "
+                    "'revisionHistoryLimit', 'persistentVolumeClaimRetentionPolicy' and "
+                    "'minReadySeconds' are forbidden"}
+    if "/jobs/" in path and (before.get("spec") or {}).get("template") != (after.get("spec") or {}).get("template"):
+        return {"kind": "Status", "code": 422, "reason": "Invalid",
+                "message": f'Job.batch "{name}" is invalid: spec.template: Invalid value: field is immutable'}
+    return None
+
+
 class Store:
     def __init__(self):
         self.lock = threading.Condition()
@@ -173,6 +247,7 @@ class Store:
                 return (200, obj) if obj else (404, notfound(path))
             if method == "POST":
                 key = f"{path}/{body['metadata']['name']}"
+                canonicalize(body)
                 self.bump(body)
                 body["metadata"].setdefault("uid", f"uid-{self.version}")
                 self.objects[key] = body
@@ -194,6 +269,11 @@ class Store:
                 return 405, notfound(path)
             if obj is None and "apply-patch" not in ctype:
                 return 404, notfound(path)
+            want_rv = ((body or {}).get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
+            if obj is not None and want_rv and obj["metadata"].get("resourceVersion") != want_rv:
+                return 409, {"kind": "Status", "code": 409, "reason": "Conflict", "message":
+                             f"Operation cannot be fulfilled on {path}: the object has been modified; "
+                             "please apply your changes to the latest version and try again"}
             before = copy.deepcopy(obj) if obj else None
             if "apply-patch" in ctype:
                 new = merge(obj or {}, body, False)
@@ -204,6 +284,11 @@ class Store:
                     return 422, {"kind": "Status", "code": 422, "reason": "Invalid", "message": str(e)}
             else:
                 new = merge(obj, body, True)
+            canonicalize(new)
+            if before is not None and not sub:
+                invalid = immutable_change(path, before, new)
+                if invalid:
+                    return 422, invalid
             if "/etcdclusters/" in path:
                 keep = new.get("status") if sub else (before or {}).get("status")
                 new = copy.deepcopy(before or new) if sub else new
