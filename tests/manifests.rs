@@ -874,3 +874,39 @@ fn storage_migration_role_is_exactly_what_the_migration_calls() {
         "nothing beyond the calls: {granted:?}"
     );
 }
+
+/// The chart's NOTES are pasted into a shell: every command is one line (an indented heredoc
+/// never ends, so pasting it hangs), and the check it suggests is a server-side dry run.
+#[test]
+fn chart_notes_paste_into_a_shell() {
+    let notes = tool(
+        "helm",
+        &[
+            "install",
+            "etcd-webhook",
+            "charts/etcd-webhook",
+            "--namespace",
+            "etcd-system",
+            "--dry-run=client",
+        ],
+    );
+    let notes = notes
+        .split("NOTES:\n")
+        .nth(1)
+        .expect("helm prints the NOTES");
+    assert!(notes.contains("kubectl create --dry-run=server"), "{notes}");
+    for line in notes.lines() {
+        assert!(!line.contains("<<"), "a heredoc in NOTES: {line}");
+        if line.trim_start().starts_with("kubectl") || line.trim_start().starts_with("printf") {
+            let out = Command::new("bash")
+                .args(["-n", "-c", line.trim()])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success() && out.stderr.is_empty(),
+                "{line}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}

@@ -369,3 +369,52 @@ fn a_request_slower_than_the_limit_gets_503() {
         assert_eq!(status, 200);
     });
 }
+
+/// README's rotation rehearsal ("Rehearse a rotation locally"), run as written with the built
+/// binary on PATH: it must print two successful loads (at start, and after the swap).
+#[test]
+fn readme_rotation_rehearsal_runs_as_written() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let block = readme
+        .split("Rehearse a rotation locally")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|b| b.split("\n```").next())
+        .expect("README has the rehearsal block");
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut child = std::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", block])
+        .env("PATH", path)
+        .env("ETCD_WEBHOOK_LOG_FORMAT", "text")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the rehearsal did not finish within 60 s:\n{block}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.success(),
+        "{block}\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("etcd_webhook_cert_reloads_total{result=\"success\"} 2"),
+        "{stdout}"
+    );
+}
