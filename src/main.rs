@@ -422,8 +422,13 @@ async fn wait_for_certificate(
     let deadline = tokio::time::Instant::now() + limit;
     while store.current().is_none() {
         if tokio::time::Instant::now() >= deadline {
+            // Why the files there are not usable, in the final error itself.
+            let cause = match tls::load_pair(dir, &rustls::crypto::ring::default_provider()) {
+                Err(e) => format!(": {e}"),
+                Ok(_) => String::new(),
+            };
             anyhow::bail!(
-                "no usable serving certificate in {} after {} (--cert-wait): expected tls.crt and tls.key, e.g. the mounted cert-manager Secret",
+                "no usable serving certificate in {} after {} (--cert-wait){cause}; expected tls.crt and tls.key that belong together, e.g. the mounted cert-manager Secret",
                 dir.display(),
                 humantime::format_duration(limit)
             );

@@ -165,7 +165,34 @@ fn metrics_count_exactly_what_was_sent() {
     // One log line per admission decision, with the reason; no object bodies.
     let log = server.log();
     assert_eq!(log.matches("admission decision").count(), 4, "{log}");
+    // Each under its endpoint's target.
+    for endpoint in ["mutate", "validate"] {
+        assert_eq!(
+            log.matches(&format!(
+                "etcd_webhook::webhook::{endpoint}: admission decision"
+            ))
+            .count(),
+            2,
+            "{endpoint}: {log}"
+        );
+    }
     assert!(log.contains("allowed=false") && log.contains("must be odd"));
+    // The refused requests (400, 415) are logged once each, with the reason given to the client.
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("request refused"))
+        .collect();
+    assert_eq!(refused.len(), 2, "{log}");
+    assert!(
+        refused[0].contains("code=400") && refused[0].contains("AdmissionReview has no request"),
+        "{}",
+        refused[0]
+    );
+    assert!(
+        refused[1].contains("code=415") && refused[1].contains("text/yaml"),
+        "{}",
+        refused[1]
+    );
     assert!(
         !log.contains("storageClass"),
         "object bodies are never logged at info"

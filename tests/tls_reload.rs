@@ -438,6 +438,36 @@ fn no_certificate_within_cert_wait_exits_with_a_clear_error() {
         server.log()
     );
     assert!(server.log().contains("--cert-wait"));
+    let log = server.log();
+    let last = log
+        .lines()
+        .find(|l| l.contains("no usable serving certificate"))
+        .unwrap_or_default();
+    assert!(
+        last.contains("cannot read"),
+        "the final error names the cause: {log}"
+    );
+
+    // A pair whose key belongs to another certificate: the final error says so.
+    let ca = TestCa::new("wait CA");
+    let (one, two) = (ca.issue(), ca.issue());
+    let mismatched = tmp.path().join("mismatched");
+    write_in_place(&mismatched, &one.cert_pem, &two.key_pem);
+    let mut server = Server::spawn(&mismatched, &["--cert-wait", "1s"], None);
+    let start = Instant::now();
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = server.log();
+    let last = log
+        .lines()
+        .find(|l| l.contains("no usable serving certificate"))
+        .unwrap_or_default();
+    assert!(
+        last.contains("--cert-wait") && last.contains("do not belong together"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -93,7 +93,7 @@ pub fn parse_pair(
     let chain = parse_certs(&cert_path, cert_pem)?;
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| CertError::BadKey {
         path: key_path.clone(),
-        reason: e.to_string(),
+        reason: pem_reason(&e),
     })?;
     let info = cert_info(&chain[0]).map_err(|reason| CertError::BadCertificate {
         path: cert_path.clone(),
@@ -112,13 +112,31 @@ pub fn parse_pair(
     })
 }
 
+/// A PEM error in words: rustls-pki-types prints the offending line as a byte array.
+fn pem_reason(e: &rustls_pki_types::pem::Error) -> String {
+    use rustls_pki_types::pem::Error as E;
+    match e {
+        E::MissingSectionEnd { end_marker } => format!(
+            "truncated PEM: the {} section has no END line",
+            String::from_utf8_lossy(end_marker)
+        ),
+        E::IllegalSectionStart { line } => format!(
+            "malformed PEM start line {:?}",
+            String::from_utf8_lossy(line)
+        ),
+        E::Base64Decode(m) => format!("bad base64 in a PEM section: {m}"),
+        E::NoItemsFound => "no PEM section of the expected kind".to_owned(),
+        other => other.to_string(),
+    }
+}
+
 /// Parses every certificate in a PEM bundle (leaf first); at least one.
 pub fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, CertError> {
     let chain = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CertError::BadCertificate {
             path: path.to_owned(),
-            reason: e.to_string(),
+            reason: pem_reason(&e),
         })?;
     if chain.is_empty() {
         return Err(CertError::NoCertificate {
@@ -171,4 +189,23 @@ pub fn cert_info(der: &CertificateDer<'_>) -> Result<CertInfo, String> {
 pub fn load_pair(dir: &Path, provider: &CryptoProvider) -> Result<LoadedPair, CertError> {
     let (cert, key) = read_pair_bytes(dir)?;
     parse_pair(dir, &cert, &key, provider)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_errors_are_words_not_byte_arrays() {
+        let dir = Path::new("/certs");
+        let truncated = b"-----BEGIN CERTIFICATE-----\nMIIB\n";
+        let e = parse_certs(&dir.join(CERT_FILE), truncated)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("truncated PEM: the CERTIFICATE section has no END line"),
+            "{e}"
+        );
+        assert!(!e.contains("[45, 45"), "{e}");
+    }
 }

@@ -12,7 +12,7 @@ pub use review::{
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -114,13 +114,13 @@ impl AppState {
         endpoint: &'static str,
         req: &AdmissionRequest,
         answer: Result<Answer, ApiError>,
-        start: std::time::Instant,
+        start: Instant,
     ) -> Result<Response, ApiError> {
         match answer {
             Ok(answer) => {
                 let result = if answer.allowed { "allowed" } else { "denied" };
                 self.count_admission(endpoint, Some(req), result);
-                validate::log_decision(endpoint, req, &answer, start);
+                log_decision(endpoint, req, &answer, start);
                 Ok(json_response(&AdmissionReviewOut::new(&answer)))
             }
             Err(e) => {
@@ -173,6 +173,34 @@ impl AppState {
             }
             Some(_) => Ok(()),
         }
+    }
+}
+
+/// One line per admission decision, under the endpoint's own target
+/// (`etcd_webhook::webhook::mutate` or `::validate`); object bodies are never logged.
+pub fn log_decision(endpoint: &str, req: &AdmissionRequest, answer: &Answer, start: Instant) {
+    macro_rules! decision {
+        ($target:literal) => {
+            tracing::info!(
+                target: $target,
+                endpoint,
+                uid = %req.uid,
+                kind = %format_args!("{}/{}", req.kind.version, req.kind.kind),
+                namespace = req.namespace.as_deref().unwrap_or(""),
+                name = %req.name,
+                operation = ?req.operation,
+                user = %req.user_info.username.as_deref().unwrap_or(""),
+                allowed = answer.allowed,
+                patched = answer.patch.is_some(),
+                reason = %answer.message(),
+                micros = start.elapsed().as_micros() as u64,
+                "admission decision"
+            )
+        };
+    }
+    match endpoint {
+        "mutate" => decision!("etcd_webhook::webhook::mutate"),
+        _ => decision!("etcd_webhook::webhook::validate"),
     }
 }
 
@@ -330,6 +358,19 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
+        // A client's malformed, oversized or mistyped request is answered and logged once
+        // (the body never is); unknown paths and methods only at debug.
+        match &self {
+            ApiError::BadRequest(_)
+            | ApiError::UnsupportedMediaType(_)
+            | ApiError::PayloadTooLarge(_) => {
+                tracing::warn!(code = status.as_u16(), error = %self, "request refused")
+            }
+            ApiError::NotFound | ApiError::MethodNotAllowed => {
+                tracing::debug!(code = status.as_u16(), error = %self, "request refused")
+            }
+            ApiError::Internal(_) | ApiError::Timeout(_) => {}
+        }
         let reason = match self {
             ApiError::BadRequest(_) => "BadRequest",
             ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",

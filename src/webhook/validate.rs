@@ -55,21 +55,3 @@ pub fn respond(req: &AdmissionRequest) -> Answer {
     }
     answer.deny(422, "Invalid", verdict.message())
 }
-
-/// One line per admission decision; object bodies are never logged.
-pub fn log_decision(endpoint: &str, req: &AdmissionRequest, answer: &Answer, start: Instant) {
-    tracing::info!(
-        endpoint,
-        uid = %req.uid,
-        kind = %format_args!("{}/{}", req.kind.version, req.kind.kind),
-        namespace = req.namespace.as_deref().unwrap_or(""),
-        name = %req.name,
-        operation = ?req.operation,
-        user = %req.user_info.username.as_deref().unwrap_or(""),
-        allowed = answer.allowed,
-        patched = answer.patch.is_some(),
-        reason = %answer.message(),
-        micros = start.elapsed().as_micros() as u64,
-        "admission decision"
-    );
-}
