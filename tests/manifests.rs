@@ -895,6 +895,30 @@ fn chart_notes_paste_into_a_shell() {
         .nth(1)
         .expect("helm prints the NOTES");
     assert!(notes.contains("kubectl create --dry-run=server"), "{notes}");
+    assert!(
+        notes
+            .contains("kubectl apply --server-side --force-conflicts -f charts/etcd-webhook/crds/"),
+        "{notes}"
+    );
+    let without = tool(
+        "helm",
+        &[
+            "install",
+            "etcd-webhook",
+            "charts/etcd-webhook",
+            "--namespace",
+            "etcd-system",
+            "--dry-run=client",
+            "--set",
+            "certManager.enabled=false",
+        ],
+    );
+    assert!(
+        without.contains(
+            "kubectl annotate crd etcdclusters.etcd.example.com cert-manager.io/inject-ca-from-"
+        ),
+        "without cert-manager, NOTES say how to drop the CRD's inject annotation"
+    );
     for line in notes.lines() {
         assert!(!line.contains("<<"), "a heredoc in NOTES: {line}");
         if line.trim_start().starts_with("kubectl") || line.trim_start().starts_with("printf") {

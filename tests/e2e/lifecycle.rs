@@ -145,6 +145,29 @@ pub fn helm_chart_dry_runs_on_the_real_api(env: &Env) {
         known.len(),
         "one line per object applied:\n{applied}"
     );
+    // The chart README's upgrade step, for real: the chart's CRD applied server-side over the
+    // installed one keeps cainjector's caBundle.
+    let crd_bundle = CA_BUNDLES[2];
+    let before = env.ca_bundle(crd_bundle);
+    ok(
+        env.kubectl(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            common::root()
+                .join("charts/etcd-webhook/crds/")
+                .to_str()
+                .unwrap(),
+        ]),
+        "the chart README's CRD upgrade",
+    );
+    assert!(!before.is_empty());
+    assert_eq!(
+        env.ca_bundle(crd_bundle),
+        before,
+        "the caBundle survives the upgrade"
+    );
 }
 
 /// cert-manager's chain end to end: the certificate the webhook serves is the one in the Secret
