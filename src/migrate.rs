@@ -141,15 +141,18 @@ impl Report {
     }
 }
 
-/// The storage version and `status.storedVersions` of the CRD.
-fn versions(crd: &CustomResourceDefinition) -> Result<(String, Vec<String>), Error> {
-    let storage = crd
-        .spec
+/// The version a CRD stores objects in.
+fn storage_version(crd: &CustomResourceDefinition) -> Option<String> {
+    crd.spec
         .versions
         .iter()
         .find(|v| v.storage)
         .map(|v| v.name.clone())
-        .ok_or(Error::NoStorageVersion)?;
+}
+
+/// The storage version and `status.storedVersions` of the CRD.
+fn versions(crd: &CustomResourceDefinition) -> Result<(String, Vec<String>), Error> {
+    let storage = storage_version(crd).ok_or(Error::NoStorageVersion)?;
     let stored = crd
         .status
         .as_ref()
@@ -323,13 +326,7 @@ async fn set_stored_versions(
 /// CRD.
 pub fn crd_serving(served: &[Version]) -> Result<CustomResourceDefinition, String> {
     let mut crd = crate::api::crd();
-    let storage = crd
-        .spec
-        .versions
-        .iter()
-        .find(|v| v.storage)
-        .map(|v| v.name.clone())
-        .expect("the generated CRD has a storage version");
+    let storage = storage_version(&crd).expect("the generated CRD has a storage version");
     if !served.iter().any(|v| v.as_str() == storage) {
         return Err(format!(
             "{storage} is the storage version: it must stay served"

@@ -879,40 +879,30 @@ fn storage_migration_role_is_exactly_what_the_migration_calls() {
 /// never ends, so pasting it hangs), and the check it suggests is a server-side dry run.
 #[test]
 fn chart_notes_paste_into_a_shell() {
-    let notes = tool(
-        "helm",
-        &[
+    let render = |extra: &[&str]| {
+        let mut args = vec![
             "install",
             "etcd-webhook",
             "charts/etcd-webhook",
             "--namespace",
             "etcd-system",
             "--dry-run=client",
-        ],
-    );
-    let notes = notes
-        .split("NOTES:\n")
-        .nth(1)
-        .expect("helm prints the NOTES");
+        ];
+        args.extend_from_slice(extra);
+        tool("helm", &args)
+            .split("NOTES:\n")
+            .nth(1)
+            .expect("helm prints the NOTES")
+            .to_owned()
+    };
+    let notes = render(&[]);
     assert!(notes.contains("kubectl create --dry-run=server"), "{notes}");
     assert!(
         notes
             .contains("kubectl apply --server-side --force-conflicts -f charts/etcd-webhook/crds/"),
         "{notes}"
     );
-    let without = tool(
-        "helm",
-        &[
-            "install",
-            "etcd-webhook",
-            "charts/etcd-webhook",
-            "--namespace",
-            "etcd-system",
-            "--dry-run=client",
-            "--set",
-            "certManager.enabled=false",
-        ],
-    );
+    let without = render(&["--set", "certManager.enabled=false"]);
     assert!(
         without.contains(
             "kubectl annotate crd etcdclusters.etcd.example.com cert-manager.io/inject-ca-from-"

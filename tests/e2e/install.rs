@@ -80,6 +80,22 @@ pub fn label(obj: &Value) -> String {
     )
 }
 
+/// Waits (60 s at most) until the EtcdCluster CRD is Established.
+pub fn wait_established(cp: &ControlPlane, what: &str) {
+    ok(
+        cp.kubectl_output(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                &format!("crd/{CRD}"),
+            ],
+            None,
+        ),
+        what,
+    );
+}
+
 /// Stdout of a successful command; panics with its stderr otherwise.
 pub fn ok(out: Output, what: &str) -> String {
     assert!(
@@ -130,18 +146,7 @@ impl Env {
             ),
             "kubectl apply --server-side config/default",
         );
-        ok(
-            cp.kubectl_output(
-                &[
-                    "wait",
-                    "--for=condition=Established",
-                    "--timeout=60s",
-                    &format!("crd/{CRD}"),
-                ],
-                None,
-            ),
-            "the CRD becomes Established",
-        );
+        wait_established(&cp, "the CRD becomes Established");
         let env = Env {
             sa_kubeconfig: cp.dir.join("etcd-webhook-sa.kubeconfig"),
             webhook_certs: cp.dir.join("webhook-certs"),

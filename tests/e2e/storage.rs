@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::{self, ControlPlane, wait_for};
 use crate::common;
-use crate::install::{CRD, Env, NAMESPACE, ok};
+use crate::install::{CRD, Env, NAMESPACE, ok, wait_established};
 
 const OBJECTS: usize = 500;
 const NAMESPACES: [&str; 2] = ["legacy-a", "legacy-b"];
@@ -254,18 +254,7 @@ pub fn retiring_old_versions(cp: ControlPlane) {
         ),
         "apply the seed's CRD",
     );
-    ok(
-        cp.kubectl_output(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                &format!("crd/{CRD}"),
-            ],
-            None,
-        ),
-        "the seed's CRD becomes Established",
-    );
+    wait_established(&cp, "the seed's CRD becomes Established");
     for ns in NAMESPACES {
         ok(
             cp.kubectl_output(&["create", "namespace", ns], None),
