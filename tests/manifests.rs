@@ -924,3 +924,61 @@ fn chart_notes_paste_into_a_shell() {
         }
     }
 }
+
+/// values.schema.json refuses unknown keys and out-of-range values, and the chart refuses the
+/// combinations a schema cannot express, each with a message saying what to do.
+#[test]
+fn helm_refuses_values_it_cannot_honour() {
+    let render = |set: &str| {
+        Command::new(common::k8s_tools().join("helm"))
+            .args([
+                "template",
+                "x",
+                "charts/etcd-webhook",
+                "--namespace",
+                "etcd-system",
+                "--set",
+                set,
+            ])
+            .current_dir(root())
+            .output()
+            .unwrap()
+    };
+    for (set, says) in [
+        ("replicaCount=1", "additional properties 'replicaCount' not allowed"),
+        ("webhook.failurePolicy=fail", "value must be one of 'Fail', 'Ignore'"),
+        ("webhook.timeoutSeconds=60", "maximum: got 60, want 30"),
+        ("server.logFormat=yaml", "value must be one of"),
+        ("certManager.duration=1y", "does not match pattern"),
+        (
+            "podDisruptionBudget.minAvailable=5",
+            "podDisruptionBudget.minAvailable (5) must be below replicas (2)",
+        ),
+        (
+            "replicas=1",
+            "With replicas: 1 set podDisruptionBudget.minAvailable: 0",
+        ),
+        (
+            "controller.leaderElection=false",
+            "would run 2 reconcile loops against the same EtcdClusters",
+        ),
+    ] {
+        let out = render(set);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{set} rendered");
+        assert!(stderr.contains(says), "{set}: {stderr}");
+    }
+    // The safe forms of the same settings render.
+    for set in [
+        "replicas=1,podDisruptionBudget.minAvailable=0",
+        "replicas=1,podDisruptionBudget.minAvailable=0,controller.leaderElection=false",
+        "controller.enabled=false,controller.leaderElection=false",
+    ] {
+        let out = render(set);
+        assert!(
+            out.status.success(),
+            "{set}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -6,6 +6,13 @@
 {{- if ne .Release.Namespace "etcd-system" -}}
 {{- fail "install etcd-webhook into the namespace etcd-system (the CRD's conversion webhook points there): helm install etcd-webhook charts/etcd-webhook -n etcd-system --create-namespace" -}}
 {{- end -}}
+{{- /* Combinations values.schema.json cannot express, refused with what to do instead. */ -}}
+{{- if ge (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicas) -}}
+{{- fail (printf "podDisruptionBudget.minAvailable (%d) must be below replicas (%d): otherwise no replica may ever be evicted and every node drain blocks. With replicas: 1 set podDisruptionBudget.minAvailable: 0 (and expect EtcdCluster writes to fail while that pod restarts, failurePolicy Fail)" (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicas)) -}}
+{{- end -}}
+{{- if and .Values.controller.enabled (not .Values.controller.leaderElection) (gt (int .Values.replicas) 1) -}}
+{{- fail (printf "controller.leaderElection: false with replicas: %d would run %d reconcile loops against the same EtcdClusters: keep leader election on, or set replicas: 1" (int .Values.replicas) (int .Values.replicas)) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "etcd-webhook.selectorLabels" -}}
