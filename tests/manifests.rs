@@ -945,8 +945,14 @@ fn helm_refuses_values_it_cannot_honour() {
             .unwrap()
     };
     for (set, says) in [
-        ("replicaCount=1", "additional properties 'replicaCount' not allowed"),
-        ("webhook.failurePolicy=fail", "value must be one of 'Fail', 'Ignore'"),
+        (
+            "replicaCount=1",
+            "additional properties 'replicaCount' not allowed",
+        ),
+        (
+            "webhook.failurePolicy=fail",
+            "value must be one of 'Fail', 'Ignore'",
+        ),
         ("webhook.timeoutSeconds=60", "maximum: got 60, want 30"),
         ("server.logFormat=yaml", "value must be one of"),
         ("certManager.duration=1y", "does not match pattern"),
