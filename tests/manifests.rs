@@ -752,7 +752,58 @@ fn helm_template_default_and_value_sets() {
                 Some("Ignore")
             );
             let d: Deployment = install.one("Deployment");
-            assert_eq!(d.spec.unwrap().replicas, Some(3));
+            let spec = d.spec.unwrap();
+            assert_eq!(spec.replicas, Some(3));
+            // The user's constraint keeps its own labelSelector (one key, no duplicate).
+            let tsc = spec
+                .template
+                .spec
+                .unwrap()
+                .topology_spread_constraints
+                .unwrap();
+            assert_eq!(tsc[0].topology_key, "kubernetes.io/hostname");
+            assert!(tsc[0].label_selector.is_some());
+            // A YAML parser keeps the last of two equal keys; the rendered text must have one.
+            let rendered = tool(
+                "helm",
+                &[
+                    "template",
+                    "x",
+                    "charts/etcd-webhook",
+                    "-n",
+                    "etcd-system",
+                    "-f",
+                    &v,
+                ],
+            );
+            let spread = rendered
+                .split("\n---")
+                .find(|d| d.contains("\nkind: Deployment"))
+                .and_then(|d| d.split("topologySpreadConstraints:").nth(1))
+                .and_then(|d| d.split("containers:").next())
+                .unwrap();
+            assert_eq!(
+                spread.matches("labelSelector:").count(),
+                tsc.len(),
+                "one labelSelector per spread constraint:\n{spread}"
+            );
+            // commonAnnotations on every templated object (crds/ is not templated).
+            for doc in install
+                .docs
+                .iter()
+                .filter(|d| d["kind"] != "CustomResourceDefinition")
+            {
+                assert_eq!(
+                    doc["metadata"]["annotations"]["owner"], "platform@example.com",
+                    "{} {}: commonAnnotations",
+                    doc["kind"], doc["metadata"]["name"]
+                );
+            }
+            let m = &install.raw("MutatingWebhookConfiguration")[0];
+            assert!(
+                m["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_string(),
+                "the inject annotation stays beside commonAnnotations"
+            );
         }
     }
     // Defaults: off by default.

@@ -34,6 +34,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- with .Values.commonAnnotations }}{{ toYaml . }}{{- end }}
 {{- end -}}
 
+{{- /* commonAnnotations and, with cert-manager, the CA injection: for the webhook configurations. */ -}}
+{{- define "etcd-webhook.annotationsAndInjectCA" -}}
+{{- $common := include "etcd-webhook.annotations" . | trim -}}
+{{- $inject := include "etcd-webhook.injectCA" . | trim -}}
+{{- $common -}}
+{{- if and $common $inject }}{{ "\n" }}{{ end -}}
+{{- $inject -}}
+{{- end -}}
+
 {{- define "etcd-webhook.injectCA" -}}
 {{- if .Values.certManager.enabled }}
 cert-manager.io/inject-ca-from: {{ printf "%s/etcd-webhook-serving" .Release.Namespace }}
