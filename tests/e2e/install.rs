@@ -80,6 +80,24 @@ pub fn label(obj: &Value) -> String {
     )
 }
 
+/// Server-side apply with the install's field manager (`e2e-install`), so a later install over
+/// the same objects owns the same fields.
+pub fn apply_as_installer(cp: &ControlPlane, objects: &Value, what: &str) {
+    ok(
+        cp.kubectl_output(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=e2e-install",
+                "-f",
+                "-",
+            ],
+            Some(&objects.to_string()),
+        ),
+        what,
+    );
+}
+
 /// Waits (60 s at most) until the EtcdCluster CRD is Established.
 pub fn wait_established(cp: &ControlPlane, what: &str) {
     ok(
@@ -133,19 +151,7 @@ impl Env {
         )
         .expect("the Deployment's args");
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
-        ok(
-            cp.kubectl_output(
-                &[
-                    "apply",
-                    "--server-side",
-                    "--field-manager=e2e-install",
-                    "-f",
-                    "-",
-                ],
-                Some(&list.to_string()),
-            ),
-            "kubectl apply --server-side config/default",
-        );
+        apply_as_installer(&cp, &list, "kubectl apply --server-side config/default");
         wait_established(&cp, "the CRD becomes Established");
         let env = Env {
             sa_kubeconfig: cp.dir.join("etcd-webhook-sa.kubeconfig"),

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::{self, ControlPlane, wait_for};
 use crate::common;
-use crate::install::{CRD, Env, NAMESPACE, ok, wait_established};
+use crate::install::{CRD, Env, NAMESPACE, apply_as_installer, ok, wait_established};
 
 const OBJECTS: usize = 500;
 const NAMESPACES: [&str; 2] = ["legacy-a", "legacy-b"];
@@ -161,6 +161,19 @@ fn kept(o: &Value) -> Value {
         "annotations": m["annotations"], "finalizers": m["finalizers"]})
 }
 
+/// The `-o json` report of a `migrate-storage` run that must have succeeded.
+fn json_report(out: &std::process::Output, what: &str) -> Value {
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "{what}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(out.status.success(), "{what}: {report}");
+    report
+}
+
 /// `etcd-webhook ARGS` with `kubeconfig`.
 fn command(kubeconfig: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(common::BIN);
@@ -241,19 +254,7 @@ fn readme_block() -> String {
 
 pub fn retiring_old_versions(cp: ControlPlane) {
     // 1. The seed's world: its CRD, 500 objects in v1alpha1, some with a status.
-    ok(
-        cp.kubectl_output(
-            &[
-                "apply",
-                "--server-side",
-                "--field-manager=e2e-install",
-                "-f",
-                "-",
-            ],
-            Some(&seed_crd().to_string()),
-        ),
-        "apply the seed's CRD",
-    );
+    apply_as_installer(&cp, &seed_crd(), "apply the seed's CRD");
     wait_established(&cp, "the seed's CRD becomes Established");
     for ns in NAMESPACES {
         ok(
@@ -366,14 +367,7 @@ pub fn retiring_old_versions(cp: ControlPlane) {
     let out = command(&migrator, &["migrate-storage", "--dry-run", "-o", "json"])
         .output()
         .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-        panic!(
-            "dry run: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert!(out.status.success(), "{report}");
+    let report = json_report(&out, "dry run");
     assert_eq!(report["listed"], OBJECTS, "{report}");
     assert_eq!(report["rewritten"], OBJECTS, "{report}");
     assert_eq!(report["storedVersionsAfter"], json!(["v1alpha1", "v1"]));
@@ -447,14 +441,7 @@ pub fn retiring_old_versions(cp: ControlPlane) {
         "    the concurrent writes ended {:.1} s after the migration started",
         t.elapsed().as_secs_f64()
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-        panic!(
-            "migration: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    assert!(out.status.success(), "{report}");
+    let report = json_report(&out, "migration");
     eprintln!(
         "    migration of {} objects in {secs:.1} s: {report}",
         report["listed"]
