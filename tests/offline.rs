@@ -287,6 +287,14 @@ fn convert_multi_document_and_lists() {
             &mut expected,
             etcd_webhook::api::Version::from_version(&home).unwrap(),
         );
+        // The schema's defaults come back filled in (as the apiserver fills them); the one
+        // default /mutate adds by hand, v1alpha1's backupEnabled/backupSchedule pairing, does
+        // not: a partial backup pair comes back partial.
+        for key in ["backupEnabled", "backupSchedule"] {
+            if home == "v1alpha1" && obj["spec"].get(key).is_none() {
+                expected["spec"].as_object_mut().unwrap().remove(key);
+            }
+        }
         assert_eq!(back, expected, "{}", path.display());
         round_tripped += 1;
     }

@@ -34,6 +34,20 @@ pub enum ConvertError {
 pub struct Hub {
     pub spec: v1::EtcdClusterSpec,
     pub status: Option<v1::EtcdClusterStatus>,
+    /// What a v1alpha1 object left out that v1 fills in, so that the way back leaves it out again.
+    pub alpha_gaps: AlphaGaps,
+}
+
+/// v1alpha1 has `backupEnabled` and `backupSchedule` side by side, each optional; v1 has one
+/// `backup` block where both always have a value. An object written in v1alpha1 with only one of
+/// them comes back with only that one.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AlphaGaps {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_backup_enabled: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_backup_schedule: bool,
 }
 
 /// The v1 fields an older version cannot express, kept in [`CONVERSION_ANNOTATION`].
@@ -56,6 +70,9 @@ pub struct Stash {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+    /// Kept in every version (v1 included) while the object has a `backup` block.
+    #[serde(default, flatten)]
+    pub alpha_gaps: AlphaGaps,
 }
 
 impl Stash {
@@ -117,14 +134,12 @@ pub fn to_hub(obj: &Value) -> Result<Hub, ConvertError> {
         None | Some(Value::Null) => None,
         Some(v) => Some(v),
     };
-    let stash = match version {
-        Version::V1 => None,
-        _ => read_stash(obj),
-    };
+    let stash = read_stash(obj);
     Ok(match version {
         Version::V1 => Hub {
             spec: decode(spec_value, "spec")?,
             status: status_value.map(|s| decode(s, "status")).transpose()?,
+            alpha_gaps: stash.map(|s| s.alpha_gaps).unwrap_or_default(),
         },
         Version::V1Beta1 => beta_up(
             decode(spec_value, "spec")?,
@@ -175,7 +190,13 @@ pub fn from_hub(
         serde_json::to_value(t).expect("API types serialize")
     }
     Ok(match desired {
-        Version::V1 => (json(&hub.spec), hub.status.as_ref().map(json), None),
+        Version::V1 => {
+            let stash = Stash {
+                alpha_gaps: kept_gaps(&hub),
+                ..Stash::default()
+            };
+            (json(&hub.spec), hub.status.as_ref().map(json), Some(stash))
+        }
         Version::V1Beta1 => {
             let (spec, status, stash) = beta_down(hub);
             (json(&spec), status.as_ref().map(json), Some(stash))
@@ -222,6 +243,15 @@ fn set_stash(obj: &mut Map<String, Value>, stash: Option<Stash>) {
     }
 }
 
+/// The gaps worth keeping: only while there is a backup block they describe.
+fn kept_gaps(hub: &Hub) -> AlphaGaps {
+    if hub.spec.backup.is_some() {
+        hub.alpha_gaps
+    } else {
+        AlphaGaps::default()
+    }
+}
+
 // === v1beta1 <-> v1 ===
 
 fn beta_down(
@@ -231,7 +261,10 @@ fn beta_down(
     Option<v1beta1::EtcdClusterStatus>,
     Stash,
 ) {
-    let mut stash = Stash::default();
+    let mut stash = Stash {
+        alpha_gaps: kept_gaps(&hub),
+        ..Stash::default()
+    };
     let v1::EtcdClusterSpec {
         size,
         version,
@@ -294,6 +327,7 @@ fn beta_up(
             backup,
         },
         status,
+        alpha_gaps: stash.alpha_gaps,
     }
 }
 
@@ -346,10 +380,17 @@ fn alpha_down(
     if storage_up(storage_size_gi) != storage_size {
         stash.storage_size = Some(storage_size);
     }
+    // A field v1alpha1 left out stays out while v1 still holds the value it was filled in with;
+    // an edit made since (in any version) shows.
+    let gaps = hub.alpha_gaps;
     let (backup_enabled, backup_schedule) = match backup {
         Some(b) => {
             stash_backup_extras(&mut stash, b.retention, b.destination);
-            (Some(b.enabled), Some(b.schedule))
+            let enabled = (!(gaps.no_backup_enabled && !b.enabled)).then_some(b.enabled);
+            let schedule = (!(gaps.no_backup_schedule
+                && b.schedule == defaults::backup_schedule()))
+            .then_some(b.schedule);
+            (enabled, schedule)
         }
         None => (None, None),
     };
@@ -388,6 +429,10 @@ fn alpha_up(
         Some(s) if storage_down(&s).ok() == Some(spec.storage_size_gi) => s,
         _ => storage_up(spec.storage_size_gi),
     };
+    let alpha_gaps = AlphaGaps {
+        no_backup_enabled: spec.backup_enabled.is_none() && spec.backup_schedule.is_some(),
+        no_backup_schedule: spec.backup_schedule.is_none() && spec.backup_enabled.is_some(),
+    };
     let backup = match (spec.backup_enabled, spec.backup_schedule) {
         (None, None) => None,
         (enabled, schedule) => Some(v1::Backup {
@@ -413,6 +458,7 @@ fn alpha_up(
             backup,
         },
         status,
+        alpha_gaps,
     }
 }
 
@@ -563,10 +609,11 @@ pub(crate) mod tests {
             (0u32..12, 0u32..30, 0u32..40),
             prop_oneof![Just("standard"), Just("ssd"), Just("nvme")],
             1i64..100_000,
-            option::of((
-                any::<bool>(),
-                prop_oneof![Just("0 */6 * * *"), Just("@hourly")],
-            )),
+            // Either, both or none of backupEnabled and backupSchedule.
+            (
+                option::of(any::<bool>()),
+                option::of(prop_oneof![Just("0 */6 * * *"), Just("@hourly")]),
+            ),
             option::of((option::of(phase()), option::of(0i32..8))),
         )
             .prop_map(
@@ -577,8 +624,11 @@ pub(crate) mod tests {
                         "spec": {"replicas": replicas, "etcdVersion": format!("{a}.{b}.{c}"),
                                  "storageClassName": class, "storageSizeGi": gi},
                     });
-                    if let Some((enabled, schedule)) = backup {
+                    let (enabled, schedule) = backup;
+                    if let Some(enabled) = enabled {
                         o["spec"]["backupEnabled"] = json!(enabled);
+                    }
+                    if let Some(schedule) = schedule {
                         o["spec"]["backupSchedule"] = json!(schedule);
                     }
                     if let Some((phase, ready)) = status {
@@ -728,6 +778,42 @@ pub(crate) mod tests {
         );
         assert_eq!(alpha["metadata"]["annotations"]["note"], "x");
         assert_eq!(alpha["spec"]["storageSizeGi"], 10);
+    }
+
+    /// Issue 12, item 9: `backupEnabled` without `backupSchedule` came back with the default
+    /// schedule filled in.
+    #[test]
+    fn a_partial_v1alpha1_backup_block_comes_back_partial() {
+        let alpha = json!({
+            "apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster",
+            "metadata": {"name": "a", "namespace": "default"},
+            "spec": {"replicas": 3, "etcdVersion": "3.5.10", "storageClassName": "ssd",
+                     "storageSizeGi": 20, "backupEnabled": true}
+        });
+        let v1 = convert_object(&alpha, Version::V1).unwrap();
+        // v1 holds the full block (what the controller reads) and remembers the gap.
+        assert_eq!(
+            v1["spec"]["backup"],
+            json!({"enabled": true, "schedule": "0 */6 * * *", "retention": 7})
+        );
+        assert_eq!(
+            v1["metadata"]["annotations"][CONVERSION_ANNOTATION],
+            r#"{"noBackupSchedule":true}"#
+        );
+        for via in Version::ALL {
+            assert_eq!(round_trip(&alpha, via), alpha, "via {via}");
+        }
+        // A schedule set since in v1 shows in v1alpha1.
+        let mut edited = v1.clone();
+        edited["spec"]["backup"]["schedule"] = json!("@daily");
+        let back = convert_object(&edited, Version::V1Alpha1).unwrap();
+        assert_eq!(back["spec"]["backupSchedule"], "@daily");
+        // So does a block removed in v1: no backup at all, and no gap left behind.
+        let mut removed = v1;
+        removed["spec"].as_object_mut().unwrap().remove("backup");
+        let back = convert_object(&removed, Version::V1Alpha1).unwrap();
+        assert!(back["spec"].get("backupEnabled").is_none());
+        assert!(back["metadata"].get("annotations").is_none(), "{back}");
     }
 
     #[test]
