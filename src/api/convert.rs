@@ -386,10 +386,9 @@ fn alpha_down(
     let (backup_enabled, backup_schedule) = match backup {
         Some(b) => {
             stash_backup_extras(&mut stash, b.retention, b.destination);
-            let enabled = (!(gaps.no_backup_enabled && !b.enabled)).then_some(b.enabled);
-            let schedule = (!(gaps.no_backup_schedule
-                && b.schedule == defaults::backup_schedule()))
-            .then_some(b.schedule);
+            let enabled = (!gaps.no_backup_enabled || b.enabled).then_some(b.enabled);
+            let schedule_changed = b.schedule != defaults::backup_schedule();
+            let schedule = (!gaps.no_backup_schedule || schedule_changed).then_some(b.schedule);
             (enabled, schedule)
         }
         None => (None, None),
