@@ -168,7 +168,9 @@ fn bad_bodies_get_clear_4xx_and_serving_goes_on() {
 
 #[test]
 fn a_100_mb_body_is_refused_without_being_read() {
-    let server = Server::start(&[]);
+    // A limit far below what is sent, so that what the process holds afterwards tells "read up
+    // to the limit" from "read it all" whatever the allocator keeps.
+    let server = Server::start(&["--max-convert-body-bytes", "8388608"]);
     let pid = server.child.id();
     let before = rss_kib(pid);
     runtime().block_on(async {
@@ -194,16 +196,19 @@ fn a_100_mb_body_is_refused_without_being_read() {
         });
         let reply = String::from_utf8_lossy(&read_some(&mut rd, Duration::from_secs(20)).await).into_owned();
         assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
-        assert!(reply.contains("exceeds 33554432 bytes"), "{reply}");
+        assert!(reply.contains("exceeds 8388608 bytes"), "{reply}");
         let _ = tokio::time::timeout(Duration::from_secs(20), writer).await;
         still_serving(&server).await;
     });
-    // mimalloc hands freed pages back after a short delay.
+    // mimalloc hands freed pages back after a short delay; pages freed by another thread than
+    // the one that allocated them can stay until that thread allocates again (seen: up to twice
+    // the limit kept after the request while other tests ran).
     std::thread::sleep(Duration::from_secs(2));
     let after = rss_kib(pid);
-    // What is read is bounded by --max-convert-body-bytes (32 MiB), never by the 100 MB sent.
+    // What is read is bounded by --max-convert-body-bytes (8 MiB), never by the 100 MB sent:
+    // the process may keep up to twice the limit, plus slack, against 95 MiB if it read it all.
     assert!(
-        after < before + 64 * 1024,
+        after < before + 32 * 1024,
         "RSS grew from {before} KiB to {after} KiB"
     );
     assert_eq!(
