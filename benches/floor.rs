@@ -93,7 +93,9 @@ fn main() -> anyhow::Result<()> {
                 .route("/parse", post(parse))
                 .route("/convert", post(convert))
                 .layer(DefaultBodyLimit::max(64 * 1024 * 1024));
-            let listener = server::bind(addr).await?;
+            let listener =
+                etcd_webhook::listen::Listeners::bind(&etcd_webhook::listen::ListenAddr::Ip(addr))
+                    .await?;
             println!("floor listening addr={}", listener.local_addr()?);
             let shutdown = CancellationToken::new();
             let token = shutdown.clone();

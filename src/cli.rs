@@ -1,6 +1,8 @@
 //! Command line: `serve`, `crd`, `certs`, `review`, `convert`, `render`, `migrate-storage`. Every serve flag has an environment fallback.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
+
+use crate::listen::ListenAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -162,9 +164,10 @@ pub enum LogFormat {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address of the HTTPS listener.
-    #[arg(long, env = "ETCD_WEBHOOK_ADDR", default_value = "0.0.0.0:8443")]
-    pub addr: SocketAddr,
+    /// Address of the HTTPS listener: `:8443` is every address, IPv6 and IPv4 (IPv4 alone
+    /// where the kernel has no IPv6); `0.0.0.0:8443`, `[::1]:8443` or `localhost:8443` only those.
+    #[arg(long, env = "ETCD_WEBHOOK_ADDR", default_value = ":8443")]
+    pub addr: ListenAddr,
     /// Directory holding tls.crt and tls.key (the mounted cert-manager Secret). Without it a
     /// development CA and certificate for localhost are created under ./certs/dev.
     #[arg(long, env = "ETCD_WEBHOOK_CERT_DIR")]
@@ -181,8 +184,8 @@ pub struct ServeArgs {
     #[arg(long, env = "ETCD_WEBHOOK_HTTP2")]
     pub http2: bool,
     /// Plain-HTTP port for /healthz, /readyz and /metrics.
-    #[arg(long, env = "ETCD_WEBHOOK_HEALTH_ADDR", default_value = "0.0.0.0:8081")]
-    pub health_addr: SocketAddr,
+    #[arg(long, env = "ETCD_WEBHOOK_HEALTH_ADDR", default_value = ":8081")]
+    pub health_addr: ListenAddr,
     /// Re-read the certificate files this often, in case a file event was missed.
     #[arg(long, env = "ETCD_WEBHOOK_CERT_POLL_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub cert_poll_interval: Duration,
@@ -231,7 +234,7 @@ pub struct CertsArgs {
     #[arg(long = "dns", default_values_t = [String::from("localhost")])]
     pub dns: Vec<String>,
     /// IP addresses of the serving certificate (repeatable).
-    #[arg(long = "ip", default_values_t = [IpAddr::from([127, 0, 0, 1])])]
+    #[arg(long = "ip", default_values_t = [IpAddr::from([127, 0, 0, 1]), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)])]
     pub ip: Vec<IpAddr>,
     /// Validity in days.
     #[arg(long, default_value_t = 365)]

@@ -8,7 +8,6 @@ use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::webhook::{AppState, healthz, readyz};
@@ -33,7 +32,11 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// Serves the health port until `shutdown`.
-pub async fn serve(listener: TcpListener, state: Arc<AppState>, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: crate::listen::Listeners,
+    state: Arc<AppState>,
+    shutdown: CancellationToken,
+) {
     let app = router(state);
     if let Err(error) = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())

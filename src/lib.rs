@@ -10,6 +10,7 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod health;
+pub mod listen;
 pub mod metrics;
 pub mod migrate;
 pub mod offline;

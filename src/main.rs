@@ -15,6 +15,7 @@ use etcd_webhook::controller::{self, leader, render::RenderOptions};
 use etcd_webhook::{migrate, offline};
 use std::time::Duration;
 
+use etcd_webhook::listen::Listeners;
 use etcd_webhook::metrics::Metrics;
 use etcd_webhook::tls::client_auth::ReloadingVerifier;
 use etcd_webhook::tls::watch::{Reloader, WatchOptions};
@@ -330,10 +331,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     ));
 
     // The health port comes up first: readiness is false until the TLS listener serves.
-    let health = server::bind(args.health_addr)
+    let health = Listeners::bind(&args.health_addr)
         .await
         .with_context(|| format!("cannot listen on --health-addr {}", args.health_addr))?;
-    tracing::info!(addr = %health.local_addr()?, "health and metrics listening");
+    tracing::info!(addr = %health.local_addr()?, all = ?health.local_addrs()?, "health and metrics listening");
     let health_task = tokio::spawn(etcd_webhook::health::serve(
         health,
         state.clone(),
@@ -366,12 +367,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let router = webhook::router(state.clone());
     let verifier = client_ca.map(|v| v as Arc<dyn rustls::server::danger::ClientCertVerifier>);
     let tls_config = Arc::new(server::tls_config(store.clone(), verifier, args.http2)?);
-    let listener = server::bind(args.addr)
+    let listener = Listeners::bind(&args.addr)
         .await
-        .with_context(|| format!("cannot listen on {}", args.addr))?;
+        .with_context(|| format!("cannot listen on --addr {}", args.addr))?;
     let local = listener.local_addr()?;
     state.listening.store(true, Ordering::Relaxed);
-    tracing::info!(addr = %local, http2 = args.http2, client_auth = args.client_ca.is_some(), "etcd-webhook listening");
+    tracing::info!(addr = %local, all = ?listener.local_addrs()?, http2 = args.http2, client_auth = args.client_ca.is_some(), "etcd-webhook listening");
     if dev {
         print_dev_hint(&cert_dir, local.port());
     }

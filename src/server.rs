@@ -2,10 +2,10 @@
 //! own task (a slow client never holds up others), HTTP/1.1 with keep-alive (HTTP/2 only when
 //! asked for), and a graceful drain on shutdown.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::listen::Listeners;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -14,7 +14,6 @@ use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use rustls::server::ResolvesServerCert;
 use rustls::server::danger::ClientCertVerifier;
-use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -74,7 +73,7 @@ pub fn tls_config(
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then drains open connections.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listeners,
     tls: Arc<ServerConfig>,
     router: Router,
     options: ServeOptions,
@@ -162,9 +161,4 @@ pub async fn serve(
     {
         tracing::warn!("drain timed out; closing remaining connections");
     }
-}
-
-/// Binds the listener (`127.0.0.1:0` picks a free port).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }

@@ -369,6 +369,10 @@ fn check(install: &Install, cert_manager: bool) {
             request_timeout < std::time::Duration::from_secs(timeout.unwrap() as u64),
             "{n}: --request-timeout {request_timeout:?} < timeoutSeconds {timeout:?}"
         );
+        // Every address, IPv6 and IPv4, so one manifest fits single-stack IPv6 clusters too
+        // (issue 12, item 3: both listeners were 0.0.0.0).
+        assert_eq!(arg(&args, "--addr"), Some(":8443"), "{n}");
+        assert_eq!(arg(&args, "--health-addr"), Some(":8081"), "{n}");
         // EtcdClusters are checked in every namespace, the webhook's own included: the rules
         // match only etcdclusters, so there is no lock-out to avoid.
         assert!(ns_sel.is_none(), "{n}: no namespaceSelector");
@@ -1038,4 +1042,25 @@ fn helm_refuses_values_it_cannot_honour() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The NetworkPolicy, turned on with nothing else set, admits the apiserver from IPv4 and IPv6
+/// addresses (it admitted only 0.0.0.0/0).
+#[test]
+fn network_policy_defaults_admit_both_address_families() {
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, "networkPolicy:\n  enabled: true\n").unwrap();
+    let install = helm(Some(values.to_str().unwrap()));
+    let np: NetworkPolicy = install.one("NetworkPolicy");
+    let cidrs: Vec<String> = np
+        .spec
+        .unwrap()
+        .ingress
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.from.clone().unwrap_or_default())
+        .filter_map(|peer| peer.ip_block.map(|b| b.cidr))
+        .collect();
+    assert_eq!(cidrs, ["0.0.0.0/0", "::/0"]);
 }

@@ -445,3 +445,64 @@ fn readme_rotation_rehearsal_runs_as_written() {
         "{stdout}"
     );
 }
+
+/// Issue 12, item 3: the listeners were IPv4 only (`0.0.0.0`) and `--addr localhost:8443` was
+/// refused. The default (`:PORT`) serves IPv4 and IPv6 clients on one socket; `[::1]` and host
+/// names work as written.
+#[test]
+fn listens_on_ipv6_dual_stack_and_host_names() {
+    let body = fixture("validate-v1-create-valid.json");
+    let mut cases = Vec::new();
+    // The default form, with port 0: one dual-stack socket for both families.
+    let any = Server::start(&["--addr", ":0", "--health-addr", ":0"]);
+    assert!(
+        any.addr.ip().is_unspecified() && any.addr.is_ipv6(),
+        "{}",
+        any.log()
+    );
+    for ip in ["127.0.0.1", "::1"] {
+        let ip: std::net::IpAddr = ip.parse().unwrap();
+        cases.push((
+            &any,
+            std::net::SocketAddr::new(ip, any.addr.port()),
+            std::net::SocketAddr::new(ip, any.health.port()),
+        ));
+    }
+    // IPv6 loopback alone, and the health port on a host name.
+    let v6 = Server::start(&["--addr", "[::1]:0", "--health-addr", "localhost:0"]);
+    assert_eq!(v6.addr.ip(), "::1".parse::<std::net::IpAddr>().unwrap());
+    assert!(v6.health.ip().is_loopback(), "{}", v6.log());
+    cases.push((&v6, v6.addr, v6.health));
+    runtime().block_on(async {
+        for (server, addr, health) in &cases {
+            let client = apiserver_client(&server.ca());
+            // The certificate names 127.0.0.1 and ::1, so the IP is the URL's host.
+            let url = format!("https://{addr}/validate");
+            let (status, _, review) = post(&client, &url, body.clone()).await;
+            assert_eq!(status, 200, "{url}");
+            assert_eq!(review["response"]["allowed"], true, "{url}: {review}");
+            let (status, body) = health_get_at(*health, "/readyz");
+            assert_eq!(status, 200, "{health}: {body}\n{}", server.log());
+        }
+    });
+    // A v6-only listener is not reachable over IPv4.
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", v6.addr.port())).is_err(),
+        "[::1] also answered on 127.0.0.1"
+    );
+}
+
+/// A bad `--addr` is refused before anything starts, with the fix in the message.
+#[test]
+fn a_bad_listen_address_says_how_to_write_it() {
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--addr", "::1:8443"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("goes in brackets, as [::1]:8443"),
+        "{stderr}"
+    );
+}

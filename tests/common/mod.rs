@@ -33,7 +33,7 @@ pub fn make_certs(dir: &Path, extra: &[&str]) {
     let status = Command::new(BIN)
         .args(["certs", "--out"])
         .arg(dir)
-        .args(["--dns", "localhost", "--ip", "127.0.0.1"])
+        .args(["--dns", "localhost", "--ip", "127.0.0.1", "--ip", "::1"])
         .args(extra)
         .status()
         .expect("run etcd-webhook certs");
@@ -103,15 +103,13 @@ impl Server {
             cmd.env_remove(var);
         }
         cmd.envs(env.iter().copied());
-        cmd.args([
-            "--log-format",
-            "text",
-            "serve",
-            "--addr",
-            "127.0.0.1:0",
-            "--health-addr",
-            "127.0.0.1:0",
-        ]);
+        cmd.args(["--log-format", "text", "serve"]);
+        // Loopback and a free port unless the test chooses.
+        for flag in ["--addr", "--health-addr"] {
+            if !extra.contains(&flag) {
+                cmd.args([flag, "127.0.0.1:0"]);
+            }
+        }
         if !extra.contains(&"--no-cert-dir") {
             cmd.arg("--cert-dir").arg(cert_dir);
         }
@@ -173,22 +171,7 @@ impl Server {
 
     /// GET on the health port: (status, body).
     pub fn health_get(&self, path: &str) -> (u16, String) {
-        use std::io::{Read, Write};
-        let mut tcp = std::net::TcpStream::connect(self.health).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        write!(
-            tcp,
-            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut out = String::new();
-        tcp.read_to_string(&mut out).unwrap();
-        let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
+        health_get_at(self.health, path)
     }
 
     /// The value of one metric sample line (`name{labels} value`), summed over label sets
@@ -515,4 +498,24 @@ pub fn k8s_tools() -> &'static PathBuf {
         );
         PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
     })
+}
+
+/// GET on a health port at `addr`: (status, body).
+pub fn health_get_at(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        tcp,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }
