@@ -1,5 +1,6 @@
 //! The decisions, as plain functions: defaulting (`/mutate`) and the rules (`/validate`).
 
+pub mod cel;
 pub mod cron;
 pub mod defaults;
 pub mod validate;

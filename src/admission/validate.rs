@@ -445,11 +445,12 @@ fn check_update(
     if let (Some(o), Some(n)) = (parse_gi(&old.storage_size), parse_gi(&new.storage_size))
         && n < o
     {
+        // As written (the CRD's CEL rule says it the same way).
         out.violations.push(ctx.forbidden(
             Field::StorageSize,
             format!(
-                "cannot shrink from {}Gi to {}Gi: volumes can grow but never shrink",
-                o, n
+                "cannot shrink from {} to {}: volumes can grow but never shrink",
+                old.storage_size, new.storage_size
             ),
         ));
     }

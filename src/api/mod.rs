@@ -96,6 +96,61 @@ pub(crate) fn phase_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schem
     })
 }
 
+/// The longest condition message the apiserver takes (metav1.Condition's limit), in characters.
+pub const CONDITION_MESSAGE_MAX: usize = 32768;
+
+/// Schema of `status.conditions`: metav1.Condition with the constraints the apiserver's own
+/// types carry (kubebuilder's markers on metav1.Condition), a list keyed by `type`.
+pub(crate) fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Ready, Progressing and (with backups) BackupReady: one entry per type.",
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "maxItems": 16,
+        "items": {
+            "type": "object",
+            "required": ["lastTransitionTime", "message", "reason", "status", "type"],
+            "properties": {
+                "type": {
+                    "description": "Type of condition in CamelCase or in foo.example.com/CamelCase.",
+                    "type": "string",
+                    "maxLength": 316,
+                    "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+                },
+                "status": {
+                    "description": "True, False or Unknown.",
+                    "type": "string",
+                    "enum": ["True", "False", "Unknown"]
+                },
+                "observedGeneration": {
+                    "description": "The metadata.generation the condition was set from.",
+                    "type": "integer",
+                    "format": "int64",
+                    "minimum": 0
+                },
+                "lastTransitionTime": {
+                    "description": "When the status last changed.",
+                    "type": "string",
+                    "format": "date-time"
+                },
+                "reason": {
+                    "description": "Why, in CamelCase.",
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 1024,
+                    "pattern": "^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+                },
+                "message": {
+                    "description": "Details for a person.",
+                    "type": "string",
+                    "maxLength": CONDITION_MESSAGE_MAX
+                }
+            }
+        }
+    })
+}
+
 /// The CRD for all three versions, v1 stored, with the conversion webhook stanza (no caBundle:
 /// cert-manager's cainjector fills it in).
 pub fn crd() -> CustomResourceDefinition {
@@ -112,6 +167,7 @@ pub fn crd() -> CustomResourceDefinition {
     crd.spec
         .versions
         .sort_by_key(|v| Version::from_version(&v.name));
+    crate::admission::cel::apply(&mut crd);
     crd.metadata.annotations = Some(
         [(
             "cert-manager.io/inject-ca-from".to_owned(),

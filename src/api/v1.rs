@@ -40,11 +40,11 @@ pub struct EtcdClusterSpec {
     pub version: String,
     /// Storage class of the members' volumes.
     #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]))]
+    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]), length(max = 32))]
     pub storage_class: String,
     /// Size of each member's volume in whole GiB, e.g. 10Gi.
     #[serde(default = "defaults::storage_size")]
-    #[schemars(regex(pattern = r"^[0-9]+Gi$"))]
+    #[schemars(regex(pattern = r"^[0-9]+Gi$"), length(max = 32))]
     pub storage_size: String,
     /// Periodic snapshots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,5 +85,6 @@ pub struct EtcdClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::conditions_schema")]
     pub conditions: Option<Vec<Condition>>,
 }

@@ -35,7 +35,7 @@ pub struct EtcdClusterSpec {
     #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+\.[0-9]+$"))]
     pub etcd_version: String,
     #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]))]
+    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]), length(max = 32))]
     pub storage_class_name: String,
     #[serde(default = "defaults::storage_size_gi")]
     #[schemars(range(min = 1))]

@@ -44,10 +44,10 @@ pub struct EtcdClusterSpec {
 #[serde(rename_all = "camelCase")]
 pub struct Storage {
     #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]))]
+    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]), length(max = 32))]
     pub class_name: String,
     #[serde(default = "defaults::storage_size")]
-    #[schemars(regex(pattern = r"^[0-9]+Gi$"))]
+    #[schemars(regex(pattern = r"^[0-9]+Gi$"), length(max = 32))]
     pub size: String,
 }
 

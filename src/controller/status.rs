@@ -42,6 +42,24 @@ impl Activity {
     }
 }
 
+/// A message the CRD's schema takes: a longer one (an error quoting a large body, say) would
+/// get the whole status write refused.
+fn within_limit(message: String) -> String {
+    const MARK: &str = "... (cut)";
+    let max = crate::api::CONDITION_MESSAGE_MAX;
+    match message.char_indices().nth(max) {
+        None => message,
+        Some(_) => {
+            let keep = max - MARK.chars().count();
+            let end = message
+                .char_indices()
+                .nth(keep)
+                .map_or(message.len(), |(i, _)| i);
+            format!("{}{MARK}", &message[..end])
+        }
+    }
+}
+
 fn condition(
     type_: &str,
     ok: bool,
@@ -62,7 +80,7 @@ fn condition(
         type_: type_.to_owned(),
         status: status.to_owned(),
         reason: reason.to_owned(),
-        message,
+        message: within_limit(message),
         observed_generation: generation,
         last_transition_time: since,
     }
@@ -171,6 +189,16 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
 mod tests {
     use super::*;
     use crate::controller::render::tests::cluster;
+
+    #[test]
+    fn condition_messages_fit_the_schema() {
+        let max = crate::api::CONDITION_MESSAGE_MAX;
+        let short = "é".repeat(max);
+        assert_eq!(within_limit(short.clone()), short);
+        let long = within_limit("é".repeat(max + 1));
+        assert_eq!(long.chars().count(), max);
+        assert!(long.ends_with("... (cut)"));
+    }
 
     fn at(secs: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())

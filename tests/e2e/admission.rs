@@ -3,6 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+use etcd_webhook::api::Version;
 use serde_json::{Value, json};
 
 use crate::cluster::{KUBERNETES_VERSION, wait_for};
@@ -207,6 +208,47 @@ struct Denial {
     name: &'static str,
     old: Option<Value>,
     new: Value,
+    /// Refused by the CRD's CEL rules (admission::cel) before the webhook is asked.
+    cel: bool,
+}
+
+/// The field errors of a message, as (path, kind, detail), the value left out: the webhook
+/// writes `spec.size: Invalid value: 4: must be odd`, a CEL rule `spec.size: Invalid value:
+/// "integer": must be odd`. Takes kubectl's `... is invalid: ` text (one error, or a `* `
+/// list) or one webhook violation.
+fn field_errors(text: &str) -> std::collections::BTreeSet<(String, String, String)> {
+    let body = text
+        .split_once("is invalid: ")
+        .map_or(text, |(_, rest)| rest)
+        .trim();
+    let items: Vec<&str> = if body.starts_with("* ") {
+        body.lines()
+            .filter_map(|l| l.trim().strip_prefix("* "))
+            .collect()
+    } else {
+        vec![body]
+    };
+    items
+        .into_iter()
+        .map(|item| {
+            field_error(item).unwrap_or_else(|| panic!("not a field error: {item:?} in {text}"))
+        })
+        .collect()
+}
+
+fn field_error(item: &str) -> Option<(String, String, String)> {
+    let (path, rest) = item.split_once(": ")?;
+    let (kind, detail) = if let Some(d) = rest.strip_prefix("Forbidden: ") {
+        ("Forbidden", d)
+    } else {
+        let value_and_detail = rest.strip_prefix("Invalid value: ")?;
+        let detail = match value_and_detail.strip_prefix('"') {
+            Some(quoted) => quoted.split_once("\": ")?.1,
+            None => value_and_detail.split_once(": ")?.1,
+        };
+        ("Invalid value", detail)
+    };
+    Some((path.to_owned(), kind.to_owned(), detail.trim().to_owned()))
 }
 
 fn cluster(version: &str, name: &str, spec: Value) -> Value {
@@ -235,6 +277,7 @@ pub fn denials_reach_the_user(env: &Env) {
             name: "even size",
             old: None,
             new: v1("even", with(json!({"size": 4}))),
+            cel: true,
         },
         Denial {
             name: "even replicas in v1alpha1",
@@ -244,31 +287,37 @@ pub fn denials_reach_the_user(env: &Env) {
                 "even-alpha",
                 json!({"replicas": 2, "etcdVersion": "3.5.10", "storageSizeGi": 10}),
             ),
+            cel: true,
         },
         Denial {
             name: "shrink",
             old: Some(v1("shrink", base.clone())),
             new: v1("shrink", with(json!({"size": 1}))),
+            cel: true,
         },
         Denial {
             name: "storage shrink",
             old: Some(v1("storage", base.clone())),
             new: v1("storage", with(json!({"storageSize": "10Gi"}))),
+            cel: true,
         },
         Denial {
             name: "storage class change",
             old: Some(v1("class", base.clone())),
             new: v1("class", with(json!({"storageClass": "standard"}))),
+            cel: true,
         },
         Denial {
             name: "upgrade over two minors",
             old: Some(v1("upgrade", with(json!({"version": "v3.4.30"})))),
             new: v1("upgrade", with(json!({"version": "v3.6.4"}))),
+            cel: false,
         },
         Denial {
             name: "a name that is no Service name",
             old: None,
             new: v1("1etcd", base.clone()),
+            cel: false,
         },
         Denial {
             name: "bad cron in v1beta1",
@@ -279,6 +328,7 @@ pub fn denials_reach_the_user(env: &Env) {
                 json!({"size": 3, "version": "v3.5.10", "storage": {"size": "10Gi"},
                        "backup": {"enabled": true, "schedule": "61 * * * *"}}),
             ),
+            cel: false,
         },
     ];
     for case in &cases {
@@ -318,30 +368,46 @@ pub fn denials_reach_the_user(env: &Env) {
                 "{}: kubectl apply was accepted",
                 case.name
             );
-            assert!(
-                stderr.contains(
-                    "admission webhook \"vetcdcluster.etcd.example.com\" denied the request"
-                ),
-                "{}: {stderr}",
-                case.name
-            );
-            assert!(
-                stderr.contains(&message),
-                "{}: kubectl shows the webhook's message {message:?}; it said: {stderr}",
-                case.name
-            );
+            if case.cel {
+                // The CRD's own rule refuses it before any webhook is called, in the webhook's
+                // words (only the value is shown as its type, as CEL errors do).
+                assert!(
+                    stderr.contains("is invalid: ") && !stderr.contains("admission webhook"),
+                    "{}: refused by the CRD's CEL rule: {stderr}",
+                    case.name
+                );
+                assert_eq!(
+                    field_errors(&stderr),
+                    field_errors(&message),
+                    "{}: the CEL rule says what the webhook says; kubectl: {stderr}",
+                    case.name
+                );
+            } else {
+                assert!(
+                    stderr.contains(
+                        "admission webhook \"vetcdcluster.etcd.example.com\" denied the request"
+                    ),
+                    "{}: {stderr}",
+                    case.name
+                );
+                assert!(
+                    stderr.contains(&message),
+                    "{}: kubectl shows the webhook's message {message:?}; it said: {stderr}",
+                    case.name
+                );
+            }
         }
     }
-    // The webhook's own namespace is checked like any other.
-    let mut own = cases[0].new.clone();
+    // The webhook's own namespace is checked like any other (with a rule only the webhook has).
+    let mut own = v1("own", with(json!({"version": "v4.0.0"})));
     own["metadata"]["namespace"] = json!(crate::install::NAMESPACE);
     let out = env.kubectl_in(&["create", "-f", "-"], &own.to_string());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "etcd 4 in etcd-system is denied");
     assert!(
-        !out.status.success(),
-        "an even size in etcd-system is denied"
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("spec.size: Invalid value: 4: must be odd")
+        stderr.contains("denied the request")
+            && stderr.contains("spec.version: Invalid value: \"v4.0.0\": must be an etcd 3.x"),
+        "{stderr}"
     );
 
     // Why the name rule exists: the apiserver refuses a Service of that name, so the loop could
@@ -393,8 +459,11 @@ pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
         ec["metadata"]["finalizers"].is_array().then_some(())
     });
 
-    let set_size = |size: u32| {
-        let patch = json!({"spec": {"size": size}}).to_string();
+    // A rule only the webhook has (the CRD's CEL rules would refuse an even size even with the
+    // webhook bypassed): a backup schedule that is no cron schedule.
+    let set_schedule = |schedule: &str| {
+        let patch =
+            json!({"spec": {"backup": {"enabled": false, "schedule": schedule}}}).to_string();
         env.kubectl(&[
             "-n",
             ns,
@@ -410,9 +479,27 @@ pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
     env.set_failure_policy("Ignore");
     env.stop_webhook();
     wait_for(
-        "an even size to get past the bypassed webhook",
+        "a bad schedule to get past the bypassed webhook",
         Duration::from_secs(30),
-        || set_size(4).status.success().then_some(()),
+        || set_schedule("61 * * * *").status.success().then_some(()),
+    );
+    // With the webhook bypassed, the CRD's CEL rules still hold.
+    let patch = json!({"spec": {"size": 4}}).to_string();
+    let out = env.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "etcdcluster",
+        name,
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("spec.size: Invalid value: \"integer\": must be odd"),
+        "an even size is refused by CEL while the webhook is bypassed: {stderr}"
     );
     env.set_failure_policy("Fail");
     env.serve_with("etcd-webhook-e2e-ratchet");
@@ -426,14 +513,19 @@ pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
         "label edit on an invalid stored cluster: {stderr}"
     );
     assert!(
-        stderr.contains("spec.size: Invalid value: 4: still breaks a rule"),
+        stderr
+            .contains(r#"spec.backup.schedule: Invalid value: "61 * * * *": still breaks a rule"#),
         "kubectl shows the warning: {stderr}"
     );
-    // A spec change is still judged in full.
-    let out = set_size(6);
+    // A changed field is still judged in full.
+    let out = set_schedule("62 * * * *");
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("spec.size: Invalid value: 6: must be odd")
+        stderr.contains(
+            r#"spec.backup.schedule: Invalid value: "62 * * * *": must be a 5-field cron schedule"#
+        ),
+        "{stderr}"
     );
 
     // Deletion: the finalizer's removal is an UPDATE of the invalid object; it is admitted.
@@ -452,4 +544,138 @@ pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
             .then_some(())
         },
     );
+}
+
+/// A small deterministic generator (xorshift64*), seeded per run and printed, so that a
+/// failing run can be repeated with E2E_CEL_SEED.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+/// The spec fields the CEL rules read, written in `version`.
+fn cel_object(
+    version: Version,
+    ns: &str,
+    name: &str,
+    (size, class, gib): (i32, &str, u32),
+) -> Value {
+    let spec = match version {
+        Version::V1Alpha1 => json!({"replicas": size, "etcdVersion": "3.5.10",
+                                    "storageClassName": class, "storageSizeGi": gib}),
+        Version::V1Beta1 => json!({"size": size, "version": "v3.5.10",
+                                   "storage": {"className": class, "size": format!("{gib}Gi")}}),
+        Version::V1 => json!({"size": size, "version": "v3.5.10",
+                              "storageClass": class, "storageSize": format!("{gib}Gi")}),
+    };
+    json!({"apiVersion": version.api_version(), "kind": "EtcdCluster",
+           "metadata": {"name": name, "namespace": ns}, "spec": spec})
+}
+
+/// The CRD's CEL rules (admission::cel) and `/validate` give the same answer, with the same
+/// field errors, on random updates in every version: each case creates a valid cluster, then
+/// sends a server-side dry-run apply of a random change of size, class and storage. Where
+/// `/validate` (called in-process on the same pair) finds violations, the apiserver must refuse
+/// with exactly those from CEL alone (the webhook is never reached); where it finds none, the
+/// apiserver must admit.
+pub fn cel_rules_agree_with_the_webhook(env: &Env) {
+    use etcd_webhook::admission::validate::{Operation, validate};
+    const CASES: usize = 60;
+    let ns = "e2e-cel";
+    env.create_namespace(ns);
+    let seed = std::env::var("E2E_CEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    println!("    CEL agreement: seed {seed} (E2E_CEL_SEED={seed} repeats this run)");
+    let mut rng = Rng(seed);
+    let classes = ["standard", "ssd", "nvme"];
+    let sizes_gib = [1, 2, 5, 10, 20, 100, 1024];
+    let (mut admitted, mut refused) = (0, 0);
+    for i in 0..CASES {
+        let version = Version::ALL[i % 3];
+        let old_spec = (
+            rng.pick(&[1, 3, 5, 7]),
+            rng.pick(&classes),
+            rng.pick(&sizes_gib),
+        );
+        let new_spec = (
+            rng.pick(&[1, 2, 3, 4, 5, 6, 7]),
+            if rng.next().is_multiple_of(3) {
+                rng.pick(&classes)
+            } else {
+                old_spec.1
+            },
+            rng.pick(&sizes_gib),
+        );
+        let name = format!("cel-{i}");
+        let old = cel_object(version, ns, &name, old_spec);
+        let new = cel_object(version, ns, &name, new_spec);
+        ok(
+            env.kubectl_in(&["create", "-f", "-"], &old.to_string()),
+            "create the stored cluster",
+        );
+        let webhook = validate(version, Operation::Update, &new, Some(&old));
+        let want: std::collections::BTreeSet<_> = webhook
+            .violations
+            .iter()
+            .map(|v| field_error(&v.to_string()).expect("a field error"))
+            .collect();
+        let out = env.kubectl_in(
+            &[
+                "apply",
+                "--server-side",
+                "--dry-run=server",
+                "--force-conflicts",
+                "--field-manager=e2e-cel",
+                "-f",
+                "-",
+            ],
+            &new.to_string(),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let case = format!("{version} {old_spec:?} -> {new_spec:?} (seed {seed})");
+        if want.is_empty() {
+            assert!(
+                out.status.success(),
+                "{case}: /validate admits, the apiserver refused: {stderr}"
+            );
+            admitted += 1;
+        } else {
+            assert!(
+                !out.status.success(),
+                "{case}: /validate refuses ({want:?}), the apiserver admitted"
+            );
+            assert!(
+                !stderr.contains("admission webhook"),
+                "{case}: refused by the webhook, not by the CRD's CEL rules: {stderr}"
+            );
+            assert_eq!(
+                field_errors(&stderr),
+                want,
+                "{case}: kubectl said: {stderr}"
+            );
+            refused += 1;
+        }
+    }
+    println!(
+        "    CEL agreement: {CASES} random updates, {admitted} admitted and {refused} refused by both"
+    );
+    assert!(admitted > 0 && refused > 0, "both outcomes were exercised");
 }

@@ -46,6 +46,10 @@ const SCENARIOS: &[Scenario] = &[
     ),
     ("denials_reach_the_user", admission::denials_reach_the_user),
     (
+        "cel_rules_agree_with_the_webhook",
+        admission::cel_rules_agree_with_the_webhook,
+    ),
+    (
         "list_of_200_in_an_old_version",
         admission::list_of_200_in_an_old_version,
     ),

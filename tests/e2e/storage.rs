@@ -23,7 +23,8 @@ const PREFIX: &str = "/registry/etcd.example.com/etcdclusters/";
 const CONCURRENT: usize = 30;
 
 /// The seed operator's CRD: this project's v1alpha1 schema as the only version, stored, with no
-/// conversion webhook and no cert-manager annotation.
+/// conversion webhook, no cert-manager annotation and no CEL rules (the seed had none: its even
+/// sizes got in, and this install's CEL rules, ratcheted, must let the migration rewrite them).
 fn seed_crd() -> Value {
     let mut crd = serde_json::to_value(etcd_webhook::api::crd()).unwrap();
     let versions = crd["spec"]["versions"].as_array().unwrap();
@@ -37,6 +38,7 @@ fn seed_crd() -> Value {
     let obj = v1alpha1.as_object_mut().unwrap();
     obj.remove("deprecated");
     obj.remove("deprecationWarning");
+    without_cel(&mut v1alpha1);
     crd["spec"]["versions"] = json!([v1alpha1]);
     crd["spec"].as_object_mut().unwrap().remove("conversion");
     crd["metadata"]
@@ -44,6 +46,17 @@ fn seed_crd() -> Value {
         .unwrap()
         .remove("annotations");
     crd
+}
+
+fn without_cel(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            map.remove("x-kubernetes-validations");
+            map.values_mut().for_each(without_cel);
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_cel),
+        _ => {}
+    }
 }
 
 /// The i-th seed object: every v1alpha1 field, labels, an annotation, and on some a foreign
