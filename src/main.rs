@@ -35,22 +35,38 @@ fn main() -> Result<()> {
         Command::Render(args) => std::process::exit(render(args)),
         _ => {}
     }
-    init_tracing(&cli.log)?;
-    rustls::crypto::ring::default_provider()
-        .install_default()
-        .map_err(|_| anyhow::anyhow!("a TLS crypto provider was already installed"))?;
-    match cli.command {
-        Command::Crd(args) => std::process::exit(crd(&args)),
-        Command::MigrateStorage(args) => std::process::exit(migrate_storage(&args)),
-        Command::Certs(args) => certs(&args),
-        Command::Review(_) | Command::Convert(_) | Command::Render(_) => {
-            unreachable!("handled above")
-        }
-        Command::Serve(args) => runtime()?.block_on(serve(*args)),
+    let log_writer = init_tracing(&cli.log)?;
+    let outcome = run(cli.command);
+    // Every line logged so far reaches stderr before the process ends (the writer thread
+    // flushes and stops here); an exit code other than 0 is given only after that.
+    drop(log_writer);
+    match outcome? {
+        0 => Ok(()),
+        code => std::process::exit(code),
     }
 }
 
-fn init_tracing(args: &LogArgs) -> Result<()> {
+/// The commands that log: their exit code, or the error main reports.
+fn run(command: Command) -> Result<i32> {
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .map_err(|_| anyhow::anyhow!("a TLS crypto provider was already installed"))?;
+    match command {
+        Command::Crd(args) => Ok(crd(&args)),
+        Command::MigrateStorage(args) => Ok(migrate_storage(&args)),
+        Command::Certs(args) => certs(&args).map(|()| 0),
+        Command::Review(_) | Command::Convert(_) | Command::Render(_) => {
+            unreachable!("handled above")
+        }
+        Command::Serve(args) => runtime()?.block_on(serve(*args)).map(|()| 0),
+    }
+}
+
+/// Logs go to stderr through a writer thread: a request only formats its line and hands it over
+/// (no `write` on the request path), and the thread writes whatever has queued up in one
+/// `write` per batch. Nothing is dropped: with the queue full, logging waits (lossy off). The
+/// returned guard flushes and stops the thread when dropped.
+fn init_tracing(args: &LogArgs) -> Result<tracing_appender::non_blocking::WorkerGuard> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .with_context(|| format!("bad --log-level {:?}", args.log_level))?;
     let json = match args.log_format {
@@ -58,16 +74,24 @@ fn init_tracing(args: &LogArgs) -> Result<()> {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .buffered_lines_limit(512)
+        .thread_name("log-writer")
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stderr(),
+        ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     if json {
         builder.json().flatten_event(true).init();
     } else {
         builder.init();
     }
-    Ok(())
+    Ok(guard)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

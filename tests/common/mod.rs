@@ -92,6 +92,28 @@ impl Server {
         cwd: Option<&Path>,
         env: &[(&str, &str)],
     ) -> Server {
+        Server::spawn_reading(cert_dir, extra, cwd, env, None)
+    }
+
+    /// Like [`Server::start`], with the server's stderr read at most `bytes_per_sec`: a slow
+    /// log reader, so that log lines queue up in the server.
+    pub fn start_with_slow_stderr(extra: &[&str], bytes_per_sec: usize) -> Server {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("certs");
+        make_certs(&dir, &[]);
+        let mut s = Server::spawn_reading(&dir, extra, None, &[], Some(bytes_per_sec));
+        s.wait_listening(Duration::from_secs(30));
+        s._tmp = Some(tmp);
+        s
+    }
+
+    fn spawn_reading(
+        cert_dir: &Path,
+        extra: &[&str],
+        cwd: Option<&Path>,
+        env: &[(&str, &str)],
+        bytes_per_sec: Option<usize>,
+    ) -> Server {
         let mut cmd = Command::new(BIN);
         // No cluster unless a test brings one: the controller's auto mode stays off.
         for var in [
@@ -126,7 +148,14 @@ impl Server {
         let log = Arc::new(Mutex::new(String::new()));
         let sink = log.clone();
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
+            let stderr: Box<dyn std::io::Read + Send> = match bytes_per_sec {
+                None => Box::new(stderr),
+                Some(rate) => Box::new(Throttled {
+                    inner: stderr,
+                    rate,
+                }),
+            };
+            for line in BufReader::with_capacity(4096, stderr).lines() {
                 let Ok(line) = line else { break };
                 let mut l = sink.lock().unwrap();
                 l.push_str(&line);
@@ -518,4 +547,19 @@ pub fn health_get_at(addr: SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// A reader that delivers at most `rate` bytes per second (in 4 KiB reads).
+struct Throttled<R> {
+    inner: R,
+    rate: usize,
+}
+
+impl<R: std::io::Read> std::io::Read for Throttled<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let len = buf.len().min(4096);
+        let n = self.inner.read(&mut buf[..len])?;
+        std::thread::sleep(Duration::from_secs_f64(n as f64 / self.rate as f64));
+        Ok(n)
+    }
 }
