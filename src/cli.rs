@@ -217,6 +217,20 @@ pub struct ServeArgs {
     /// After the delay, how long in-flight requests may take to finish.
     #[arg(long, env = "ETCD_WEBHOOK_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+    /// Check that the apiserver trusts the served certificate: read the caBundle of the
+    /// MutatingWebhookConfiguration, the ValidatingWebhookConfiguration and the CRD and verify
+    /// the served chain against each (metric etcd_webhook_cabundle_mismatch, a Warning Event).
+    /// auto: inside a pod; on: always (KUBECONFIG outside a pod); off: never.
+    #[arg(
+        long,
+        env = "ETCD_WEBHOOK_CABUNDLE_CHECK",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub cabundle_check: ControllerMode,
+    /// How often the caBundle self-check runs.
+    #[arg(long, env = "ETCD_WEBHOOK_CABUNDLE_CHECK_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub cabundle_check_interval: Duration,
     #[command(flatten)]
     pub controller: ControllerArgs,
     /// Test hook: a review with this uid panics (proves panic isolation). Never set it in a

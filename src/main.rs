@@ -406,6 +406,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         start_controller(&args.controller, metrics.clone(), controller_stop.clone())
             .await
             .inspect_err(|_| shutdown.cancel())?;
+    start_cabundle_check(&args, store.clone(), metrics.clone(), shutdown.clone())
+        .await
+        .inspect_err(|_| shutdown.cancel())?;
 
     let options = server::ServeOptions {
         http2: args.http2,
@@ -515,6 +518,45 @@ const DEFAULT_NAMESPACE: &str = "etcd-system";
 
 /// Starts the reconcile loop when `--controller` says so (behind the leader Lease unless
 /// `--leader-elect=false`). `None` when it stays off.
+/// Starts the caBundle self-check (tls::cabundle) where it applies; `on` without a usable
+/// Kubernetes config is an error, `auto` outside a pod or without one is a log line.
+async fn start_cabundle_check(
+    args: &ServeArgs,
+    store: Arc<CertStore>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    match args.cabundle_check {
+        ControllerMode::Off => return Ok(()),
+        ControllerMode::Auto if !in_pod => {
+            tracing::info!("caBundle self-check off: not in a pod (--cabundle-check auto)");
+            return Ok(());
+        }
+        _ => {}
+    }
+    let config = match kube::Config::infer().await {
+        Ok(c) => c,
+        Err(e) if args.cabundle_check == ControllerMode::Auto => {
+            tracing::warn!(error = %e, "caBundle self-check off: the Kubernetes config cannot be used");
+            return Ok(());
+        }
+        Err(e) => return Err(e).context("--cabundle-check on: no usable Kubernetes config"),
+    };
+    let client = kube::Client::try_from(config).context("cannot build the Kubernetes client")?;
+    let instance = std::env::var("HOSTNAME").ok();
+    tokio::spawn(tls::cabundle::run(
+        client,
+        store,
+        tls::cabundle::Target::shipped(),
+        args.cabundle_check_interval,
+        metrics,
+        instance,
+        shutdown,
+    ));
+    Ok(())
+}
+
 async fn start_controller(
     args: &ControllerArgs,
     metrics: Arc<Metrics>,

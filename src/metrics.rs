@@ -33,6 +33,12 @@ pub struct StatusLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectLabel {
+    /// `kind/name`, e.g. `validatingwebhookconfiguration/etcd-webhook-validating`.
+    pub object: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConversionLabels {
     pub from: &'static str,
     pub to: &'static str,
@@ -80,6 +86,7 @@ pub struct Metrics {
     pub cert_last_reload: Gauge,
     pub cert_files_rejected: Gauge,
     pub client_ca_reloads: Family<ResultLabel, Counter>,
+    pub cabundle_mismatch: Family<ObjectLabel, Gauge>,
     pub reconciles: Family<ResultLabel, Counter>,
     pub reconcile_duration: Histogram,
     pub leader: Gauge,
@@ -117,6 +124,7 @@ impl Metrics {
             cert_last_reload: Gauge::default(),
             cert_files_rejected: Gauge::default(),
             client_ca_reloads: Family::default(),
+            cabundle_mismatch: Family::default(),
             reconciles: Family::default(),
             reconcile_duration: latency_histogram(),
             leader: Gauge::default(),
@@ -192,6 +200,11 @@ impl Metrics {
             "cert_files_rejected",
             "1 while the files on disk are rejected and the previous certificate keeps serving",
             m.cert_files_rejected.clone(),
+        );
+        registry.register(
+            "cabundle_mismatch",
+            "1 while the served certificate does not verify against the object's caBundle for its Service name (the apiserver's calls fail), 0 when it does; by object",
+            m.cabundle_mismatch.clone(),
         );
         registry.register(
             "client_ca_reloads",

@@ -555,16 +555,74 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
                 && s.namespace.as_deref() == Some("etcd-system")
         })
     };
-    let role: ClusterRole = install.one("ClusterRole");
+    let roles: Vec<ClusterRole> = install.all("ClusterRole");
+    let named = |suffix: &str| {
+        roles
+            .iter()
+            .find(|r| r.metadata.name.as_deref().unwrap_or("").ends_with(suffix))
+            .unwrap_or_else(|| panic!("{n}: a ClusterRole *{suffix}"))
+            .clone()
+    };
+    let role = named("-controller");
     grants(
         role.rules.as_deref().unwrap_or_default(),
         controller::RBAC_RULES,
         &format!("{n}: ClusterRole"),
     );
     let role_name = role.metadata.name.clone().unwrap();
+    // The caBundle self-check: get on exactly the three objects by name, Events; bound
+    // cluster-wide in every install (they are cluster-scoped).
+    let check = named("-cabundle-check");
+    let got: std::collections::BTreeSet<(String, String, Vec<String>, Vec<String>)> = check
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|r| {
+            let groups = r.api_groups.clone().unwrap_or_default();
+            let resources = r.resources.clone().unwrap_or_default();
+            let names = r.resource_names.clone().unwrap_or_default();
+            let verbs = r.verbs.clone();
+            groups.into_iter().flat_map(move |g| {
+                let (names, verbs) = (names.clone(), verbs.clone());
+                resources
+                    .clone()
+                    .into_iter()
+                    .map(move |res| (g.clone(), res, names.clone(), verbs.clone()))
+            })
+        })
+        .collect();
+    let mut want: std::collections::BTreeSet<_> = etcd_webhook::tls::cabundle::Target::shipped()
+        .iter()
+        .map(|t| {
+            let (g, r, name) = t.rbac();
+            (
+                g.to_owned(),
+                r.to_owned(),
+                vec![name.to_owned()],
+                vec!["get".to_owned()],
+            )
+        })
+        .collect();
+    want.insert((
+        "events.k8s.io".to_owned(),
+        "events".to_owned(),
+        vec![],
+        vec!["create".to_owned(), "patch".to_owned()],
+    ));
+    assert_eq!(got, want, "{n}: the caBundle check's ClusterRole");
+    let all_cluster_bindings: Vec<ClusterRoleBinding> = install.all("ClusterRoleBinding");
+    let check_binding = all_cluster_bindings
+        .iter()
+        .find(|b| b.role_ref.name == check.metadata.name.clone().unwrap())
+        .unwrap_or_else(|| panic!("{n}: a ClusterRoleBinding of the caBundle check's role"));
+    assert!(subject_is_sa(&check_binding.subjects), "{n}");
+
     // Bound cluster-wide, or only in the --watch-namespace.
     let bindings: Vec<RoleBinding> = install.all("RoleBinding");
-    let cluster_bindings: Vec<ClusterRoleBinding> = install.all("ClusterRoleBinding");
+    let cluster_bindings: Vec<ClusterRoleBinding> = all_cluster_bindings
+        .into_iter()
+        .filter(|b| b.role_ref.name == role_name)
+        .collect();
     match arg(args, "--watch-namespace") {
         None => {
             assert_eq!(cluster_bindings.len(), 1, "{n}: one ClusterRoleBinding");
@@ -574,7 +632,7 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
         Some(ns) => {
             assert!(
                 cluster_bindings.is_empty(),
-                "{n}: namespaced install binds no cluster role"
+                "{n}: namespaced install binds the controller's role in no other namespace"
             );
             let b = bindings
                 .iter()

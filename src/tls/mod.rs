@@ -1,6 +1,7 @@
 //! Serving certificates: loading and checking a `tls.crt`/`tls.key` pair, the resolver that
 //! hands the current pair to every handshake, and development certificates.
 
+pub mod cabundle;
 pub mod client_auth;
 pub mod dev;
 pub mod resolver;

@@ -373,6 +373,16 @@ impl ControlPlane {
         self.procs.push(Proc { name, child });
     }
 
+    /// The process ID of a component (`cainjector`, ...).
+    pub fn pid(&self, name: &str) -> u32 {
+        self.procs
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no component {name}"))
+            .child
+            .id()
+    }
+
     /// Panics (with the log's tail) when a component has exited.
     pub fn check_alive(&mut self) {
         for p in &mut self.procs {

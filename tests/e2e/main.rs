@@ -70,6 +70,10 @@ const SCENARIOS: &[Scenario] = &[
         admission::an_invalid_stored_cluster_can_still_be_edited_and_deleted,
     ),
     (
+        "a_cabundle_mismatch_is_reported_until_cainjector_repairs_it",
+        lifecycle::a_cabundle_mismatch_is_reported_until_cainjector_repairs_it,
+    ),
+    (
         "leaf_renewal_under_load_drops_nothing",
         lifecycle::leaf_renewal_under_load_drops_nothing,
     ),
