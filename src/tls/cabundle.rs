@@ -13,12 +13,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::ServiceReference as WebhookService;
+use k8s_openapi::api::admissionregistration::v1::WebhookClientConfig;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::ServiceReference as CrdService;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use rustls::client::WebPkiServerVerifier;
@@ -133,20 +132,32 @@ struct Use {
     server_name: String,
 }
 
-fn webhook_name(service: Option<&WebhookService>, url: Option<&str>) -> String {
+/// The name the apiserver verifies: the Service's DNS name, or the URL's host.
+fn server_name(service: Option<(&str, &str)>, url: Option<&str>) -> String {
     match (service, url) {
-        (Some(s), _) => format!("{}.{}.svc", s.name, s.namespace),
+        (Some((name, namespace)), _) => format!("{name}.{namespace}.svc"),
         (None, Some(url)) => url_host(url),
         (None, None) => String::new(),
     }
 }
 
-fn crd_name(service: Option<&CrdService>, url: Option<&str>) -> String {
-    match (service, url) {
-        (Some(s), _) => format!("{}.{}.svc", s.name, s.namespace),
-        (None, Some(url)) => url_host(url),
-        (None, None) => String::new(),
-    }
+/// The caBundles of a webhook configuration's webhooks.
+fn webhook_uses<'a>(
+    webhooks: impl Iterator<Item = (&'a String, &'a WebhookClientConfig)>,
+) -> Vec<Use> {
+    webhooks
+        .map(|(name, config)| Use {
+            what: name.clone(),
+            bundle: config.ca_bundle.clone().map(|b| b.0).unwrap_or_default(),
+            server_name: server_name(
+                config
+                    .service
+                    .as_ref()
+                    .map(|s| (s.name.as_str(), s.namespace.as_str())),
+                config.url.as_deref(),
+            ),
+        })
+        .collect()
 }
 
 fn url_host(url: &str) -> String {
@@ -166,48 +177,24 @@ async fn read(
             let o = Api::<MutatingWebhookConfiguration>::all(client.clone())
                 .get(name)
                 .await?;
-            let uses = o
-                .webhooks
-                .iter()
-                .flatten()
-                .map(|w| Use {
-                    what: w.name.clone(),
-                    bundle: w
-                        .client_config
-                        .ca_bundle
-                        .clone()
-                        .map(|b| b.0)
-                        .unwrap_or_default(),
-                    server_name: webhook_name(
-                        w.client_config.service.as_ref(),
-                        w.client_config.url.as_deref(),
-                    ),
-                })
-                .collect();
+            let uses = webhook_uses(
+                o.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| (&w.name, &w.client_config)),
+            );
             (uses, o.object_ref(&()))
         }
         Target::Validating(name) => {
             let o = Api::<ValidatingWebhookConfiguration>::all(client.clone())
                 .get(name)
                 .await?;
-            let uses = o
-                .webhooks
-                .iter()
-                .flatten()
-                .map(|w| Use {
-                    what: w.name.clone(),
-                    bundle: w
-                        .client_config
-                        .ca_bundle
-                        .clone()
-                        .map(|b| b.0)
-                        .unwrap_or_default(),
-                    server_name: webhook_name(
-                        w.client_config.service.as_ref(),
-                        w.client_config.url.as_deref(),
-                    ),
-                })
-                .collect();
+            let uses = webhook_uses(
+                o.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| (&w.name, &w.client_config)),
+            );
             (uses, o.object_ref(&()))
         }
         Target::Crd(name) => {
@@ -224,7 +211,12 @@ async fn read(
                 .map(|c| Use {
                     what: "conversion".to_owned(),
                     bundle: c.ca_bundle.clone().map(|b| b.0).unwrap_or_default(),
-                    server_name: crd_name(c.service.as_ref(), c.url.as_deref()),
+                    server_name: server_name(
+                        c.service
+                            .as_ref()
+                            .map(|s| (s.name.as_str(), s.namespace.as_str())),
+                        c.url.as_deref(),
+                    ),
                 })
                 .into_iter()
                 .collect();

@@ -461,9 +461,8 @@ pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
 
     // A rule only the webhook has (the CRD's CEL rules would refuse an even size even with the
     // webhook bypassed): a backup schedule that is no cron schedule.
-    let set_schedule = |schedule: &str| {
-        let patch =
-            json!({"spec": {"backup": {"enabled": false, "schedule": schedule}}}).to_string();
+    let merge_patch = |patch: Value| {
+        let patch = patch.to_string();
         env.kubectl(&[
             "-n",
             ns,
@@ -475,6 +474,9 @@ pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
             &patch,
         ])
     };
+    let set_schedule = |schedule: &str| {
+        merge_patch(json!({"spec": {"backup": {"enabled": false, "schedule": schedule}}}))
+    };
     // Bypass the webhooks: failurePolicy Ignore, and the webhook down.
     env.set_failure_policy("Ignore");
     env.stop_webhook();
@@ -484,17 +486,7 @@ pub fn an_invalid_stored_cluster_can_still_be_edited_and_deleted(env: &Env) {
         || set_schedule("61 * * * *").status.success().then_some(()),
     );
     // With the webhook bypassed, the CRD's CEL rules still hold.
-    let patch = json!({"spec": {"size": 4}}).to_string();
-    let out = env.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "etcdcluster",
-        name,
-        "--type=merge",
-        "-p",
-        &patch,
-    ]);
+    let out = merge_patch(json!({"spec": {"size": 4}}));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()
