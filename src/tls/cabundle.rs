@@ -225,6 +225,28 @@ async fn read(
     })
 }
 
+/// The Event's note: the apiserver refuses notes over 1 KiB, and a name mismatch lists every
+/// name of the certificate, so the reason is cut to fit.
+fn event_note(why: &str) -> String {
+    const HEAD: &str =
+        "the certificate served by etcd-webhook does not verify against this object's caBundle (";
+    const TAIL: &str = "); the apiserver's calls fail until cert-manager's cainjector (or you) put the serving CA here";
+    let room = 1000 - HEAD.len() - TAIL.len();
+    let why = if why.len() <= room {
+        why.to_owned()
+    } else {
+        // The last character boundary that leaves room for the ellipsis.
+        let end = why
+            .char_indices()
+            .map(|(i, _)| i)
+            .take_while(|i| *i <= room - 3)
+            .last()
+            .unwrap_or(0);
+        format!("{}...", &why[..end])
+    };
+    format!("{HEAD}{why}{TAIL}")
+}
+
 /// Checks every target every `interval` until `shutdown`.
 pub async fn run(
     client: Client,
@@ -291,9 +313,7 @@ pub async fn run(
                             let ev = Event {
                                 type_: EventType::Warning,
                                 reason: "CABundleMismatch".to_owned(),
-                                note: Some(format!(
-                                    "the certificate served by etcd-webhook does not verify against this object's caBundle ({why}); the apiserver's calls fail until cert-manager's cainjector (or you) put the serving CA here"
-                                )),
+                                note: Some(event_note(why)),
                                 action: "CheckCABundle".to_owned(),
                                 secondary: None,
                             };
@@ -368,6 +388,15 @@ mod tests {
                 && wrong_name.to_string().contains("not valid for name"),
             "{wrong_name}"
         );
+    }
+
+    #[test]
+    fn event_notes_fit_the_apis_limit() {
+        let short = event_note("UnknownIssuer");
+        assert!(short.contains("(UnknownIssuer)"), "{short}");
+        let long = event_note(&"DnsName(\"a-long-name.example\"), ".repeat(100));
+        assert!(long.len() <= 1000, "{}", long.len());
+        assert!(long.ends_with("put the serving CA here"), "{long}");
     }
 
     #[test]
