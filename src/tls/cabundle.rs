@@ -17,6 +17,7 @@ use k8s_openapi::api::admissionregistration::v1::WebhookClientConfig;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
@@ -171,58 +172,66 @@ fn url_host(url: &str) -> String {
 async fn read(
     client: &Client,
     target: &Target,
-) -> Result<(Vec<Use>, k8s_openapi::api::core::v1::ObjectReference), kube::Error> {
-    Ok(match target {
+) -> Result<(Vec<Use>, ObjectReference), kube::Error> {
+    match target {
         Target::Mutating(name) => {
-            let o = Api::<MutatingWebhookConfiguration>::all(client.clone())
-                .get(name)
-                .await?;
-            let uses = webhook_uses(
-                o.webhooks
-                    .iter()
-                    .flatten()
-                    .map(|w| (&w.name, &w.client_config)),
-            );
-            (uses, o.object_ref(&()))
+            fetch(client, name, |o: &MutatingWebhookConfiguration| {
+                webhook_uses(
+                    o.webhooks
+                        .iter()
+                        .flatten()
+                        .map(|w| (&w.name, &w.client_config)),
+                )
+            })
+            .await
         }
         Target::Validating(name) => {
-            let o = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                .get(name)
-                .await?;
-            let uses = webhook_uses(
-                o.webhooks
-                    .iter()
-                    .flatten()
-                    .map(|w| (&w.name, &w.client_config)),
-            );
-            (uses, o.object_ref(&()))
+            fetch(client, name, |o: &ValidatingWebhookConfiguration| {
+                webhook_uses(
+                    o.webhooks
+                        .iter()
+                        .flatten()
+                        .map(|w| (&w.name, &w.client_config)),
+                )
+            })
+            .await
         }
         Target::Crd(name) => {
-            let o = Api::<CustomResourceDefinition>::all(client.clone())
-                .get(name)
-                .await?;
-            let config = o
-                .spec
-                .conversion
-                .as_ref()
-                .and_then(|c| c.webhook.as_ref())
-                .and_then(|w| w.client_config.as_ref());
-            let uses = config
-                .map(|c| Use {
-                    what: "conversion".to_owned(),
-                    bundle: c.ca_bundle.clone().map(|b| b.0).unwrap_or_default(),
-                    server_name: server_name(
-                        c.service
-                            .as_ref()
-                            .map(|s| (s.name.as_str(), s.namespace.as_str())),
-                        c.url.as_deref(),
-                    ),
-                })
-                .into_iter()
-                .collect();
-            (uses, o.object_ref(&()))
+            fetch(client, name, |o: &CustomResourceDefinition| {
+                o.spec
+                    .conversion
+                    .as_ref()
+                    .and_then(|c| c.webhook.as_ref())
+                    .and_then(|w| w.client_config.as_ref())
+                    .map(|c| Use {
+                        what: "conversion".to_owned(),
+                        bundle: c.ca_bundle.clone().map(|b| b.0).unwrap_or_default(),
+                        server_name: server_name(
+                            c.service
+                                .as_ref()
+                                .map(|s| (s.name.as_str(), s.namespace.as_str())),
+                            c.url.as_deref(),
+                        ),
+                    })
+                    .into_iter()
+                    .collect()
+            })
+            .await
         }
-    })
+    }
+}
+
+/// Gets the cluster-scoped object `name` and the caBundles `uses` finds in it.
+async fn fetch<K>(
+    client: &Client,
+    name: &str,
+    uses: impl FnOnce(&K) -> Vec<Use>,
+) -> Result<(Vec<Use>, ObjectReference), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let object = Api::<K>::all(client.clone()).get(name).await?;
+    Ok((uses(&object), object.object_ref(&())))
 }
 
 /// The Event's note: the apiserver refuses notes over 1 KiB, and a name mismatch lists every
