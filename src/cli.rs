@@ -172,6 +172,13 @@ pub struct ServeArgs {
     /// development CA and certificate for localhost are created under ./certs/dev.
     #[arg(long, env = "ETCD_WEBHOOK_CERT_DIR")]
     pub cert_dir: Option<PathBuf>,
+    /// Read tls.crt and tls.key from this Secret through the API instead of a directory:
+    /// `NAMESPACE/NAME`, or `NAME` in the pod's namespace (POD_NAMESPACE, else the service
+    /// account's, else the kubeconfig context's). A renewal is served as soon as the apiserver
+    /// has it, not after the kubelet's next sync of a mounted Secret. Needs get, list and watch
+    /// on that Secret (the Role etcd-webhook-cert-secret).
+    #[arg(long, env = "ETCD_WEBHOOK_CERT_SECRET", conflicts_with = "cert_dir")]
+    pub cert_secret: Option<crate::tls::secret::SecretRef>,
     /// Largest AdmissionReview body accepted (/mutate, /validate); larger ones get 413.
     #[arg(long, env = "ETCD_WEBHOOK_MAX_BODY_BYTES", default_value_t = crate::webhook::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,

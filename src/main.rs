@@ -18,7 +18,7 @@ use std::time::Duration;
 use etcd_webhook::listen::Listeners;
 use etcd_webhook::metrics::Metrics;
 use etcd_webhook::tls::client_auth::ReloadingVerifier;
-use etcd_webhook::tls::watch::{Reloader, WatchOptions};
+use etcd_webhook::tls::watch::{CertSource, Reloader, WatchOptions};
 use etcd_webhook::tls::{self, CertStore};
 use etcd_webhook::{api, server, webhook};
 
@@ -331,10 +331,15 @@ fn dev_cert_dir() -> Result<PathBuf> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let (cert_dir, dev) = match &args.cert_dir {
-        Some(dir) => (dir.clone(), false),
-        None => (dev_cert_dir()?, true),
+    let (source, secret_client) = match (&args.cert_dir, &args.cert_secret) {
+        (Some(dir), _) => (CertSource::Dir(dir.clone()), None),
+        (None, Some(secret)) => {
+            let (secret, client) = cert_secret_client(secret.clone()).await?;
+            (CertSource::Secret(secret), Some(client))
+        }
+        (None, None) => (CertSource::Dir(dev_cert_dir()?), None),
     };
+    let dev = args.cert_dir.is_none() && args.cert_secret.is_none();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let metrics = Arc::new(Metrics::new());
     let store = CertStore::new();
@@ -374,7 +379,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let reloader = Reloader::new(
         WatchOptions {
-            cert_dir: cert_dir.clone(),
+            source: source.clone(),
             client_ca: args.client_ca.clone(),
             poll_interval: args.cert_poll_interval,
             debounce: Duration::from_millis(200),
@@ -385,8 +390,18 @@ async fn serve(args: ServeArgs) -> Result<()> {
         metrics.clone(),
         provider.clone(),
     );
+    if let (CertSource::Secret(secret), Some(client)) = (&source, secret_client) {
+        let api = kube::Api::namespaced(client, secret.namespace.as_deref().unwrap_or_default());
+        tokio::spawn(tls::secret::run(
+            api,
+            secret.clone(),
+            reloader.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        ));
+    }
     reloader.spawn(shutdown.clone());
-    wait_for_certificate(&store, &cert_dir, args.cert_wait, &shutdown).await?;
+    wait_for_certificate(&store, &source, args.cert_wait, &shutdown).await?;
 
     let router = webhook::router(state.clone());
     let verifier = client_ca.map(|v| v as Arc<dyn rustls::server::danger::ClientCertVerifier>);
@@ -397,8 +412,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let local = listener.local_addr()?;
     state.listening.store(true, Ordering::Relaxed);
     tracing::info!(addr = %local, all = ?listener.local_addrs()?, http2 = args.http2, client_auth = args.client_ca.is_some(), "etcd-webhook listening");
-    if dev {
-        print_dev_hint(&cert_dir, local.port());
+    if let (true, CertSource::Dir(dir)) = (dev, &source) {
+        print_dev_hint(dir, local.port());
     }
     // Only now, with /convert answering, may the controller list EtcdClusters (the list itself
     // can need conversion).
@@ -440,25 +455,57 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// The Kubernetes client `--cert-secret` reads through, and the Secret with its namespace
+/// filled in (the pod's, else the kubeconfig context's).
+async fn cert_secret_client(
+    secret: tls::secret::SecretRef,
+) -> Result<(tls::secret::SecretRef, kube::Client)> {
+    let config = kube::Config::infer()
+        .await
+        .context("--cert-secret: no usable Kubernetes config (in a pod, or KUBECONFIG)")?;
+    let client = kube::Client::try_from(config).context("cannot build the Kubernetes client")?;
+    let in_pod = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let secret = secret.in_namespace(|| {
+        std::env::var("POD_NAMESPACE")
+            .ok()
+            .or_else(|| {
+                in_pod
+                    .then(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
+                    .flatten()
+            })
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| client.default_namespace().to_owned())
+    });
+    tracing::info!(%secret, "serving certificate: read from the Secret through the API (--cert-secret)");
+    Ok((secret, client))
+}
+
 /// Waits until a usable pair is served, at most `limit`.
 async fn wait_for_certificate(
     store: &CertStore,
-    dir: &Path,
+    source: &CertSource,
     limit: Duration,
     shutdown: &CancellationToken,
 ) -> Result<()> {
     let deadline = tokio::time::Instant::now() + limit;
     while store.current().is_none() {
         if tokio::time::Instant::now() >= deadline {
+            let waited = humantime::format_duration(limit);
+            let dir = match source {
+                CertSource::Dir(dir) => dir,
+                CertSource::Secret(secret) => anyhow::bail!(
+                    "no usable serving certificate in secret {secret} after {waited} (--cert-wait); expected a Secret with tls.crt and tls.key that belong together, readable by this service account (the log above says what was wrong)"
+                ),
+            };
             // Why the files there are not usable, in the final error itself.
             let cause = match tls::load_pair(dir, &rustls::crypto::ring::default_provider()) {
                 Err(e) => format!(": {e}"),
                 Ok(_) => String::new(),
             };
             anyhow::bail!(
-                "no usable serving certificate in {} after {} (--cert-wait){cause}; expected tls.crt and tls.key that belong together, e.g. the mounted cert-manager Secret",
+                "no usable serving certificate in {} after {waited} (--cert-wait){cause}; expected tls.crt and tls.key that belong together, e.g. the mounted cert-manager Secret",
                 dir.display(),
-                humantime::format_duration(limit)
             );
         }
         tokio::select! {

@@ -85,6 +85,7 @@ pub struct Metrics {
     pub cert_reloads: Family<ResultLabel, Counter>,
     pub cert_last_reload: Gauge,
     pub cert_files_rejected: Gauge,
+    pub cert_secret_watch_failing: Gauge,
     pub client_ca_reloads: Family<ResultLabel, Counter>,
     pub cabundle_mismatch: Family<ObjectLabel, Gauge>,
     pub reconciles: Family<ResultLabel, Counter>,
@@ -123,6 +124,7 @@ impl Metrics {
             cert_reloads: Family::default(),
             cert_last_reload: Gauge::default(),
             cert_files_rejected: Gauge::default(),
+            cert_secret_watch_failing: Gauge::default(),
             client_ca_reloads: Family::default(),
             cabundle_mismatch: Family::default(),
             reconciles: Family::default(),
@@ -200,6 +202,11 @@ impl Metrics {
             "cert_files_rejected",
             "1 while the files on disk are rejected and the previous certificate keeps serving",
             m.cert_files_rejected.clone(),
+        );
+        registry.register(
+            "cert_secret_watch_failing",
+            "1 while the watch of the --cert-secret Secret fails (retried with backoff; the last certificate keeps serving)",
+            m.cert_secret_watch_failing.clone(),
         );
         registry.register(
             "cabundle_mismatch",

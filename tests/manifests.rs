@@ -241,26 +241,11 @@ fn check(install: &Install, cert_manager: bool) {
             .as_deref(),
         Some("/healthz")
     );
-    let cert_dir = arg(&args, "--cert-dir").unwrap();
-    let mount = c
-        .volume_mounts
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|m| m.mount_path == cert_dir)
-        .expect("--cert-dir is a mount");
-    assert!(
-        mount.sub_path.is_none() && mount.sub_path_expr.is_none(),
-        "{n}: never subPath (never updated)"
-    );
-    let volume = pod
-        .volumes
-        .as_ref()
-        .unwrap()
-        .iter()
-        .find(|v| v.name == mount.name)
-        .unwrap();
-    let secret_name = volume.secret.as_ref().unwrap().secret_name.clone().unwrap();
+    let secret_name = match (arg(&args, "--cert-dir"), arg(&args, "--cert-secret")) {
+        (Some(cert_dir), None) => cert_volume(n, pod, cert_dir),
+        (None, Some(secret)) => check_cert_secret(install, pod, secret),
+        other => panic!("{n}: exactly one of --cert-dir and --cert-secret, got {other:?}"),
+    };
     assert_eq!(deploy.metadata.namespace.as_deref(), Some(ns));
     let pod_labels = spec
         .template
@@ -518,6 +503,91 @@ fn check(install: &Install, cert_manager: bool) {
     }
 }
 
+/// The Secret the certificate volume mounts at `cert_dir` (as a directory, never subPath).
+fn cert_volume(n: &str, pod: &PodSpec, cert_dir: &str) -> String {
+    let mount = pod.containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.mount_path == cert_dir)
+        .expect("--cert-dir is a mount");
+    assert!(
+        mount.sub_path.is_none() && mount.sub_path_expr.is_none(),
+        "{n}: never subPath (never updated)"
+    );
+    let volume = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    volume.secret.as_ref().unwrap().secret_name.clone().unwrap()
+}
+
+/// `--cert-secret`: no certificate volume, a token, and a Role granting get, list and watch on
+/// exactly that Secret (by name) to the pods' ServiceAccount. Returns the Secret's name.
+fn check_cert_secret(install: &Install, pod: &PodSpec, secret: &str) -> String {
+    let n = &install.name;
+    assert!(
+        !secret.contains('/'),
+        "{n}: --cert-secret names the Secret in the pod's namespace, so any namespace works"
+    );
+    assert!(
+        pod.volumes.iter().flatten().all(|v| v.secret.is_none()),
+        "{n}: no Secret volume with --cert-secret"
+    );
+    assert!(
+        pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .next()
+            .is_none(),
+        "{n}: nothing mounted"
+    );
+    assert_eq!(pod.automount_service_account_token, Some(true), "{n}");
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    assert!(
+        env.iter().any(|e| e.name == "POD_NAMESPACE"
+            && e.value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path
+                == "metadata.namespace"),
+        "{n}: POD_NAMESPACE, the Secret's namespace"
+    );
+    let role: Role = install
+        .all::<Role>("Role")
+        .into_iter()
+        .find(|r| r.metadata.name.as_deref() == Some("etcd-webhook-cert-secret"))
+        .unwrap_or_else(|| panic!("{n}: the Role etcd-webhook-cert-secret"));
+    assert_eq!(role.metadata.namespace.as_deref(), Some("etcd-system"));
+    let rules = serde_json::to_value(role.rules.unwrap()).unwrap();
+    assert_eq!(
+        rules,
+        serde_json::json!([{"apiGroups": [""], "resources": ["secrets"],
+            "resourceNames": [secret], "verbs": ["get", "list", "watch"]}]),
+        "{n}: exactly get, list and watch on that one Secret"
+    );
+    let binding: RoleBinding = install
+        .all::<RoleBinding>("RoleBinding")
+        .into_iter()
+        .find(|b| b.role_ref.name == "etcd-webhook-cert-secret")
+        .unwrap_or_else(|| panic!("{n}: a RoleBinding of etcd-webhook-cert-secret"));
+    assert_eq!(binding.role_ref.kind, "Role");
+    assert_eq!(
+        serde_json::to_value(binding.subjects.unwrap()).unwrap(),
+        serde_json::json!([{"kind": "ServiceAccount", "name": pod.service_account_name.clone().unwrap(), "namespace": "etcd-system"}]),
+        "{n}"
+    );
+    secret.to_owned()
+}
+
 /// The Role grants every (group, resource, verb) the loop uses, and no wildcard.
 fn grants(rules: &[PolicyRule], need: &[(&str, &str, &[&str])], what: &str) {
     for r in rules {
@@ -645,7 +715,11 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
     }
     // Leader election: a Role for Leases in the pod's namespace.
     assert_eq!(arg(args, "--leader-elect"), Some("true"), "{n}");
-    let lease_role: Role = install.one("Role");
+    let lease_role: Role = install
+        .all::<Role>("Role")
+        .into_iter()
+        .find(|r| r.metadata.name.as_deref() != Some("etcd-webhook-cert-secret"))
+        .unwrap_or_else(|| panic!("{n}: the leader Role"));
     assert_eq!(
         lease_role.metadata.namespace.as_deref(),
         Some("etcd-system")
@@ -657,7 +731,10 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
     );
     let lb = bindings
         .iter()
-        .find(|b| b.role_ref.kind == "Role")
+        .find(|b| {
+            b.role_ref.kind == "Role"
+                && b.role_ref.name == lease_role.metadata.name.clone().unwrap()
+        })
         .unwrap_or_else(|| panic!("{n}: a RoleBinding of the leader Role"));
     assert_eq!(lb.metadata.namespace.as_deref(), Some("etcd-system"));
     assert!(subject_is_sa(&lb.subjects), "{n}");
@@ -742,6 +819,20 @@ fn kustomize_single_namespace_overlay() {
     assert_eq!(
         arg(&serve_args(&install), "--watch-namespace"),
         Some("etcd-apps")
+    );
+}
+
+/// config/cert-secret: the certificate read through the API, by the Secret's name alone.
+#[test]
+fn kustomize_cert_secret_overlay() {
+    let install = Install {
+        name: "config/cert-secret".into(),
+        docs: documents(&tool("kubectl", &["kustomize", "config/cert-secret"])),
+    };
+    check(&install, true);
+    assert_eq!(
+        arg(&serve_args(&install), "--cert-secret"),
+        Some("etcd-webhook-tls")
     );
 }
 

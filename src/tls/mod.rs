@@ -5,6 +5,7 @@ pub mod cabundle;
 pub mod client_auth;
 pub mod dev;
 pub mod resolver;
+pub mod secret;
 pub mod watch;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +50,10 @@ pub enum CertError {
     },
     #[error("cannot generate a certificate: {0}")]
     Generate(#[from] rcgen::Error),
+    #[error("{origin} has no {key} (a kubernetes.io/tls Secret has tls.crt and tls.key)")]
+    MissingKey { origin: PathBuf, key: &'static str },
+    #[error("{origin} was deleted")]
+    Deleted { origin: PathBuf },
 }
 
 /// What the metrics and logs say about a serving certificate.

@@ -17,10 +17,30 @@ use super::client_auth::ReloadingVerifier;
 use super::{CertError, CertStore, parse_pair, read_pair_bytes};
 use crate::metrics::{self, Metrics, ResultLabel};
 
-/// How the files are followed.
+/// Where the serving pair comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CertSource {
+    /// A directory holding `tls.crt` and `tls.key` (the mounted Secret), followed here.
+    Dir(PathBuf),
+    /// A Secret read through the API (`--cert-secret`), followed by [`super::secret::run`];
+    /// this module then follows only the client CA and the expiry.
+    Secret(super::secret::SecretRef),
+}
+
+impl CertSource {
+    /// Where the pair is, as errors and logs name it (`/etc/certs`, `secret etcd-system/tls`).
+    pub fn origin(&self) -> PathBuf {
+        match self {
+            CertSource::Dir(dir) => dir.clone(),
+            CertSource::Secret(s) => PathBuf::from(format!("secret {s}")),
+        }
+    }
+}
+
+/// How the pair and the client CA are followed.
 #[derive(Clone, Debug)]
 pub struct WatchOptions {
-    pub cert_dir: PathBuf,
+    pub source: CertSource,
     pub client_ca: Option<PathBuf>,
     pub poll_interval: Duration,
     pub debounce: Duration,
@@ -69,19 +89,29 @@ impl Reloader {
         })
     }
 
-    /// Reads the pair; swaps it in when it changed and checks out.
+    /// Reads the pair from the directory; swaps it in when it changed and checks out. A
+    /// Secret source is not read here (its watch offers what it sees).
     pub fn reload_once(&self) -> Outcome {
-        let dir = &self.options.cert_dir;
-        let (cert, key) = match read_pair_bytes(dir) {
-            Ok(bytes) => bytes,
-            Err(e) => return self.reject(None, e),
+        let CertSource::Dir(dir) = &self.options.source else {
+            return Outcome::Unchanged;
         };
-        if self.store.is_current(&cert, &key) {
+        match read_pair_bytes(dir) {
+            Ok((cert, key)) => self.offer(&cert, &key),
+            Err(e) => self.reject(None, e),
+        }
+    }
+
+    /// Swaps in the pair `cert`/`key` (as read from the source) when it differs from the one
+    /// served and checks out; otherwise the served pair stays and the reason is logged once.
+    pub fn offer(&self, cert: &[u8], key: &[u8]) -> Outcome {
+        if self.store.is_current(cert, key) {
             return Outcome::Unchanged;
         }
-        let pair = match parse_pair(dir, &cert, &key, &self.provider) {
+        let origin = self.options.source.origin();
+        let dir = origin.as_path();
+        let pair = match parse_pair(dir, cert, key, &self.provider) {
             Ok(pair) => pair,
-            Err(e) => return self.reject(Some((cert, key)), e),
+            Err(e) => return self.reject(Some((cert.to_vec(), key.to_vec())), e),
         };
         let previous = self.store.info();
         tracing::info!(
@@ -89,7 +119,7 @@ impl Reloader {
             previous = previous.as_ref().map(|i| i.serial.as_str()).unwrap_or("none"),
             not_after = pair.info.not_after,
             names = ?pair.info.names,
-            dir = %dir.display(),
+            from = %dir.display(),
             "serving certificate loaded"
         );
         self.metrics.cert_loaded(&pair.info, metrics::now());
@@ -98,14 +128,19 @@ impl Reloader {
         Outcome::Loaded
     }
 
-    fn reject(&self, bytes: Option<(Vec<u8>, Vec<u8>)>, error: CertError) -> Outcome {
+    /// Reports a pair that cannot be used (`bytes` None: it could not even be read).
+    pub fn reject(&self, bytes: Option<(Vec<u8>, Vec<u8>)>, error: CertError) -> Outcome {
         let serving = self.store.current().is_some();
         let mut last = self.rejected.lock().unwrap_or_else(|e| e.into_inner());
         let seen = bytes.is_some() && *last == bytes;
         let unreadable_again = bytes.is_none() && last.as_ref().is_some_and(|b| b.0.is_empty());
         if !seen && !unreadable_again {
             if serving {
-                tracing::error!(%error, "certificate files rejected; the previous certificate keeps serving");
+                if let CertSource::Secret(_) = self.options.source {
+                    tracing::error!(%error, "certificate in the Secret rejected; the previous certificate keeps serving");
+                } else {
+                    tracing::error!(%error, "certificate files rejected; the previous certificate keeps serving");
+                }
                 self.metrics.cert_rejected();
             } else {
                 tracing::warn!(%error, "waiting for a usable serving certificate");
@@ -185,14 +220,15 @@ impl Reloader {
         let wake = Arc::new(Notify::new());
         let mut watches = DirWatches::new(wake.clone());
         // The parent too, so a directory that is removed and comes back is seen at once.
-        let mut dirs = vec![self.options.cert_dir.clone()];
-        dirs.extend(
-            self.options
-                .cert_dir
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .map(Path::to_owned),
-        );
+        let mut dirs = Vec::new();
+        if let CertSource::Dir(dir) = &self.options.source {
+            dirs.push(dir.clone());
+            dirs.extend(
+                dir.parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map(Path::to_owned),
+            );
+        }
         if let Some(ca) = &self.options.client_ca {
             dirs.extend(
                 ca.parent()

@@ -174,7 +174,7 @@ pub fn helm_chart_dry_runs_on_the_real_api(env: &Env) {
 /// cert-manager issued, and it verifies, for the Service's DNS name, against the caBundle that
 /// cainjector wrote into each webhook configuration and the CRD.
 pub fn the_served_certificate_is_what_the_apiserver_trusts(env: &Env) {
-    the_served_certificate_is_what_the_apiserver_trusts_now(env);
+    the_served_certificate_is_what_the_apiserver_trusts_now(env, Delivery::Volume);
     let certificate = env.get_json(&["-n", NAMESPACE, "certificate", "etcd-webhook-serving"]);
     assert_eq!(certificate["spec"]["secretName"], "etcd-webhook-tls");
     assert_eq!(
@@ -185,7 +185,7 @@ pub fn the_served_certificate_is_what_the_apiserver_trusts(env: &Env) {
 }
 
 /// The served certificate verifies against each caBundle, and it is the Secret's.
-fn the_served_certificate_is_what_the_apiserver_trusts_now(env: &Env) {
+fn the_served_certificate_is_what_the_apiserver_trusts_now(env: &Env, delivery: Delivery) {
     use base64::Engine;
     let port = env.webhook.lock().unwrap().as_ref().unwrap().addr.port();
     let host = format!("{SERVICE}.{NAMESPACE}.svc");
@@ -215,8 +215,10 @@ fn the_served_certificate_is_what_the_apiserver_trusts_now(env: &Env) {
     let issued = base64::engine::general_purpose::STANDARD
         .decode(secret["data"]["tls.crt"].as_str().unwrap())
         .unwrap();
-    let mounted = std::fs::read(env.webhook_certs.join("tls.crt")).unwrap();
-    assert_eq!(mounted, issued, "the mounted pair is the issued one");
+    if delivery == Delivery::Volume {
+        let mounted = std::fs::read(env.webhook_certs.join("tls.crt")).unwrap();
+        assert_eq!(mounted, issued, "the mounted pair is the issued one");
+    }
     let (_, pem) = x509_parser::pem::parse_x509_pem(&issued).unwrap();
     let leaf = pem.parse_x509().unwrap();
     let serial: String = leaf
@@ -239,17 +241,138 @@ fn the_served_certificate_is_what_the_apiserver_trusts_now(env: &Env) {
     );
 }
 
-/// A leaf renewal under load: while a client creates (in v1alpha1, so through /convert, /mutate
-/// and /validate), updates and reads EtcdClusters through the apiserver without pause, the
-/// serving Certificate is renewed as `cmctl renew` does it, the new Secret reaches the mounted
-/// folder as the kubelet writes it (`..data` swap), and the server reloads it. Not one request may
-/// fail.
+/// How the serving replica gets the renewed pair.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// The Secret volume: the test writes the new Secret into the folder as the kubelet does
+    /// (`..data` swap) the moment it sees it (a kubelet takes up to its sync period and cache TTL).
+    Volume,
+    /// `--cert-secret`: the server watches the Secret through the API itself.
+    Secret,
+}
+
+/// Follows the serving Secret's `tls.crt` with `kubectl get -w` (an API watch, as the server's
+/// own), recording when each new value arrived.
+struct SecretWatch {
+    child: std::process::Child,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, String)>>>,
+}
+
+impl SecretWatch {
+    fn start(env: &Env) -> SecretWatch {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(common::k8s_tools().join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&env.cp.kubeconfig)
+            .args([
+                "-n",
+                NAMESPACE,
+                "get",
+                "secret",
+                "etcd-webhook-tls",
+                "--watch",
+            ])
+            .args(["-o", r#"jsonpath={.data.tls\.crt}{"\n"}"#])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("kubectl get --watch");
+        let out = child.stdout.take().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push((std::time::Instant::now(), line));
+            }
+        });
+        let watch = SecretWatch { child, seen };
+        wait_for("the Secret watch to list", Duration::from_secs(30), || {
+            (!watch.seen.lock().unwrap().is_empty()).then_some(())
+        });
+        watch
+    }
+
+    /// When a `tls.crt` other than `before` first arrived.
+    fn changed_at(&self, before: &str) -> Option<std::time::Instant> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter().find(|(_, v)| v != before).map(|(t, _)| *t)
+    }
+}
+
+impl Drop for SecretWatch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A leaf renewal under load, with the Secret mounted as a volume: see [`renewal_under_load`].
 pub fn leaf_renewal_under_load_drops_nothing(env: &Env) {
+    renewal_under_load(env, Delivery::Volume);
+}
+
+/// Issue 15, item 4: a replica started as config/cert-secret runs it (`--cert-secret`, the
+/// ServiceAccount bound to that overlay's Role and nothing more for the Secret) replaces the
+/// serving one; a renewal under load reaches it through its own watch, with no volume.
+pub fn leaf_renewal_under_load_with_cert_secret(env: &Env) {
+    let rendered = ok(
+        std::process::Command::new(common::k8s_tools().join("kubectl"))
+            .args(["kustomize", "config/cert-secret"])
+            .current_dir(common::root())
+            .output()
+            .unwrap(),
+        "kubectl kustomize config/cert-secret",
+    );
+    let docs = yaml_docs(&rendered);
+    let rbac: Vec<Value> = docs
+        .iter()
+        .filter(|d| d["metadata"]["name"] == "etcd-webhook-cert-secret")
+        .cloned()
+        .collect();
+    assert_eq!(rbac.len(), 2, "the overlay's Role and RoleBinding");
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": rbac});
+    crate::install::apply_as_installer(&env.cp, &list, "apply config/cert-secret's Role");
+    let args: Vec<String> = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .and_then(|d| {
+            serde_json::from_value(d["spec"]["template"]["spec"]["containers"][0]["args"].clone())
+                .ok()
+        })
+        .expect("the overlay's Deployment args");
+    let secret_flag = args
+        .iter()
+        .find(|a| a.starts_with("--cert-secret="))
+        .expect("config/cert-secret passes --cert-secret");
+    let server = env.start_replica("etcd-webhook-e2e-secret", &["--no-cert-dir", secret_flag]);
+    assert!(
+        server
+            .log()
+            .contains("read from the Secret through the API"),
+        "{}",
+        server.log()
+    );
+    env.route_to(&server);
+    env.stop_webhook();
+    *env.webhook.lock().unwrap() = Some(server);
+    renewal_under_load(env, Delivery::Secret);
+}
+
+/// A leaf renewal under load: while clients create (in v1alpha1, so through /convert, /mutate
+/// and /validate), update and read EtcdClusters through the apiserver without pause, the
+/// serving Certificate is renewed as `cmctl renew` does it and the server takes the new pair
+/// as `delivery` brings it. Not one request may fail. Prints the time from the new Secret
+/// (as an API watch sees it) to the server serving it.
+fn renewal_under_load(env: &Env, delivery: Delivery) {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::Instant;
 
-    let ns = "e2e-renew";
+    let ns = match delivery {
+        Delivery::Volume => "e2e-renew",
+        Delivery::Secret => "e2e-renew-secret",
+    };
     env.create_namespace(ns);
     let stop = AtomicBool::new(false);
     let admitted = AtomicUsize::new(0);
@@ -265,8 +388,12 @@ pub fn leaf_renewal_under_load_drops_nothing(env: &Env) {
             .count()
     };
     let loads_before = loaded();
+    let revision_before = env.get_json(&["-n", NAMESPACE, "certificate", "etcd-webhook-serving"])
+        ["status"]["revision"]
+        .as_i64()
+        .expect("the serving Certificate's revision");
     let mut latency = Duration::ZERO;
-    let mut admitted_at_swap = 0;
+    let mut admitted_at_new_secret = 0;
     std::thread::scope(|scope| {
         // Three clients, so requests are in flight at every moment of the reload.
         for client in 0..3 {
@@ -324,11 +451,14 @@ pub fn leaf_renewal_under_load_drops_nothing(env: &Env) {
                 }
             });
         }
+        let watch = SecretWatch::start(env);
         std::thread::sleep(Duration::from_secs(3));
         // Renew the leaf as `cmctl renew` does: the Issuing condition, reason ManuallyTriggered.
         let before =
             env.get_json(&["-n", NAMESPACE, "secret", "etcd-webhook-tls"])["data"]["tls.crt"]
-                .clone();
+                .as_str()
+                .unwrap()
+                .to_owned();
         let condition = json!([{"op": "add", "path": "/status/conditions/-", "value": {
             "type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
             "message": "renewal triggered by the e2e test"}}]);
@@ -346,31 +476,43 @@ pub fn leaf_renewal_under_load_drops_nothing(env: &Env) {
             ]),
             "trigger the renewal",
         );
-        wait_for(
-            "cert-manager to write the renewed Secret",
-            Duration::from_secs(60),
-            || {
-                let now = env.get_json(&["-n", NAMESPACE, "secret", "etcd-webhook-tls"])["data"]["tls.crt"].clone();
-                (now != before).then_some(())
-            },
-        );
-        let synced = Instant::now();
-        admitted_at_swap = admitted.load(Ordering::Relaxed);
-        env.sync_secret_volume();
-        wait_for(
-            "the server to load the renewed certificate",
-            Duration::from_secs(30),
-            || (loaded() > loads_before).then_some(()),
-        );
-        latency = synced.elapsed();
+        // Bounded: 60 s for cert-manager, then 30 s for the server, in 5 ms steps.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let new_secret = loop {
+            if let Some(at) = watch.changed_at(&before) {
+                break at;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cert-manager did not write the renewed Secret within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        admitted_at_new_secret = admitted.load(Ordering::Relaxed);
+        if delivery == Delivery::Volume {
+            env.sync_secret_volume();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while loaded() == loads_before {
+            assert!(
+                Instant::now() < deadline,
+                "the server did not load the renewed certificate within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        latency = new_secret.elapsed();
         std::thread::sleep(Duration::from_secs(3));
         stop.store(true, Ordering::Relaxed);
     });
     let failures = failures.into_inner().unwrap();
     let admitted = admitted.into_inner();
+    let how = match delivery {
+        Delivery::Volume => "the test's ..data swap at once (a kubelet adds its sync delay)",
+        Delivery::Secret => "--cert-secret's own watch",
+    };
     eprintln!(
-        "    {admitted} apiserver requests admitted during the renewal ({} after the ..data swap), {} failed; served {:.0} ms after the swap",
-        admitted - admitted_at_swap,
+        "    {admitted} apiserver requests admitted during the renewal ({} after the new Secret), {} failed; served {:.0} ms after an API watch saw the new Secret, through {how}",
+        admitted - admitted_at_new_secret,
         failures.len(),
         latency.as_secs_f64() * 1000.0
     );
@@ -379,14 +521,20 @@ pub fn leaf_renewal_under_load_drops_nothing(env: &Env) {
         "failed during the renewal: {failures:#?}"
     );
     assert!(
-        admitted >= 30 && admitted - admitted_at_swap >= 10,
-        "the load ran through the reload: {admitted} requests, {} after the swap",
-        admitted - admitted_at_swap
+        admitted >= 30 && admitted - admitted_at_new_secret >= 10,
+        "the load ran through the reload: {admitted} requests, {} after the new Secret",
+        admitted - admitted_at_new_secret
     );
+    if delivery == Delivery::Secret {
+        assert!(
+            latency < Duration::from_secs(5),
+            "--cert-secret served the renewal {latency:?} after the Secret changed"
+        );
+    }
     // The server serves the renewed leaf, and the apiserver still trusts it.
     let revision = env.get_json(&["-n", NAMESPACE, "certificate", "etcd-webhook-serving"])["status"]["revision"].clone();
-    assert_eq!(revision, 2);
-    the_served_certificate_is_what_the_apiserver_trusts_now(env);
+    assert_eq!(revision, revision_before + 1);
+    the_served_certificate_is_what_the_apiserver_trusts_now(env, delivery);
     ok(
         env.kubectl(&["delete", "namespace", ns, "--wait=false"]),
         "delete namespace",

@@ -78,6 +78,10 @@ const SCENARIOS: &[Scenario] = &[
         lifecycle::leaf_renewal_under_load_drops_nothing,
     ),
     (
+        "leaf_renewal_under_load_with_cert_secret",
+        lifecycle::leaf_renewal_under_load_with_cert_secret,
+    ),
+    (
         "helm_chart_dry_runs_on_the_real_api",
         lifecycle::helm_chart_dry_runs_on_the_real_api,
     ),

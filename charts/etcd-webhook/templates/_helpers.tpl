@@ -15,6 +15,12 @@
 {{- end -}}
 {{- end -}}
 
+{{- /* The pods call the API (and so get a ServiceAccount token) for the reconcile loop or to read
+     the serving certificate's Secret (tls.source: secret). */ -}}
+{{- define "etcd-webhook.token" -}}
+{{- or .Values.controller.enabled (eq .Values.tls.source "secret") -}}
+{{- end -}}
+
 {{- define "etcd-webhook.selectorLabels" -}}
 app.kubernetes.io/name: etcd-webhook
 app.kubernetes.io/instance: {{ .Release.Name }}
