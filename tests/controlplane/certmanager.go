@@ -27,6 +27,7 @@ import (
 	cmscheme "github.com/cert-manager/cert-manager/pkg/api"
 	cmcontroller "github.com/cert-manager/cert-manager/pkg/controller"
 	"github.com/cert-manager/cert-manager/pkg/controller/cainjector"
+	utilfeature "github.com/cert-manager/cert-manager/pkg/util/feature"
 	// The controllers register themselves with cmcontroller.Known().
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/approver"
 	_ "github.com/cert-manager/cert-manager/pkg/controller/certificaterequests/ca"
@@ -118,12 +119,19 @@ func runCertManagerController(args []string) int {
 	return 0
 }
 
-// runCAInjector: controlplane cainjector --kubeconfig FILE
+// runCAInjector: controlplane cainjector --kubeconfig FILE [--feature-gates A=false,...]
 func runCAInjector(args []string) int {
 	flags := flag.NewFlagSet("cainjector", flag.ContinueOnError)
 	kubeconfig := flags.String("kubeconfig", "", "kubeconfig of the cluster")
+	gates := flags.String("feature-gates", "", "cainjector feature gates, e.g. CAInjectorMerging=false")
 	if err := flags.Parse(args); err != nil {
 		return 2
+	}
+	if *gates != "" {
+		if err := utilfeature.DefaultMutableFeatureGate.Set(*gates); err != nil {
+			fmt.Fprintln(os.Stderr, "cainjector: --feature-gates:", err)
+			return 2
+		}
 	}
 	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {

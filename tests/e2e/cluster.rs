@@ -59,6 +59,8 @@ pub struct ControlPlane {
     pub etcd_url: String,
     /// Where the apiserver resolves service references (see tests/controlplane/main.go).
     pub service_map: PathBuf,
+    /// The multi-call binary every component runs from.
+    bin: PathBuf,
     procs: Vec<Proc>,
 }
 
@@ -181,6 +183,7 @@ impl ControlPlane {
             etcd_url: String::new(),
             logs,
             dir,
+            bin: bin.clone(),
             procs: Vec::new(),
         };
         std::fs::write(
@@ -373,6 +376,22 @@ impl ControlPlane {
         self.procs.push(Proc { name, child });
     }
 
+    /// Starts one more component process (`cainjector` with other flags, say) as the admin,
+    /// logging to `logs/LOG.log`; it stops when the guard is dropped.
+    pub fn start_extra(&self, component: &str, log: &str, args: &[&str]) -> Extra {
+        let file = File::create(self.logs.join(format!("{log}.log"))).unwrap();
+        let child = Command::new(&self.bin)
+            .arg(component)
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {component}: {e}"));
+        Extra(child)
+    }
+
     /// The process ID of a component (`cainjector`, ...).
     pub fn pid(&self, name: &str) -> u32 {
         self.procs
@@ -486,4 +505,14 @@ fn http_get_plain(port: u16, path: &str) -> Option<String> {
     tcp.read_to_string(&mut out).ok()?;
     let (head, body) = out.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// A component started by [`ControlPlane::start_extra`]; killed when dropped.
+pub struct Extra(std::process::Child);
+
+impl Drop for Extra {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

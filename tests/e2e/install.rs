@@ -207,48 +207,17 @@ impl Env {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
-    /// Does what the kubelet does for a Secret volume: the Secret's data is written into a new
-    /// timestamped folder, then the `..data` symlink is swapped to it in one rename, and the old
-    /// folder removed; `tls.crt` and friends are symlinks through `..data`. Returns the data.
+    /// Does what the kubelet does for a Secret volume: see [`write_secret_volume`].
     pub fn sync_secret_volume(&self) -> std::collections::BTreeMap<String, Vec<u8>> {
-        use base64::Engine;
-        let secret = self.get_json(&["-n", NAMESPACE, "secret", "etcd-webhook-tls"]);
-        let data: std::collections::BTreeMap<String, Vec<u8>> = ["tls.crt", "tls.key", "ca.crt"]
-            .into_iter()
-            .map(|key| {
-                let b64 = secret["data"][key]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("the Secret has {key}"));
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(b64)
-                    .unwrap();
-                (key.to_owned(), bytes)
-            })
-            .collect();
-        let dir = &self.webhook_certs;
-        std::fs::create_dir_all(dir).unwrap();
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let version = format!("..{stamp}");
-        std::fs::create_dir(dir.join(&version)).unwrap();
-        for (key, bytes) in &data {
-            std::fs::write(dir.join(&version).join(key), bytes).unwrap();
+        write_secret_volume(&self.cp.kubeconfig, &self.webhook_certs)
+    }
+
+    /// [`Env::sync_secret_volume`] as a function another thread can call.
+    pub fn volume_writer(&self) -> impl Fn() + Send + 'static {
+        let (kubeconfig, dir) = (self.cp.kubeconfig.clone(), self.webhook_certs.clone());
+        move || {
+            write_secret_volume(&kubeconfig, &dir);
         }
-        let old = std::fs::read_link(dir.join("..data")).ok();
-        std::os::unix::fs::symlink(&version, dir.join("..data_tmp")).unwrap();
-        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
-        for key in data.keys() {
-            let link = dir.join(key);
-            if std::fs::symlink_metadata(&link).is_err() {
-                std::os::unix::fs::symlink(Path::new("..data").join(key), link).unwrap();
-            }
-        }
-        if let Some(old) = old {
-            std::fs::remove_dir_all(dir.join(old)).unwrap();
-        }
-        data
     }
 
     /// A kubeconfig with a TokenRequest token of the ServiceAccount the Deployment runs as.
@@ -420,4 +389,66 @@ impl Env {
             );
         }
     }
+}
+
+/// Does what the kubelet does for a Secret volume: the Secret's data is written into a new
+/// timestamped folder, then the `..data` symlink is swapped to it in one rename, and the old
+/// folder removed; `tls.crt` and friends are symlinks through `..data`. Returns the data.
+pub fn write_secret_volume(
+    kubeconfig: &Path,
+    dir: &Path,
+) -> std::collections::BTreeMap<String, Vec<u8>> {
+    use base64::Engine;
+    let out = ok(
+        cluster::kubectl_as(
+            kubeconfig,
+            &[
+                "-n",
+                NAMESPACE,
+                "get",
+                "secret",
+                "etcd-webhook-tls",
+                "-o",
+                "json",
+            ],
+            None,
+        ),
+        "read the serving Secret",
+    );
+    let secret: Value = serde_json::from_str(&out).unwrap();
+    let data: std::collections::BTreeMap<String, Vec<u8>> = ["tls.crt", "tls.key", "ca.crt"]
+        .into_iter()
+        .map(|key| {
+            let b64 = secret["data"][key]
+                .as_str()
+                .unwrap_or_else(|| panic!("the Secret has {key}"));
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap();
+            (key.to_owned(), bytes)
+        })
+        .collect();
+    std::fs::create_dir_all(dir).unwrap();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let version = format!("..{stamp}");
+    std::fs::create_dir(dir.join(&version)).unwrap();
+    for (key, bytes) in &data {
+        std::fs::write(dir.join(&version).join(key), bytes).unwrap();
+    }
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    std::os::unix::fs::symlink(&version, dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    for key in data.keys() {
+        let link = dir.join(key);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(key), link).unwrap();
+        }
+    }
+    if let Some(old) = old {
+        std::fs::remove_dir_all(dir.join(old)).unwrap();
+    }
+    data
 }

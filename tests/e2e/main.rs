@@ -15,6 +15,7 @@ mod cluster;
 mod install;
 mod lifecycle;
 mod reconcile;
+mod rotation;
 mod storage;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -75,12 +76,13 @@ const SCENARIOS: &[Scenario] = &[
     ),
     (
         "leaf_renewal_under_load_drops_nothing",
-        lifecycle::leaf_renewal_under_load_drops_nothing,
+        rotation::leaf_renewal_under_load_drops_nothing,
     ),
     (
         "leaf_renewal_under_load_with_cert_secret",
-        lifecycle::leaf_renewal_under_load_with_cert_secret,
+        rotation::leaf_renewal_under_load_with_cert_secret,
     ),
+    ("ca_rotation_under_load", rotation::ca_rotation_under_load),
     (
         "helm_chart_dry_runs_on_the_real_api",
         lifecycle::helm_chart_dry_runs_on_the_real_api,
