@@ -142,16 +142,23 @@ impl Env {
             "kubectl kustomize config/default",
         );
         let objects = yaml_docs(&rendered);
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+        apply_as_installer(&cp, &list, "kubectl apply --server-side config/default");
+        Env::adopt(cp, &objects, replica_flags)
+    }
+
+    /// The rest of an install once its `objects` are in the cluster (by kubectl or helm): the
+    /// CRD Established, cert-manager's chain issued and injected, the Secret laid out as a
+    /// volume, a replica serving with the Deployment's arguments, and the apiserver calling it.
+    pub fn adopt(cp: ControlPlane, objects: &[Value], replica_flags: &[&str]) -> Env {
         let deployment = objects
             .iter()
             .find(|d| d["kind"] == "Deployment")
-            .expect("config/default has the Deployment");
+            .expect("the install has the Deployment");
         let deployment_args: Vec<String> = serde_json::from_value(
             deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
         )
         .expect("the Deployment's args");
-        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
-        apply_as_installer(&cp, &list, "kubectl apply --server-side config/default");
         wait_established(&cp, "the CRD becomes Established");
         let env = Env {
             sa_kubeconfig: cp.dir.join("etcd-webhook-sa.kubeconfig"),

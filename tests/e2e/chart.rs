@@ -1,0 +1,115 @@
+//! Issue 15, item 2, second half: the Helm chart installed for real (`helm install` with its
+//! defaults, on a control plane of its own), cert-manager's chain issued from the chart's
+//! Issuers and Certificates, cainjector filling every caBundle, and the apiserver calling the
+//! webhook through that chain: a denial, a defaulted create and an old-version read.
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::cluster::ControlPlane;
+use crate::common;
+use crate::install::{Env, NAMESPACE, ok, yaml_docs};
+use crate::lifecycle::the_served_certificate_is_what_the_apiserver_trusts_now;
+use crate::rotation::Delivery;
+
+pub fn helm_chart_installed_for_real(cp: ControlPlane) {
+    let kubeconfig = cp.kubeconfig.clone();
+    let helm = |args: &[&str]| {
+        std::process::Command::new(common::k8s_tools().join("helm"))
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .current_dir(common::root())
+            .output()
+            .unwrap()
+    };
+    let started = Instant::now();
+    ok(
+        helm(&[
+            "install",
+            "etcd-webhook",
+            "charts/etcd-webhook",
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ]),
+        "helm install etcd-webhook charts/etcd-webhook",
+    );
+    let installed = started.elapsed();
+    // What helm installed, as the cluster has it (the Deployment's arguments included).
+    let manifest = ok(
+        helm(&["get", "manifest", "etcd-webhook", "--namespace", NAMESPACE]),
+        "helm get manifest",
+    );
+    let objects = yaml_docs(&manifest);
+    for kind in [
+        "Issuer",
+        "Certificate",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+        "Deployment",
+        "Service",
+    ] {
+        assert!(
+            objects.iter().any(|o| o["kind"] == kind),
+            "the release has a {kind}"
+        );
+    }
+    // The chain from the chart, cainjector's caBundles, a replica with the chart's arguments,
+    // the apiserver calling /validate.
+    let env = Env::adopt(cp, &objects, &[]);
+    the_served_certificate_is_what_the_apiserver_trusts_now(&env, Delivery::Volume);
+
+    // The first EtcdCluster admitted (defaulted by /mutate) after `helm install` began.
+    env.create_namespace("e2e-helm");
+    let first = json!({
+        "apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster",
+        "metadata": {"name": "first", "namespace": "e2e-helm"},
+        "spec": {"replicas": 3, "etcdVersion": "3.5.10", "storageSizeGi": 1}
+    });
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &first.to_string()),
+        "create an EtcdCluster in v1alpha1 (through /convert, /mutate, /validate)",
+    );
+    let to_first = started.elapsed();
+    let stored = env.get_json(&[
+        "-n",
+        "e2e-helm",
+        "etcdclusters.v1.etcd.example.com",
+        "first",
+    ]);
+    assert_eq!(stored["spec"]["size"], 3, "{stored}");
+    assert_eq!(stored["spec"]["storageSize"], "1Gi", "{stored}");
+    assert!(
+        stored["spec"]["storageClass"].is_string(),
+        "/mutate filled in the defaults: {stored}"
+    );
+    let old = env.get_json(&[
+        "-n",
+        "e2e-helm",
+        "etcdclusters.v1alpha1.etcd.example.com",
+        "first",
+    ]);
+    assert_eq!(old["spec"]["replicas"], 3, "read back in v1alpha1: {old}");
+    // An even size, refused with the rule's words.
+    let even = json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": "even", "namespace": "e2e-helm"},
+        "spec": {"size": 4, "version": "v3.5.10", "storageSize": "1Gi"}
+    });
+    let out = env.kubectl_in(&["create", "-f", "-"], &even.to_string());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("must be odd"),
+        "an even size is refused: {err}"
+    );
+    eprintln!(
+        "    helm install returned after {:.1} s; the first EtcdCluster admitted {:.1} s after it began (chain issued, caBundles injected, Secret laid out, replica up)",
+        installed.as_secs_f64(),
+        to_first.as_secs_f64()
+    );
+    ok(
+        helm(&["uninstall", "etcd-webhook", "--namespace", NAMESPACE]),
+        "helm uninstall",
+    );
+}
