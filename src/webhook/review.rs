@@ -10,12 +10,14 @@
 
 use std::collections::HashMap;
 
+use std::fmt;
+
 use base64::Engine;
-use k8s_openapi::api::authentication::v1::UserInfo;
 use kube::core::admission::Operation;
 use kube::core::{GroupVersionKind, Status};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::{ApiError, decode_error};
 use crate::api::{self, Version};
@@ -56,13 +58,135 @@ pub struct AdmissionRequest {
     pub namespace: Option<String>,
     pub operation: Operation,
     #[serde(default)]
-    pub user_info: UserInfo,
-    #[serde(default)]
+    pub user_info: User,
+    /// The object without what no decision reads (see [`lean_object`]).
+    #[serde(default, deserialize_with = "lean_object")]
     pub object: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lean_object")]
     pub old_object: Option<Value>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+}
+
+/// Who sent the request, as far as the log line names them (groups and extras are skipped
+/// while decoding).
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct User {
+    #[serde(default)]
+    pub username: Option<String>,
+}
+
+/// The last-applied annotation kubectl writes: a copy of the whole object as a string.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Decodes `object`/`oldObject` as JSON in one pass, leaving out `metadata.managedFields` and
+/// the [`LAST_APPLIED`] annotation: no rule or default reads them, and in a stored object they
+/// are most of its bytes. They are skipped while parsing (checked as JSON, never built). An
+/// `annotations` map that held only that annotation stays, empty, so a patch adding an
+/// annotation still finds it. The apiserver applies /mutate's JSON Patch to the whole object,
+/// so nothing is lost from it.
+fn lean_object<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    match Lean::Top.deserialize(d)? {
+        Value::Null => Ok(None),
+        v => Ok(Some(v)),
+    }
+}
+
+/// Where in the object a value is, for [`lean_object`].
+#[derive(Clone, Copy)]
+enum Lean {
+    Top,
+    Metadata,
+    Annotations,
+    Plain,
+}
+
+impl Lean {
+    /// What to do with `key` of a map at this level: `None` skips its value.
+    fn child(self, key: &str) -> Option<Lean> {
+        match (self, key) {
+            (Lean::Top, "metadata") => Some(Lean::Metadata),
+            (Lean::Metadata, "managedFields") => None,
+            (Lean::Metadata, "annotations") => Some(Lean::Annotations),
+            (Lean::Annotations, LAST_APPLIED) => None,
+            _ => Some(Lean::Plain),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Lean {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        match self {
+            Lean::Plain => Value::deserialize(d),
+            _ => d.deserialize_any(self),
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for Lean {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            match self.child(&key) {
+                Some(level) => {
+                    let value = map.next_value_seed(level)?;
+                    out.insert(key, value);
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Value::Object(out))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element::<Value>()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
 }
 
 impl AdmissionRequest {
@@ -214,5 +338,83 @@ impl<'a> AdmissionReviewOut<'a> {
                 warnings: &answer.warnings,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn review(object: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": ADMISSION_V1, "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "operation": "CREATE",
+                "kind": {"group": "etcd.example.com", "version": "v1", "kind": "EtcdCluster"},
+                "userInfo": {"username": "alice", "groups": ["g"], "extra": {"k": ["v"]}},
+                "object": object, "oldObject": null,
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn objects_are_read_without_managed_fields_and_last_applied() {
+        let object = json!({
+            "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+            "metadata": {
+                "name": "a", "labels": {"x": "y"},
+                "annotations": {LAST_APPLIED: "{\"big\":\"copy\"}", "keep": "me"},
+                "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+            },
+            "spec": {"size": 3, "list": [1, 2.5, true, null, {"managedFields": 1}]},
+        });
+        let req = parse_admission(&review(object.clone())).unwrap();
+        let mut want = object;
+        want["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        want["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove(LAST_APPLIED);
+        assert_eq!(req.object, Some(want));
+        assert_eq!(req.old_object, None);
+        assert_eq!(req.user_info.username.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn an_annotations_map_with_only_last_applied_stays_empty() {
+        let object = json!({"metadata": {"annotations": {LAST_APPLIED: "{}"}}, "spec": {}});
+        let req = parse_admission(&review(object)).unwrap();
+        assert_eq!(
+            req.object,
+            Some(json!({"metadata": {"annotations": {}}, "spec": {}}))
+        );
+    }
+
+    #[test]
+    fn skipped_parts_are_still_checked_as_json() {
+        let mut bytes = review(json!({"metadata": {"managedFields": [1]}}));
+        let at = bytes
+            .windows(3)
+            .position(|w| w == b"[1]")
+            .expect("the managedFields array");
+        bytes[at + 1] = b'@';
+        let e = parse_admission(&bytes).unwrap_err().to_string();
+        assert!(e.contains("malformed AdmissionReview"), "{e}");
+    }
+
+    #[test]
+    fn objects_that_are_not_maps_pass_through_for_the_rules_to_refuse() {
+        let req = parse_admission(&review(json!("text"))).unwrap();
+        assert_eq!(req.object, Some(json!("text")));
+        let req = parse_admission(&review(json!([{"metadata": {"managedFields": []}}]))).unwrap();
+        assert_eq!(
+            req.object,
+            Some(json!([{"metadata": {"managedFields": []}}]))
+        );
     }
 }
