@@ -101,6 +101,27 @@ fn handler_paths(c: &mut Criterion) {
     c.bench_function("serde_json::Value parse (2.8 KB, the floor)", |b| {
         b.iter(|| serde_json::from_slice::<Value>(black_box(&review)).unwrap())
     });
+    // The decision line as the server writes it (JSON, info), formatted into a sink: what one
+    // line costs on the request thread.
+    let req = webhook::parse_admission(&review).unwrap();
+    let answer = validate::respond(&req);
+    let subscriber = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_writer(std::io::sink)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        c.bench_function("decision line (JSON, to a sink)", |b| {
+            b.iter(|| {
+                webhook::log_decision(
+                    "validate",
+                    black_box(&req),
+                    &answer,
+                    std::time::Instant::now(),
+                )
+            })
+        });
+    });
 }
 
 criterion_group!(pure, benches, handler_paths);
