@@ -61,6 +61,36 @@ pub struct Env {
     replica_logs: Mutex<Vec<(String, Arc<Mutex<String>>)>>,
 }
 
+/// `kubectl kustomize DIR` of the project, as JSON documents.
+pub fn kustomize(dir: &str) -> Vec<Value> {
+    let rendered = ok(
+        Command::new(common::k8s_tools().join("kubectl"))
+            .args(["kustomize", dir])
+            .current_dir(common::root())
+            .output()
+            .unwrap(),
+        &format!("kubectl kustomize {dir}"),
+    );
+    yaml_docs(&rendered)
+}
+
+/// The first ```sh block of README's section `heading` (`## Title` or `### Title`), as written.
+pub fn readme_block(heading: &str) -> String {
+    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
+    let section = readme
+        .split(&format!("\n{heading}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("README has a section {heading:?}"));
+    let section = section.split("\n## ").next().unwrap();
+    let section = section.split("\n### ").next().unwrap();
+    section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .unwrap_or_else(|| panic!("README's {heading:?} has a ```sh block"))
+        .to_owned()
+}
+
 /// Splits a YAML stream into JSON values (empty documents dropped).
 pub fn yaml_docs(text: &str) -> Vec<Value> {
     use serde::Deserialize;
@@ -133,15 +163,7 @@ impl Env {
     /// The install, with `replica_flags` added to every replica's arguments (replacing the
     /// Deployment's value of the same flag), e.g. `--controller=off` for webhooks only.
     pub fn install_with(cp: ControlPlane, replica_flags: &[&str]) -> Env {
-        let rendered = ok(
-            Command::new(common::k8s_tools().join("kubectl"))
-                .args(["kustomize", "config/default"])
-                .current_dir(common::root())
-                .output()
-                .unwrap(),
-            "kubectl kustomize config/default",
-        );
-        let objects = yaml_docs(&rendered);
+        let objects = kustomize("config/default");
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
         apply_as_installer(&cp, &list, "kubectl apply --server-side config/default");
         Env::adopt(cp, &objects, replica_flags)

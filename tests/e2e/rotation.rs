@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::wait_for;
 use crate::common;
-use crate::install::{Env, NAMESPACE, ok, yaml_docs};
+use crate::install::{Env, NAMESPACE, ok};
 use crate::lifecycle::the_served_certificate_is_what_the_apiserver_trusts_now;
 
 /// How the serving replica gets the renewed pair.
@@ -215,15 +215,7 @@ pub fn leaf_renewal_under_load_drops_nothing(env: &Env) {
 /// ServiceAccount bound to that overlay's Role and nothing more for Secrets) replaces the
 /// serving one; a renewal under load reaches it through its own watch, with no volume.
 pub fn leaf_renewal_under_load_with_cert_secret(env: &Env) {
-    let rendered = ok(
-        std::process::Command::new(common::k8s_tools().join("kubectl"))
-            .args(["kustomize", "config/cert-secret"])
-            .current_dir(common::root())
-            .output()
-            .unwrap(),
-        "kubectl kustomize config/cert-secret",
-    );
-    let docs = yaml_docs(&rendered);
+    let docs = crate::install::kustomize("config/cert-secret");
     let rbac: Vec<Value> = docs
         .iter()
         .filter(|d| d["metadata"]["name"] == "etcd-webhook-cert-secret")
@@ -393,23 +385,6 @@ impl Drop for DelayedKubelet {
     }
 }
 
-/// README's "Rotating the CA" block, as written.
-fn readme_rotation_block() -> String {
-    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
-    let section = readme
-        .split("\n### Rotating the CA\n")
-        .nth(1)
-        .expect("README has a section \"Rotating the CA\"");
-    let section = section.split("\n## ").next().unwrap();
-    let section = section.split("\n### ").next().unwrap();
-    section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .expect("the section has a ```sh block")
-        .to_owned()
-}
-
 /// The CA in each caBundle, as PEM certificates (a bundle may hold several).
 fn bundle_subjects_and_keys(env: &Env) -> Vec<Vec<Vec<u8>>> {
     use base64::Engine;
@@ -562,7 +537,7 @@ pub fn ca_rotation_under_load(env: &Env) {
 /// serving Secret's (new) CA alone, still 3 s later, with the inject annotation back.
 fn readme_rotation(env: &Env, what: &str, wait: Duration) {
     use base64::Engine;
-    let block = readme_rotation_block();
+    let block = crate::install::readme_block("### Rotating the CA");
     let path = format!(
         "{}:{}",
         common::k8s_tools().display(),

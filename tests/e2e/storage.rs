@@ -249,22 +249,6 @@ fn migrator_kubeconfig(env: &Env) -> PathBuf {
     path
 }
 
-/// The shell block of README's "Retiring v1alpha1 and v1beta1", as written.
-fn readme_block() -> String {
-    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
-    let section = readme
-        .split("\n## Retiring v1alpha1 and v1beta1\n")
-        .nth(1)
-        .expect("README has a section \"Retiring v1alpha1 and v1beta1\"");
-    let section = section.split("\n## ").next().unwrap();
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("\n```").next())
-        .expect("the section has a ```sh block");
-    block.to_owned()
-}
-
 pub fn retiring_old_versions(cp: ControlPlane) {
     // 1. The seed's world: its CRD, 500 objects in v1alpha1, some with a status.
     apply_as_installer(&cp, &seed_crd(), "apply the seed's CRD");
@@ -487,7 +471,7 @@ pub fn retiring_old_versions(cp: ControlPlane) {
     }
 
     // 4. README's commands as written, as a cluster admin.
-    let block = readme_block();
+    let block = crate::install::readme_block("## Retiring v1alpha1 and v1beta1");
     let bin_dir = Path::new(common::BIN).parent().unwrap();
     let path = format!(
         "{}:{}:{}",
