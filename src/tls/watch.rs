@@ -62,7 +62,8 @@ pub struct Reloader {
     client_ca: Option<Arc<ReloadingVerifier>>,
     metrics: Arc<Metrics>,
     provider: Arc<CryptoProvider>,
-    /// The bytes last rejected, so a broken file is reported once, not at every poll.
+    /// The bytes last rejected (or, for a pair that could not be read, the error), so a broken
+    /// file is reported once, not at every poll.
     rejected: std::sync::Mutex<Option<(Vec<u8>, Vec<u8>)>>,
     /// The CA bundle read error last reported.
     ca_error: std::sync::Mutex<Option<String>>,
@@ -132,9 +133,11 @@ impl Reloader {
     pub fn reject(&self, bytes: Option<(Vec<u8>, Vec<u8>)>, error: CertError) -> Outcome {
         let serving = self.store.current().is_some();
         let mut last = self.rejected.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = bytes.is_some() && *last == bytes;
-        let unreadable_again = bytes.is_none() && last.as_ref().is_some_and(|b| b.0.is_empty());
-        if !seen && !unreadable_again {
+        // A pair that could not be read is remembered by its error, so the directory's polling
+        // reports the same missing file once, and a different reason (a deleted Secret, then one
+        // without tls.key) is reported again.
+        let key = bytes.unwrap_or_else(|| (Vec::new(), error.to_string().into_bytes()));
+        if last.as_ref() != Some(&key) {
             if serving {
                 if let CertSource::Secret(_) = self.options.source {
                     tracing::error!(%error, "certificate in the Secret rejected; the previous certificate keeps serving");
@@ -145,7 +148,7 @@ impl Reloader {
             } else {
                 tracing::warn!(%error, "waiting for a usable serving certificate");
             }
-            *last = Some(bytes.unwrap_or_default());
+            *last = Some(key);
         }
         Outcome::Rejected(error)
     }
@@ -310,5 +313,65 @@ impl DirWatches {
         }
         self.watcher = Some(watcher);
         self.watched = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::dev;
+
+    #[test]
+    fn each_new_reason_a_pair_cannot_be_used_is_reported_once() {
+        let metrics = Arc::new(Metrics::new());
+        let store = CertStore::new();
+        let reloader = Reloader::new(
+            WatchOptions {
+                source: CertSource::Secret("ns/tls".parse().unwrap()),
+                client_ca: None,
+                poll_interval: Duration::from_secs(10),
+                debounce: Duration::from_millis(200),
+                expiry_warning: Duration::from_secs(86_400),
+            },
+            store.clone(),
+            None,
+            metrics.clone(),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        );
+        let pair = dev::generate(&["localhost".to_owned()], &[], 1).unwrap();
+        assert!(matches!(
+            reloader.offer(pair.cert.as_bytes(), pair.key.as_bytes()),
+            Outcome::Loaded
+        ));
+        let failures = || {
+            metrics
+                .cert_reloads
+                .get_or_create(&ResultLabel { result: "failure" })
+                .get()
+        };
+        let deleted = || CertError::Deleted {
+            origin: "secret ns/tls".into(),
+        };
+        reloader.reject(None, deleted());
+        reloader.reject(None, deleted());
+        assert_eq!(failures(), 1, "the same reason twice counts once");
+        reloader.reject(
+            None,
+            CertError::MissingKey {
+                origin: "secret ns/tls".into(),
+                key: "tls.key",
+            },
+        );
+        assert_eq!(failures(), 2, "a new reason counts again");
+        reloader.offer(b"junk", b"junk");
+        reloader.offer(b"junk", b"junk");
+        assert_eq!(failures(), 3, "the same broken bytes count once");
+        assert!(
+            matches!(
+                reloader.offer(pair.cert.as_bytes(), pair.key.as_bytes()),
+                Outcome::Unchanged
+            ),
+            "the first pair kept serving throughout"
+        );
     }
 }
