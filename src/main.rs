@@ -468,13 +468,9 @@ async fn cert_secret_client(
     let secret = secret.in_namespace(|| {
         std::env::var("POD_NAMESPACE")
             .ok()
-            .or_else(|| {
-                in_pod
-                    .then(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
-                    .flatten()
-            })
             .map(|ns| ns.trim().to_owned())
             .filter(|ns| !ns.is_empty())
+            .or_else(|| service_account_namespace(in_pod))
             .unwrap_or_else(|| client.default_namespace().to_owned())
     });
     tracing::info!(%secret, "serving certificate: read from the Secret through the API (--cert-secret)");
@@ -563,8 +559,6 @@ const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/servicea
 /// The install's namespace, the Lease's home when nothing else says.
 const DEFAULT_NAMESPACE: &str = "etcd-system";
 
-/// Starts the reconcile loop when `--controller` says so (behind the leader Lease unless
-/// `--leader-elect=false`). `None` when it stays off.
 /// Starts the caBundle self-check (tls::cabundle) where it applies; `on` without a usable
 /// Kubernetes config is an error, `auto` outside a pod or without one is a log line.
 async fn start_cabundle_check(
@@ -604,6 +598,17 @@ async fn start_cabundle_check(
     Ok(())
 }
 
+/// The service account's namespace, read from its mounted file inside a pod.
+fn service_account_namespace(in_pod: bool) -> Option<String> {
+    in_pod
+        .then(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
+        .flatten()
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+}
+
+/// Starts the reconcile loop when `--controller` says so (behind the leader Lease unless
+/// `--leader-elect=false`). `None` when it stays off.
 async fn start_controller(
     args: &ControllerArgs,
     metrics: Arc<Metrics>,
@@ -636,14 +641,11 @@ async fn start_controller(
     // POD_NAMESPACE (the flag's env), else the pod's service account namespace, else
     // etcd-system: never the kubeconfig context's, which would put a laptop's Lease where the
     // in-cluster replicas never look.
-    let lease_namespace = args.leader_election_namespace.clone().unwrap_or_else(|| {
-        in_pod
-            .then(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
-            .flatten()
-            .map(|ns| ns.trim().to_owned())
-            .filter(|ns| !ns.is_empty())
-            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
-    });
+    let lease_namespace = args
+        .leader_election_namespace
+        .clone()
+        .or_else(|| service_account_namespace(in_pod))
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
     tracing::info!(server = %config.cluster_url, %lease_namespace, "controller: reconciling EtcdClusters of this API server");
     let client = kube::Client::try_from(config).context("cannot build the Kubernetes client")?;
     let identity = args
