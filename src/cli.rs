@@ -2,6 +2,7 @@
 
 use std::net::IpAddr;
 
+use crate::controller::render::{self, RenderOptions};
 use crate::listen::ListenAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -79,15 +80,8 @@ pub struct RenderArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
     pub output: OutputFormat,
-    /// As `serve --etcd-image-registry`.
-    #[arg(long, default_value = "quay.io/coreos")]
-    pub etcd_image_registry: String,
-    /// As `serve --backup-helper-image`.
-    #[arg(long, default_value = "busybox:1.37")]
-    pub backup_helper_image: String,
-    /// As `serve --backup-s3-image`.
-    #[arg(long, default_value = "amazon/aws-cli:2.22.35")]
-    pub backup_s3_image: String,
+    #[command(flatten)]
+    pub images: ImageArgs,
 }
 
 #[derive(Debug, Args)]
@@ -240,10 +234,6 @@ pub struct ServeArgs {
     pub cabundle_check_interval: Duration,
     #[command(flatten)]
     pub controller: ControllerArgs,
-    /// Test hook: a review with this uid panics (proves panic isolation). Never set it in a
-    /// cluster.
-    #[arg(long, hide = true)]
-    pub test_panic_uid: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -265,6 +255,30 @@ pub struct CertsArgs {
     /// rehearsal of a cert-manager rotation.
     #[arg(long)]
     pub atomic: bool,
+}
+
+/// The images of the objects the controller renders (`serve` and `render` alike).
+#[derive(Clone, Debug, Args)]
+pub struct ImageArgs {
+    /// Registry of the etcd images: members run `<registry>/etcd:<spec.version>`.
+    #[arg(long, env = "ETCD_WEBHOOK_ETCD_IMAGE_REGISTRY", default_value = render::DEFAULT_ETCD_REGISTRY)]
+    pub etcd_image_registry: String,
+    /// Image with a POSIX shell that files snapshots on the backup volume.
+    #[arg(long, env = "ETCD_WEBHOOK_BACKUP_HELPER_IMAGE", default_value = render::DEFAULT_HELPER_IMAGE)]
+    pub backup_helper_image: String,
+    /// Image with the aws CLI, for `s3://` backup destinations.
+    #[arg(long, env = "ETCD_WEBHOOK_BACKUP_S3_IMAGE", default_value = render::DEFAULT_S3_IMAGE)]
+    pub backup_s3_image: String,
+}
+
+impl From<&ImageArgs> for RenderOptions {
+    fn from(args: &ImageArgs) -> Self {
+        RenderOptions {
+            etcd_registry: args.etcd_image_registry.clone(),
+            helper_image: args.backup_helper_image.clone(),
+            s3_image: args.backup_s3_image.clone(),
+        }
+    }
 }
 
 /// When the reconcile loop runs.
@@ -304,27 +318,8 @@ pub struct ControllerArgs {
     /// Reconcile EtcdClusters of this namespace only (pair it with namespaced RBAC).
     #[arg(long, env = "ETCD_WEBHOOK_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
-    /// Registry of the etcd images: members run `<registry>/etcd:<spec.version>`.
-    #[arg(
-        long,
-        env = "ETCD_WEBHOOK_ETCD_IMAGE_REGISTRY",
-        default_value = "quay.io/coreos"
-    )]
-    pub etcd_image_registry: String,
-    /// Image with a POSIX shell that files snapshots on the backup volume.
-    #[arg(
-        long,
-        env = "ETCD_WEBHOOK_BACKUP_HELPER_IMAGE",
-        default_value = "busybox:1.37"
-    )]
-    pub backup_helper_image: String,
-    /// Image with the aws CLI, for `s3://` backup destinations.
-    #[arg(
-        long,
-        env = "ETCD_WEBHOOK_BACKUP_S3_IMAGE",
-        default_value = "amazon/aws-cli:2.22.35"
-    )]
-    pub backup_s3_image: String,
+    #[command(flatten)]
+    pub images: ImageArgs,
     /// How long deletion waits for the final snapshot before removing the finalizer anyway.
     #[arg(long, env = "ETCD_WEBHOOK_FINALIZER_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
     pub finalizer_timeout: Duration,

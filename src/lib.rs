@@ -7,7 +7,9 @@ extern crate self as etcd_webhook;
 
 pub mod admission;
 pub mod api;
+pub mod app;
 pub mod cli;
+pub mod commands;
 pub mod controller;
 pub mod health;
 pub mod listen;

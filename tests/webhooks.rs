@@ -138,7 +138,7 @@ fn review_for(object: &Value) -> Value {
 }
 
 /// Sends one fixture and checks everything its expectation says.
-async fn check_fixture(client: &reqwest::Client, server: &Server, e: &Value) {
+async fn check_fixture(client: &reqwest::Client, server: &InProcess, e: &Value) {
     let file = e["file"].as_str().unwrap();
     let endpoint = e["endpoint"].as_str().unwrap();
     let raw = fixture(file);
@@ -288,7 +288,7 @@ fn expectations() -> Vec<Value> {
 
 #[test]
 fn every_fixture_gets_its_expected_answer_over_https() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(&[]);
     let client = apiserver_client(&server.ca());
     runtime().block_on(async {
         for e in expectations() {
@@ -300,7 +300,7 @@ fn every_fixture_gets_its_expected_answer_over_https() {
 /// The same fixtures through curl, the way users try a webhook.
 #[test]
 fn every_fixture_answers_through_curl() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(&[]);
     for e in expectations() {
         let file = e["file"].as_str().unwrap();
         let out = std::process::Command::new("curl")
@@ -341,7 +341,7 @@ fn every_fixture_answers_through_curl() {
 
 #[test]
 fn http_errors_are_clear() {
-    let server = Server::start(&[
+    let server = InProcess::start(&[
         "--max-body-bytes",
         "4096",
         "--max-convert-body-bytes",
@@ -439,7 +439,7 @@ fn futures_stream(bytes: Vec<u8>) -> reqwest::Body {
 
 #[test]
 fn http11_keep_alive_and_parallel_connections() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(&[]);
     runtime().block_on(async {
         let body = fixture("mutate-v1-create-minimal.json");
         let mut tasks = Vec::new();
@@ -472,7 +472,10 @@ fn http11_keep_alive_and_parallel_connections() {
 #[test]
 fn http2_only_when_asked() {
     use std::sync::Arc;
-    async fn negotiate(server: &Server, alpn: &[&[u8]]) -> Result<Option<Vec<u8>>, std::io::Error> {
+    async fn negotiate(
+        server: &InProcess,
+        alpn: &[&[u8]],
+    ) -> Result<Option<Vec<u8>>, std::io::Error> {
         let config = Arc::new(client_tls(&server.ca(), alpn));
         let tcp = tokio::net::TcpStream::connect(server.addr).await?;
         let tls = tokio_rustls::TlsConnector::from(config)
@@ -483,8 +486,9 @@ fn http2_only_when_asked() {
             .await?;
         Ok(tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec))
     }
+    let plain = InProcess::start(&[]);
+    let h2 = InProcess::start(&["--http2"]);
     runtime().block_on(async {
-        let plain = Server::start(&[]);
         assert_eq!(
             negotiate(&plain, &[b"h2", b"http/1.1"]).await.unwrap(),
             Some(b"http/1.1".to_vec())
@@ -493,7 +497,6 @@ fn http2_only_when_asked() {
             negotiate(&plain, &[b"h2"]).await.is_err(),
             "h2-only client must be refused"
         );
-        let h2 = Server::start(&["--http2"]);
         assert_eq!(
             negotiate(&h2, &[b"h2", b"http/1.1"]).await.unwrap(),
             Some(b"h2".to_vec())

@@ -37,7 +37,14 @@ const DATA_DIR: &str = "/var/lib/etcd/data";
 /// The non-root user (distroless `nonroot`) every pod runs as.
 const RUN_AS: i64 = 65532;
 
-/// Settings that are not in the EtcdCluster but in the controller's flags.
+/// The default of `--etcd-image-registry`.
+pub const DEFAULT_ETCD_REGISTRY: &str = "quay.io/coreos";
+/// The default of `--backup-helper-image`.
+pub const DEFAULT_HELPER_IMAGE: &str = "busybox:1.37";
+/// The default of `--backup-s3-image`.
+pub const DEFAULT_S3_IMAGE: &str = "amazon/aws-cli:2.22.35";
+
+/// Settings that are not in the EtcdCluster but in the controller's flags (`cli::ImageArgs`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenderOptions {
     /// `--etcd-image-registry`: images are `<registry>/etcd:<spec.version>`.
@@ -51,9 +58,9 @@ pub struct RenderOptions {
 impl Default for RenderOptions {
     fn default() -> Self {
         Self {
-            etcd_registry: "quay.io/coreos".to_owned(),
-            helper_image: "busybox:1.37".to_owned(),
-            s3_image: "amazon/aws-cli:2.22.35".to_owned(),
+            etcd_registry: DEFAULT_ETCD_REGISTRY.to_owned(),
+            helper_image: DEFAULT_HELPER_IMAGE.to_owned(),
+            s3_image: DEFAULT_S3_IMAGE.to_owned(),
         }
     }
 }

@@ -48,7 +48,6 @@ pub async fn handle(
     let start = std::time::Instant::now();
     let bytes = read_body(&headers, body, state.max_convert_body_bytes).await?;
     let req = parse(&bytes)?;
-    state.test_hook(&req.uid);
     let (uid, count, desired) = (
         req.uid.clone(),
         req.objects.len(),

@@ -11,7 +11,6 @@ pub use review::{
 };
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -19,14 +18,14 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use http_body_util::BodyExt;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::Version;
+use crate::health::{self, Readiness};
 use crate::metrics::{AdmissionLabels, EndpointLabel, Metrics, StatusLabel};
-use crate::tls::CertStore;
 
 /// Default per-request time limit.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(9);
@@ -54,34 +53,20 @@ pub struct AppState {
     pub max_convert_body_bytes: usize,
     /// Longest a request may take; below the apiserver's default 10 s webhook timeout.
     pub request_timeout: Duration,
-    /// Test hook (hidden flag): a review with this uid panics, to prove panic isolation.
-    pub test_panic_uid: Option<String>,
-    /// True once the TLS listener is up.
-    pub listening: AtomicBool,
-    /// True from the first shutdown signal on.
-    pub shutting_down: AtomicBool,
-    pub certs: Arc<CertStore>,
+    /// Answers `/readyz` on the TLS port too.
+    pub readiness: Arc<Readiness>,
     pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
-    pub fn new(max_body_bytes: usize, certs: Arc<CertStore>, metrics: Arc<Metrics>) -> Self {
+    /// The defaults of the serve flags.
+    pub fn new(readiness: Arc<Readiness>, metrics: Arc<Metrics>) -> Self {
         Self {
-            max_body_bytes,
-            max_convert_body_bytes: DEFAULT_MAX_CONVERT_BODY_BYTES.max(max_body_bytes),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_convert_body_bytes: DEFAULT_MAX_CONVERT_BODY_BYTES,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            test_panic_uid: None,
-            listening: AtomicBool::new(false),
-            shutting_down: AtomicBool::new(false),
-            certs,
+            readiness,
             metrics,
-        }
-    }
-
-    /// Panics when `uid` is the test hook's uid (never set in production).
-    pub fn test_hook(&self, uid: &str) {
-        if self.test_panic_uid.as_deref() == Some(uid) {
-            panic!("test hook: panic requested for review {uid}");
         }
     }
 
@@ -97,10 +82,7 @@ impl AppState {
             .await
             .and_then(|b| parse_admission(&b));
         match decoded {
-            Ok(req) => {
-                self.test_hook(&req.uid);
-                Ok(req)
-            }
+            Ok(req) => Ok(req),
             Err(e) => {
                 self.count_admission(endpoint, None, "error");
                 Err(e)
@@ -156,24 +138,6 @@ impl AppState {
             })
             .inc();
     }
-
-    /// Ready: the TLS listener is up, serving a certificate that has not expired, and no
-    /// shutdown has begun. Leadership (of the reconcile loop) plays no part.
-    pub fn readiness(&self) -> Result<(), &'static str> {
-        if self.shutting_down.load(Ordering::Relaxed) {
-            return Err("shutting down");
-        }
-        if !self.listening.load(Ordering::Relaxed) {
-            return Err("TLS listener not up yet (waiting for a serving certificate)");
-        }
-        match self.certs.info() {
-            None => Err("no serving certificate"),
-            Some(info) if info.not_after <= crate::metrics::now() => {
-                Err("serving certificate has expired")
-            }
-            Some(_) => Ok(()),
-        }
-    }
 }
 
 /// One line per admission decision, under the endpoint's own target
@@ -204,18 +168,29 @@ pub fn log_decision(endpoint: &str, req: &AdmissionRequest, answer: &Answer, sta
     }
 }
 
-/// The webhook routes. The apiserver appends `?timeout=10s`; routing looks at the path only.
+/// The webhook routes with what is around every request. The apiserver appends
+/// `?timeout=10s`; routing looks at the path only.
 pub fn router(state: Arc<AppState>) -> Router {
+    layered(routes(state.clone()), state)
+}
+
+/// `/mutate`, `/validate`, `/convert`, `/healthz` and `/readyz`, with nothing around them.
+pub fn routes(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/mutate", post(mutate::handle))
         .route("/validate", post(validate::handle))
         .route("/convert", post(convert::handle))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .with_state(state.clone())
+        .merge(health::probes(state.readiness.clone()))
+}
+
+/// `routes` with the answers for unknown paths and methods and the per-request guard (metrics,
+/// time limit, panic isolation) around every route.
+pub fn layered(routes: Router, state: Arc<AppState>) -> Router {
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
-        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(state, guard))
 }
 
 fn endpoint_label(path: &str) -> &'static str {
@@ -294,21 +269,6 @@ async fn guard(
             .inc();
     }
     response
-}
-
-pub async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-pub async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    match state.readiness() {
-        Ok(()) => "ok\n".into_response(),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {why}\n"),
-        )
-            .into_response(),
-    }
 }
 
 async fn not_found() -> ApiError {

@@ -40,6 +40,95 @@ pub fn make_certs(dir: &Path, extra: &[&str]) {
     assert!(status.success(), "etcd-webhook certs failed");
 }
 
+/// A server started in this process (`etcd_webhook::app::start`) on 127.0.0.1:0, with its own
+/// runtime and certificates in a temp dir; shut down on drop. For tests of what the library
+/// does; [`Server`] runs the binary where the binary is what is tested (signals, exit codes,
+/// logs, the embedded default).
+pub struct InProcess {
+    pub addr: SocketAddr,
+    pub health: SocketAddr,
+    pub cert_dir: PathBuf,
+    pub metrics: Arc<etcd_webhook::metrics::Metrics>,
+    shutdown: etcd_webhook::app::Shutdown,
+    runtime: Option<tokio::runtime::Runtime>,
+    _tmp: tempfile::TempDir,
+}
+
+impl InProcess {
+    /// `serve` with `extra` flags (the controller and the caBundle check off).
+    pub fn start(extra: &[&str]) -> InProcess {
+        use clap::Parser;
+        use etcd_webhook::cli::{Cli, Command};
+        install_crypto();
+        let tmp = tempfile::tempdir().unwrap();
+        let cert_dir = tmp.path().join("certs");
+        let ips = ["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()];
+        etcd_webhook::tls::dev::generate(&["localhost".to_owned()], &ips, 30)
+            .and_then(|c| c.write_plain(&cert_dir))
+            .expect("development certificates");
+        let mut argv = vec!["etcd-webhook", "serve", "--addr", "127.0.0.1:0"];
+        argv.extend(["--health-addr", "127.0.0.1:0", "--controller", "off"]);
+        argv.extend(["--cabundle-check", "off", "--cert-dir"]);
+        argv.push(cert_dir.to_str().unwrap());
+        argv.extend(extra);
+        let Command::Serve(args) = Cli::try_parse_from(argv).expect("serve flags").command else {
+            unreachable!("serve parses as serve")
+        };
+        let runtime = runtime();
+        let running = runtime
+            .block_on(etcd_webhook::app::start(*args))
+            .expect("the server starts");
+        let (addr, health) = (running.addr, running.health_addr);
+        let (metrics, shutdown) = (running.metrics.clone(), running.shutdown.clone());
+        runtime.spawn(running.wait());
+        InProcess {
+            addr,
+            health,
+            cert_dir,
+            metrics,
+            shutdown,
+            runtime: Some(runtime),
+            _tmp: tmp,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{}", self.addr.port(), path)
+    }
+
+    pub fn ca(&self) -> PathBuf {
+        self.cert_dir.join("ca.crt")
+    }
+
+    /// The value of one metric, summed over label sets that contain `labels`.
+    pub fn metric(&self, name: &str, labels: &str) -> f64 {
+        metric_in(&self.metrics.encode(), name, labels)
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.shutdown.finish();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+/// The value of one metric sample line (`name{labels} value`) in an exposition, summed over
+/// label sets that contain `labels`.
+pub fn metric_in(body: &str, name: &str, labels: &str) -> f64 {
+    assert_exposed(body, name);
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            let key = l.split_whitespace().next().unwrap_or("");
+            (key == name || key.starts_with(&format!("{name}{{"))) && key.contains(labels)
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
 /// A running server; killed on drop.
 pub struct Server {
     pub child: Child,
@@ -206,16 +295,7 @@ impl Server {
     /// The value of one metric sample line (`name{labels} value`), summed over label sets
     /// that contain `labels`.
     pub fn metric(&self, name: &str, labels: &str) -> f64 {
-        let (_, body) = self.health_get("/metrics");
-        assert_exposed(&body, name);
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| {
-                let key = l.split_whitespace().next().unwrap_or("");
-                (key == name || key.starts_with(&format!("{name}{{"))) && key.contains(labels)
-            })
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-            .sum()
+        metric_in(&self.health_get("/metrics").1, name, labels)
     }
 
     pub fn url(&self, path: &str) -> String {

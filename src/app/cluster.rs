@@ -1,0 +1,179 @@
+//! What the server starts against the Kubernetes API, when it has one: the client of
+//! `--cert-secret`, the caBundle self-check and the reconcile loop (behind the leader Lease).
+
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::Error;
+use crate::cli::{ControllerArgs, ControllerMode, ServeArgs};
+use crate::controller::{self, leader};
+use crate::metrics::Metrics;
+use crate::tls::{self, CertStore};
+
+/// Where a pod's service account namespace is mounted.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+/// The install's namespace, the Lease's home when nothing else says.
+const DEFAULT_NAMESPACE: &str = "etcd-system";
+
+fn in_pod() -> bool {
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+}
+
+/// The service account's namespace, read from its mounted file inside a pod.
+fn service_account_namespace(in_pod: bool) -> Option<String> {
+    in_pod
+        .then(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
+        .flatten()
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+}
+
+/// The inferred config (KUBECONFIG or in-cluster), or None where `mode` is `auto` and it
+/// cannot be used (logged as `feature` being off; an error names `flag`).
+async fn config(
+    mode: ControllerMode,
+    feature: &str,
+    flag: &'static str,
+) -> Result<Option<kube::Config>, Error> {
+    match kube::Config::infer().await {
+        Ok(c) => Ok(Some(c)),
+        Err(e) if mode == ControllerMode::Auto => {
+            tracing::warn!(error = %e, "{feature} off: the Kubernetes config cannot be used");
+            Ok(None)
+        }
+        Err(error) => Err(Error::KubeConfig { what: flag, error }),
+    }
+}
+
+/// The Kubernetes client `--cert-secret` reads through, and the Secret with its namespace
+/// filled in (the pod's, else the kubeconfig context's).
+pub(super) async fn cert_secret_client(
+    secret: tls::secret::SecretRef,
+) -> Result<(tls::secret::SecretRef, kube::Client), Error> {
+    let config = config(ControllerMode::On, "--cert-secret", "--cert-secret")
+        .await?
+        .expect("`on` has a config or an error");
+    let client = kube::Client::try_from(config).map_err(Error::KubeClient)?;
+    let secret = secret.in_namespace(|| {
+        std::env::var("POD_NAMESPACE")
+            .ok()
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| !ns.is_empty())
+            .or_else(|| service_account_namespace(in_pod()))
+            .unwrap_or_else(|| client.default_namespace().to_owned())
+    });
+    tracing::info!(%secret, "serving certificate: read from the Secret through the API (--cert-secret)");
+    Ok((secret, client))
+}
+
+/// Starts the caBundle self-check (tls::cabundle) where it applies; `on` without a usable
+/// Kubernetes config is an error, `auto` outside a pod or without one is a log line.
+pub(super) async fn start_cabundle_check(
+    args: &ServeArgs,
+    store: Arc<CertStore>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    match args.cabundle_check {
+        ControllerMode::Off => return Ok(()),
+        ControllerMode::Auto if !in_pod() => {
+            tracing::info!("caBundle self-check off: not in a pod (--cabundle-check auto)");
+            return Ok(());
+        }
+        _ => {}
+    }
+    let Some(config) = config(
+        args.cabundle_check,
+        "caBundle self-check",
+        "--cabundle-check on",
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let client = kube::Client::try_from(config).map_err(Error::KubeClient)?;
+    tokio::spawn(tls::cabundle::run(
+        client,
+        store,
+        tls::cabundle::Target::shipped(),
+        args.cabundle_check_interval,
+        metrics,
+        std::env::var("HOSTNAME").ok(),
+        shutdown,
+    ));
+    Ok(())
+}
+
+/// Starts the reconcile loop when `--controller` says so (behind the leader Lease unless
+/// `--leader-elect=false`). `None` when it stays off.
+pub(super) async fn start_controller(
+    args: &ControllerArgs,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> Result<Option<JoinHandle<()>>, Error> {
+    // Only a pod reconciles on its own: a laptop with KUBECONFIG set must not start a second
+    // reconciler against whatever cluster that file points at.
+    let in_pod = in_pod();
+    match args.mode {
+        ControllerMode::Off => {
+            tracing::info!("controller off (--controller off): webhooks only");
+            return Ok(None);
+        }
+        ControllerMode::Auto if !in_pod => {
+            tracing::info!(
+                "controller off: not in a pod (--controller auto); webhooks only. --controller on reconciles the cluster of KUBECONFIG"
+            );
+            return Ok(None);
+        }
+        _ => {}
+    }
+    let Some(config) = config(args.mode, "controller", "--controller on").await? else {
+        return Ok(None);
+    };
+    // POD_NAMESPACE (the flag's env), else the pod's service account namespace, else
+    // etcd-system: never the kubeconfig context's, which would put a laptop's Lease where the
+    // in-cluster replicas never look.
+    let lease_namespace = args
+        .leader_election_namespace
+        .clone()
+        .or_else(|| service_account_namespace(in_pod))
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+    tracing::info!(server = %config.cluster_url, %lease_namespace, "controller: reconciling EtcdClusters of this API server");
+    let client = kube::Client::try_from(config).map_err(Error::KubeClient)?;
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("etcd-webhook-{}", std::process::id()));
+    let settings = controller::Settings {
+        render: (&args.images).into(),
+        finalizer_timeout: args.finalizer_timeout,
+        resync: args.resync_interval,
+        namespace: args.watch_namespace.clone(),
+        instance: Some(identity.clone()),
+    };
+    if !args.leader_elect {
+        tracing::info!("leader election off: this replica reconciles");
+        metrics.leader.set(1);
+        return Ok(Some(tokio::spawn(controller::run(
+            client, settings, metrics, stop,
+        ))));
+    }
+    let duration = args.lease_duration.as_secs().max(2);
+    let lease = leader::LeaseSettings {
+        duration_secs: duration,
+        grace_secs: (duration / 3).max(1),
+        ..leader::LeaseSettings::new(lease_namespace, identity)
+    };
+    let work = {
+        let (client, metrics) = (client.clone(), metrics.clone());
+        move |token: CancellationToken| {
+            controller::run(client.clone(), settings.clone(), metrics.clone(), token)
+        }
+    };
+    Ok(Some(tokio::spawn(leader::run_when_leader(
+        client, lease, metrics, stop, work,
+    ))))
+}

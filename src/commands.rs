@@ -1,0 +1,232 @@
+//! The commands other than `serve`, each returning its exit code: the offline ones (`review`,
+//! `convert`, `render`, `certs`) and the two that read a cluster once (`crd` with fewer
+//! versions, `migrate-storage`).
+
+use crate::cli::{
+    CertsArgs, ConvertArgs, CrdArgs, MigrateStorageArgs, OutputFormat, RenderArgs, ReviewArgs,
+};
+use crate::{api, app, migrate, offline, tls};
+
+/// Why a command that reads a cluster could not.
+#[derive(Debug, thiserror::Error)]
+enum ClusterError {
+    #[error("no usable Kubernetes config (KUBECONFIG or in-cluster): {0}")]
+    Config(#[from] kube::config::InferConfigError),
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    #[error(transparent)]
+    Migrate(#[from] migrate::Error),
+    #[error(transparent)]
+    App(#[from] app::Error),
+}
+
+async fn client() -> Result<kube::Client, ClusterError> {
+    Ok(kube::Client::try_from(kube::Config::infer().await?)?)
+}
+
+/// `crd`: all versions served, offline; fewer only after checking that the cluster stores none
+/// of the others (exit 1 when it may, 2 when it cannot tell).
+pub fn crd(args: &CrdArgs) -> i32 {
+    let served: Vec<api::Version> = args.served.iter().map(|&v| v.into()).collect();
+    if api::Version::ALL.iter().all(|v| served.contains(v)) {
+        print!("{}", api::crd_yaml());
+        return 0;
+    }
+    let crd = match migrate::crd_serving(&served) {
+        Ok(crd) => crd,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let names: Vec<&str> = served.iter().map(|v| v.as_str()).collect();
+    if !args.offline {
+        let check =
+            async { Ok::<_, ClusterError>(migrate::stored_versions(client().await?).await?) };
+        let stored = match app::runtime()
+            .map_err(ClusterError::from)
+            .and_then(|rt| rt.block_on(check))
+        {
+            Ok(stored) => stored,
+            Err(e) => {
+                eprintln!(
+                    "error: cannot read status.storedVersions of {} from the cluster: {e}\n\
+                     (--offline prints the CRD without this check)",
+                    migrate::CRD_NAME
+                );
+                return 2;
+            }
+        };
+        match stored {
+            None => tracing::info!(
+                crd = migrate::CRD_NAME,
+                "the CRD is not installed in this cluster: nothing is stored in any version"
+            ),
+            Some(stored) => {
+                let left = migrate::still_stored(&stored, &served);
+                if !left.is_empty() {
+                    eprintln!(
+                        "refusing to stop serving {}: status.storedVersions of {} is [{}], so \
+                         objects may still be stored in {}. Run `etcd-webhook migrate-storage` \
+                         first (see README, \"Retiring v1alpha1 and v1beta1\").",
+                        left.join(", "),
+                        migrate::CRD_NAME,
+                        stored.join(", "),
+                        left.join(", ")
+                    );
+                    return 1;
+                }
+            }
+        }
+    }
+    print!(
+        "{}",
+        api::crd_document(
+            &crd,
+            &format!("etcd-webhook crd --served {}", names.join(","))
+        )
+    );
+    0
+}
+
+/// `migrate-storage`: exit 0 when every object was rewritten, 1 when some could not be
+/// (storedVersions left alone), 2 on any other error.
+pub fn migrate_storage(args: &MigrateStorageArgs) -> i32 {
+    let options = migrate::Options {
+        dry_run: args.dry_run,
+        concurrency: usize::from(args.concurrency),
+    };
+    let run = async {
+        let report = migrate::run(client().await?, options, |done, total| {
+            let step = (total / 20).max(10);
+            if done % step == 0 || done == total {
+                tracing::info!(done, total, "migrate-storage progress: {done}/{total}");
+            }
+        })
+        .await?;
+        Ok::<_, ClusterError>(report)
+    };
+    let report = match app::runtime()
+        .map_err(ClusterError::from)
+        .and_then(|rt| rt.block_on(run))
+    {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    match args.output {
+        None => print!("{}", report.text()),
+        Some(OutputFormat::Json) => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("a report serializes")
+        ),
+        Some(OutputFormat::Yaml) => print!(
+            "{}",
+            serde_yaml_ng::to_string(&report).expect("a report serializes")
+        ),
+    }
+    if report.failed.is_empty() { 0 } else { 1 }
+}
+
+/// `review`: exit 0 when every document is allowed, 1 when any is denied, 2 on bad input.
+pub fn review(args: &ReviewArgs) -> i32 {
+    let run = || -> Result<bool, offline::OfflineError> {
+        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let old = match &args.old {
+            Some(path) => offline::parse_documents(&offline::read_source(path)?, path)?,
+            None => Vec::new(),
+        };
+        let decisions = offline::review(&docs, &old)?;
+        for d in &decisions {
+            if d.allowed {
+                eprintln!("{}: allowed", d.label);
+            } else {
+                eprintln!("{}: denied: {}", d.label, d.message);
+            }
+            for w in &d.warnings {
+                eprintln!("{}: warning: {w}", d.label);
+            }
+        }
+        if args.patch {
+            for d in &decisions {
+                println!("{}", d.patch);
+            }
+        } else {
+            let patched: Vec<_> = decisions.iter().map(|d| d.patched.clone()).collect();
+            print!("{}", offline::render(&patched, false));
+        }
+        Ok(decisions.iter().all(|d| d.allowed))
+    };
+    match run() {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+    }
+}
+
+/// `convert`: exit 0 on success, 2 on bad input (convert never denies).
+pub fn convert(args: &ConvertArgs) -> i32 {
+    print_or_fail((|| {
+        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let converted = offline::convert(&docs, args.to.into())?;
+        Ok(offline::render(
+            &converted,
+            args.output == OutputFormat::Json,
+        ))
+    })())
+}
+
+/// `render`: exit 0 with the objects, 1 when a manifest is denied, 2 on bad input.
+pub fn render(args: &RenderArgs) -> i32 {
+    print_or_fail((|| {
+        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let objects = offline::objects(&docs, &(&args.images).into())?;
+        Ok(offline::render(&objects, args.output == OutputFormat::Json))
+    })())
+}
+
+/// Prints the output of an offline command (exit 0), or the error (its exit code).
+fn print_or_fail(result: Result<String, offline::OfflineError>) -> i32 {
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// `certs`: exit 0 with the files written, 2 when they cannot be.
+pub fn certs(args: &CertsArgs) -> i32 {
+    let written = tls::dev::generate(&args.dns, &args.ip, args.days).and_then(|certs| {
+        if args.atomic {
+            tls::dev::write_kubelet_layout(&args.out, &certs.files()).map(|_| ())
+        } else {
+            certs.write_plain(&args.out)
+        }
+    });
+    match written {
+        Ok(()) => {
+            println!(
+                "wrote {}, {} and {} to {}",
+                tls::CA_FILE,
+                tls::CERT_FILE,
+                tls::KEY_FILE,
+                args.out.display()
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+    }
+}
