@@ -74,7 +74,8 @@ fn benches(c: &mut Criterion) {
 
 /// The whole decode-decide-encode path of one review, without HTTP and TLS.
 fn handler_paths(c: &mut Criterion) {
-    use etcd_webhook::webhook::{self, AdmissionReviewOut, mutate, validate};
+    use etcd_webhook::admission::{self, Webhook};
+    use etcd_webhook::webhook::{self, AdmissionReviewOut};
     let dir = std::env::var("BENCH_PAYLOADS").unwrap_or_else(|_| "target/bench-payloads".into());
     let Ok(review) = std::fs::read(format!("{dir}/admission-v1.json")) else {
         eprintln!("handler paths skipped: run `python3 benches/payloads.py` first");
@@ -87,14 +88,14 @@ fn handler_paths(c: &mut Criterion) {
     c.bench_function("/validate path (2.8 KB)", |b| {
         b.iter(|| {
             let req = webhook::parse_admission(black_box(&review)).unwrap();
-            let rsp = validate::respond(&req);
+            let rsp = admission::validate(&req);
             serde_json::to_vec(&AdmissionReviewOut::new(&rsp)).unwrap()
         })
     });
     c.bench_function("/mutate path (patch)", |b| {
         b.iter(|| {
             let req = webhook::parse_admission(black_box(&mutate_review)).unwrap();
-            let rsp = mutate::respond(&req).unwrap();
+            let rsp = admission::mutate(&req).unwrap();
             serde_json::to_vec(&AdmissionReviewOut::new(&rsp)).unwrap()
         })
     });
@@ -104,7 +105,7 @@ fn handler_paths(c: &mut Criterion) {
     // The decision line as the server writes it (JSON, info), formatted into a sink: what one
     // line costs on the request thread.
     let req = webhook::parse_admission(&review).unwrap();
-    let answer = validate::respond(&req);
+    let answer = admission::validate(&req);
     let subscriber = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
@@ -113,8 +114,8 @@ fn handler_paths(c: &mut Criterion) {
     tracing::subscriber::with_default(subscriber, || {
         c.bench_function("decision line (JSON, to a sink)", |b| {
             b.iter(|| {
-                webhook::log_decision(
-                    "validate",
+                webhook::admit::log_decision(
+                    Webhook::Validate,
                     black_box(&req),
                     &answer,
                     std::time::Instant::now(),

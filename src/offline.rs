@@ -6,7 +6,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{self, Version};
-use crate::webhook::{self, mutate, validate};
+use kube::core::GroupVersionKind;
+use kube::core::admission::Operation;
+
+use crate::admission::{self, AdmissionRequest, request::User};
+use crate::webhook;
 
 /// Why input could not be reviewed or converted (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -156,56 +160,58 @@ pub struct Decision {
     pub patched: Value,
 }
 
-/// Builds the AdmissionReview the apiserver would send for `object` (UPDATE when `old`).
-fn synthetic_review(object: &Value, old: Option<&Value>, version: Version) -> Value {
+/// The request the apiserver would send for `object` (UPDATE when `old`).
+fn synthetic_request(object: &Value, old: Option<&Value>, version: Version) -> AdmissionRequest {
     let meta = |k: &str| {
         object
             .pointer(&format!("/metadata/{k}"))
-            .cloned()
-            .unwrap_or(json!(""))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
     };
-    json!({
-        "apiVersion": webhook::ADMISSION_V1, "kind": "AdmissionReview",
-        "request": {
-            "uid": "00000000-0000-0000-0000-000000000000",
-            "kind": {"group": api::GROUP, "version": version.as_str(), "kind": api::KIND},
-            "resource": {"group": api::GROUP, "version": version.as_str(), "resource": api::PLURAL},
-            "name": meta("name"), "namespace": meta("namespace"),
-            "operation": if old.is_some() { "UPDATE" } else { "CREATE" },
-            "userInfo": {"username": "etcd-webhook-review"},
-            "object": object, "oldObject": old, "dryRun": true,
-        }
-    })
+    AdmissionRequest {
+        review_api_version: webhook::ADMISSION_V1.to_owned(),
+        uid: PLACEHOLDER_UID.to_owned(),
+        kind: GroupVersionKind::gvk(api::GROUP, version.as_str(), api::KIND),
+        request_kind: None,
+        sub_resource: None,
+        name: meta("name").unwrap_or_default(),
+        namespace: meta("namespace"),
+        operation: if old.is_some() {
+            Operation::Update
+        } else {
+            Operation::Create
+        },
+        user_info: User {
+            username: Some("etcd-webhook-review".to_owned()),
+        },
+        object: Some(object.clone()),
+        old_object: old.cloned(),
+        dry_run: Some(true),
+    }
 }
 
-/// Runs /mutate then /validate on a review, as the apiserver runs mutating then validating
-/// webhooks.
-fn decide(review: &Value, doc: &Document) -> Result<Decision, OfflineError> {
-    let bytes = serde_json::to_vec(review).map_err(|e| doc.error(e.to_string()))?;
-    let req = webhook::parse_admission(&bytes).map_err(|e| doc.error(e.to_string()))?;
-    let mutated = mutate::respond(&req).map_err(|e| doc.error(e.to_string()))?;
+/// Runs /mutate then /validate on a request, as the apiserver runs mutating then validating
+/// webhooks; `object` is the whole object the request carries (the request holds it without
+/// the fields no decision reads).
+fn decide(
+    mut req: AdmissionRequest,
+    object: Value,
+    doc: &Document,
+) -> Result<Decision, OfflineError> {
+    let mutated = admission::mutate(&req).map_err(|e| doc.error(e.to_string()))?;
     let patch: Value = match &mutated.patch {
         Some(p) => serde_json::from_slice(p).map_err(|e| doc.error(e.to_string()))?,
         None => json!([]),
     };
-    let object = review
-        .pointer("/request/object")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let mut patched = object.clone();
-    if !object.is_null() {
+    let mut patched = object;
+    if !patched.is_null() {
         let ops: json_patch::Patch =
             serde_json::from_value(patch.clone()).map_err(|e| doc.error(e.to_string()))?;
         json_patch::patch(&mut patched, &ops)
             .map_err(|e| doc.error(format!("patch does not apply: {e}")))?;
+        req.object = Some(patched.clone());
     }
-    let mut judged = review.clone();
-    if let Some(o) = judged.pointer_mut("/request/object") {
-        *o = patched.clone();
-    }
-    let bytes = serde_json::to_vec(&judged).map_err(|e| doc.error(e.to_string()))?;
-    let req = webhook::parse_admission(&bytes).map_err(|e| doc.error(e.to_string()))?;
-    let verdict = validate::respond(&req);
+    let verdict = admission::validate(&req);
     let mut warnings = mutated.warnings;
     warnings.extend(verdict.warnings.iter().cloned());
     let label = Document {
@@ -234,7 +240,18 @@ pub fn review(docs: &[Document], old: &[Document]) -> Result<Vec<Decision>, Offl
         .map(|doc| {
             let kind = doc.value.get("kind").and_then(Value::as_str).unwrap_or("");
             match kind {
-                "AdmissionReview" => decide(&doc.value, doc),
+                "AdmissionReview" => {
+                    let bytes =
+                        serde_json::to_vec(&doc.value).map_err(|e| doc.error(e.to_string()))?;
+                    let req =
+                        webhook::parse_admission(&bytes).map_err(|e| doc.error(e.to_string()))?;
+                    let object = doc
+                        .value
+                        .pointer("/request/object")
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                    decide(req, object, doc)
+                }
                 k if k == api::KIND => {
                     let version = api::convert::version_of(&doc.value)
                         .map_err(|e| doc.error(e.to_string()))?;
@@ -257,7 +274,8 @@ pub fn review(docs: &[Document], old: &[Document]) -> Result<Vec<Decision>, Offl
                                 .value,
                         ),
                     };
-                    decide(&synthetic_review(&doc.value, previous, version), doc)
+                    let req = synthetic_request(&doc.value, previous, version);
+                    decide(req, doc.value.clone(), doc)
                 }
                 other => Err(doc.error(format!(
                     "kind {other:?} is neither an EtcdCluster nor an AdmissionReview"

@@ -2,14 +2,15 @@
 //! the answer echoes its uid and encodes.
 #![no_main]
 
-use etcd_webhook::webhook::{self, AdmissionReviewOut, validate};
+use etcd_webhook::admission;
+use etcd_webhook::webhook::{self, AdmissionReviewOut};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(req) = webhook::parse_admission(data) else {
         return;
     };
-    let answer = validate::respond(&req);
+    let answer = admission::validate(&req);
     assert!(answer.patch.is_none(), "validate never patches");
     assert_eq!(answer.uid, req.uid);
     assert!(answer.allowed || answer.status.as_ref().is_some_and(|s| s.code >= 400 && !s.message.is_empty()));

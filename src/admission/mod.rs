@@ -1,11 +1,97 @@
-//! The decisions, as plain functions: defaulting (`/mutate`) and the rules (`/validate`).
+//! The decisions, as plain functions: defaulting (`/mutate`) and the rules (`/validate`), with
+//! [`review`] the one entry point from a request to an answer (the operation and subresource
+//! policy included). The webhook layer decodes, calls it and encodes; `offline` calls it
+//! directly.
 
 pub mod cel;
 pub mod cron;
 pub mod defaults;
+pub mod request;
 pub mod validate;
 
+use kube::core::admission::Operation;
+
 use crate::api::Version as V;
+pub use request::{AdmissionRequest, Answer, PatchError};
+
+/// Which of the two admission webhooks answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Webhook {
+    Mutate,
+    Validate,
+}
+
+impl Webhook {
+    /// The endpoint's name in metrics and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Webhook::Mutate => "mutate",
+            Webhook::Validate => "validate",
+        }
+    }
+}
+
+/// What `webhook` answers to `req`.
+pub fn review(webhook: Webhook, req: &AdmissionRequest) -> Result<Answer, PatchError> {
+    match webhook {
+        Webhook::Mutate => mutate(req),
+        Webhook::Validate => Ok(validate(req)),
+    }
+}
+
+/// The mutating decision: always allowed; a patch when defaults are missing. DELETE, CONNECT
+/// and subresource requests (status) get no patch: the apiserver would discard spec changes on
+/// a status update, and a patch on DELETE fails the request.
+pub fn mutate(req: &AdmissionRequest) -> Result<Answer, PatchError> {
+    let answer = Answer::allow(req);
+    if !matches!(req.operation, Operation::Create | Operation::Update) || req.sub_resource.is_some()
+    {
+        return Ok(answer);
+    }
+    let (Some(obj), Some(version)) = (req.object.as_ref(), req.object_version()) else {
+        return Ok(answer);
+    };
+    let patch = defaults::patch(obj, version);
+    if patch.0.is_empty() {
+        return Ok(answer);
+    }
+    answer.with_patch(&patch)
+}
+
+/// The validating decision. DELETE and CONNECT are always allowed; so are status updates,
+/// which cannot change the spec.
+pub fn validate(req: &AdmissionRequest) -> Answer {
+    use validate::Operation as Op;
+    let mut answer = Answer::allow(req);
+    let op = match req.operation {
+        Operation::Create => Op::Create,
+        Operation::Update => Op::Update,
+        Operation::Delete | Operation::Connect => return answer,
+    };
+    if req.sub_resource.is_some() {
+        return answer;
+    }
+    let Some(version) = req.user_version() else {
+        answer.warnings.push(format!(
+            "etcd-webhook judges only etcd.example.com EtcdCluster; {}/{} {} was not checked",
+            req.kind.group, req.kind.version, req.kind.kind
+        ));
+        return answer;
+    };
+    let Some(obj) = req.object.as_ref() else {
+        return answer.deny(
+            400,
+            "BadRequest",
+            format!("{op:?} request carries no object"),
+        );
+    };
+    let verdict = validate::validate_as_written(version, op, obj, req.old_object.as_ref());
+    answer.warnings = verdict.warnings.clone();
+    if verdict.allowed() {
+        return answer;
+    }
+    answer.deny(422, "Invalid", verdict.message())
+}
 
 /// A field of the spec, named once and spelled per version in messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,17 +1,16 @@
 //! The HTTP layer: decode a review, call the pure decision code, encode the answer. Nothing is
 //! decided here.
 
+pub mod admit;
 pub mod convert;
-pub mod mutate;
 pub mod review;
-pub mod validate;
 
 pub use review::{
     ADMISSION_V1, ADMISSION_V1BETA1, AdmissionRequest, AdmissionReviewOut, Answer, parse_admission,
 };
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -90,28 +89,6 @@ impl AppState {
         }
     }
 
-    /// Counts, logs and encodes an answer (or counts the error it could not become).
-    pub fn finish(
-        &self,
-        endpoint: &'static str,
-        req: &AdmissionRequest,
-        answer: Result<Answer, ApiError>,
-        start: Instant,
-    ) -> Result<Response, ApiError> {
-        match answer {
-            Ok(answer) => {
-                let result = if answer.allowed { "allowed" } else { "denied" };
-                self.count_admission(endpoint, Some(req), result);
-                log_decision(endpoint, req, &answer, start);
-                Ok(json_response(&AdmissionReviewOut::new(&answer)))
-            }
-            Err(e) => {
-                self.count_admission(endpoint, Some(req), "error");
-                Err(e)
-            }
-        }
-    }
-
     /// Counts an admission answer.
     pub fn count_admission(
         &self,
@@ -140,34 +117,6 @@ impl AppState {
     }
 }
 
-/// One line per admission decision, under the endpoint's own target
-/// (`etcd_webhook::webhook::mutate` or `::validate`); object bodies are never logged.
-pub fn log_decision(endpoint: &str, req: &AdmissionRequest, answer: &Answer, start: Instant) {
-    macro_rules! decision {
-        ($target:literal) => {
-            tracing::info!(
-                target: $target,
-                endpoint,
-                uid = %req.uid,
-                kind = %format_args!("{}/{}", req.kind.version, req.kind.kind),
-                namespace = req.namespace.as_deref().unwrap_or(""),
-                name = %req.name,
-                operation = ?req.operation,
-                user = %req.user_info.username.as_deref().unwrap_or(""),
-                allowed = answer.allowed,
-                patched = answer.patch.is_some(),
-                reason = %answer.message(),
-                micros = start.elapsed().as_micros() as u64,
-                "admission decision"
-            )
-        };
-    }
-    match endpoint {
-        "mutate" => decision!("etcd_webhook::webhook::mutate"),
-        _ => decision!("etcd_webhook::webhook::validate"),
-    }
-}
-
 /// The webhook routes with what is around every request. The apiserver appends
 /// `?timeout=10s`; routing looks at the path only.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -177,8 +126,8 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// `/mutate`, `/validate`, `/convert`, `/healthz` and `/readyz`, with nothing around them.
 pub fn routes(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/mutate", post(mutate::handle))
-        .route("/validate", post(validate::handle))
+        .route("/mutate", post(admit::mutate))
+        .route("/validate", post(admit::validate))
         .route("/convert", post(convert::handle))
         .with_state(state.clone())
         .merge(health::probes(state.readiness.clone()))
