@@ -1,10 +1,6 @@
 #![forbid(unsafe_code)]
 //! etcd-webhook: admission and conversion webhooks for the EtcdCluster custom resource.
 
-// Lets code shared with the integration tests (tests/common/fake_api.rs, compiled into both)
-// name this crate the same way in both.
-extern crate self as etcd_webhook;
-
 pub mod admission;
 pub mod api;
 pub mod app;
@@ -17,6 +13,8 @@ pub mod metrics;
 pub mod migrate;
 pub mod offline;
 pub mod server;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tls;
 pub mod webhook;
 

@@ -343,7 +343,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::controller::fake::{FakeApi, assert_granted};
+    use crate::testing::{FakeApi, assert_granted};
 
     const CRD_PATH: &str =
         "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/etcdclusters.etcd.example.com";

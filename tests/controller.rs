@@ -1,128 +1,24 @@
 //! The controller in the real binary: started only after the webhook listener, gated by the
 //! Lease, reconciling an EtcdCluster, handed over when the leader dies, stopped on SIGTERM with
 //! the Lease released. The cluster is the in-memory API server of the unit tests
-//! (`tests/common/fake_api.rs`) served on a loopback port.
+//! (`etcd_webhook::testing`) served on a loopback port.
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use etcd_webhook::testing::FakeApi;
 use serde_json::{Value, json};
 
 use common::{Server, apiserver_client, fixture, post, runtime};
-use fake_api::{FakeCore, patch_type};
-
-#[path = "common/fake_api.rs"]
-mod fake_api;
 
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/test/leases/etcd-webhook-leader";
 const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
 const STS: &str = "/apis/apps/v1/namespaces/prod/statefulsets/etcd";
 
-/// The in-memory API server of the unit tests, over HTTP; watches stay open and silent.
-#[derive(Default)]
-struct FakeApi {
-    core: Mutex<FakeCore>,
-    requests: Mutex<Vec<String>>,
-}
-
-impl FakeApi {
-    fn get(&self, path: &str) -> Option<Value> {
-        self.core.lock().unwrap().objects.get(path).cloned()
-    }
-    fn requested(&self, prefix: &str) -> bool {
-        self.requests
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|r| r.starts_with(prefix))
-    }
-}
-
-async fn answer(
-    State(api): State<Arc<FakeApi>>,
-    method: Method,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
-    api.requests.lock().unwrap().push(format!("{method} {uri}"));
-    let query = uri.query().unwrap_or("");
-    if method == Method::GET && query.contains("watch=true") {
-        return watch(api, uri.path().to_owned(), query);
-    }
-    let (path, sub) = match uri.path().strip_suffix("/status") {
-        Some(p) => (p, true),
-        None => (uri.path(), false),
-    };
-    let content_type = headers
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let body: Option<Value> = serde_json::from_slice(&body).ok();
-    let (code, out) = api.core.lock().unwrap().handle(
-        method.as_str(),
-        path,
-        sub,
-        query,
-        patch_type(content_type),
-        body.as_ref(),
-    );
-    (
-        StatusCode::from_u16(code).unwrap(),
-        [("content-type", "application/json")],
-        out.to_string(),
-    )
-        .into_response()
-}
-
-/// A watch: the changes after the requested resourceVersion, one JSON event per line, until
-/// `timeoutSeconds`.
-fn watch(api: Arc<FakeApi>, path: String, query: &str) -> Response {
-    let param = |k: &str| {
-        query
-            .split('&')
-            .find_map(|p| p.strip_prefix(&format!("{k}=")))
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    let since = param("resourceVersion").unwrap_or(0);
-    let until = Instant::now() + Duration::from_secs(param("timeoutSeconds").unwrap_or(290));
-    let query = query.to_owned();
-    let stream = futures_util::stream::unfold(since, move |since| {
-        let (api, path, query) = (api.clone(), path.clone(), query.clone());
-        async move {
-            while Instant::now() < until {
-                let (events, last) = api.core.lock().unwrap().watch_events(&path, &query, since);
-                if !events.is_empty() {
-                    let mut lines = String::new();
-                    for e in events {
-                        lines.push_str(&e.to_string());
-                        lines.push('\n');
-                    }
-                    return Some((Ok::<_, std::io::Error>(Bytes::from(lines)), last));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            None
-        }
-    });
-    (StatusCode::OK, Body::from_stream(stream)).into_response()
-}
-
-/// Serves `api` on a loopback port; returns the port.
-fn serve_fake(rt: &tokio::runtime::Runtime, api: Arc<FakeApi>) -> u16 {
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let app = axum::Router::new().fallback(answer).with_state(api);
-    rt.spawn(async move { axum::serve(listener, app).await });
-    port
+/// The in-memory API server of the unit tests, over HTTP; returns its port.
+fn serve_fake(rt: &tokio::runtime::Runtime, api: &FakeApi) -> u16 {
+    rt.block_on(api.serve_http()).port()
 }
 
 fn kubeconfig(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
@@ -153,8 +49,8 @@ fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
 #[test]
 fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
     let rt = runtime();
-    let api = Arc::new(FakeApi::default());
-    let port = serve_fake(&rt, api.clone());
+    let api = FakeApi::default();
+    let port = serve_fake(&rt, &api);
     let tmp = tempfile::tempdir().unwrap();
     let config = kubeconfig(tmp.path(), port);
     // No --leader-election-namespace and no POD_NAMESPACE: the Lease goes to etcd-system, not
@@ -190,7 +86,7 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
         wait_until(Duration::from_secs(10), || api
             .requested("GET /apis/etcd.example.com/v1/etcdclusters")),
         "no EtcdCluster list; requests: {:?}",
-        api.requests.lock().unwrap()
+        api.calls()
     );
     let holder = api.get(lease_path).unwrap()["spec"]["holderIdentity"].clone();
     assert_eq!(holder, "replica-a");
@@ -231,8 +127,8 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
 fn controller_auto_outside_a_pod_serves_webhooks_only() {
     // With KUBECONFIG set too: a laptop never becomes a second reconciler by accident.
     let rt = runtime();
-    let api = Arc::new(FakeApi::default());
-    let port = serve_fake(&rt, api.clone());
+    let api = FakeApi::default();
+    let port = serve_fake(&rt, &api);
     let tmp = tempfile::tempdir().unwrap();
     let config = kubeconfig(tmp.path(), port);
     for env in [vec![], vec![("KUBECONFIG", config.to_str().unwrap())]] {
@@ -249,7 +145,7 @@ fn controller_auto_outside_a_pod_serves_webhooks_only() {
         assert!(!server.log().contains("controller starting"));
     }
     assert!(
-        api.requests.lock().unwrap().is_empty(),
+        api.calls().is_empty(),
         "auto outside a pod calls no API server"
     );
 }
@@ -307,9 +203,9 @@ fn replica(config: &std::path::Path, identity: &str) -> Server {
 #[test]
 fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
     let rt = runtime();
-    let api = Arc::new(FakeApi::default());
-    api.core.lock().unwrap().insert(EC, stored_cluster());
-    let port = serve_fake(&rt, api.clone());
+    let api = FakeApi::default();
+    api.insert(EC, stored_cluster());
+    let port = serve_fake(&rt, &api);
     let tmp = tempfile::tempdir().unwrap();
     let config = kubeconfig(tmp.path(), port);
     let mut replicas = [replica(&config, "replica-a"), replica(&config, "replica-b")];
@@ -346,13 +242,10 @@ fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
     );
     // Events come from the holder alone.
     let reporters: Vec<Value> = api
-        .core
-        .lock()
-        .unwrap()
-        .objects
+        .paths("/apis/events.k8s.io/")
         .iter()
-        .filter(|(k, _)| k.contains("/events/"))
-        .map(|(_, v)| v["reportingInstance"].clone())
+        .filter(|k| k.contains("/events/"))
+        .map(|k| api.get(k).unwrap()["reportingInstance"].clone())
         .collect();
     assert!(!reporters.is_empty());
     assert!(reporters.iter().all(|r| *r == holder), "{reporters:?}");
@@ -387,7 +280,7 @@ fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
         "taken {gap:?} after the last renewal, before the {duration} s Lease expired: {dead} -> {taken}"
     );
     // The new leader reconciles: a StatefulSet deleted behind its back comes back.
-    api.core.lock().unwrap().remove(STS);
+    api.remove(STS);
     assert!(
         wait_until(Duration::from_secs(20), || api.get(STS).is_some()),
         "the new leader did not reconcile:\n{}",
@@ -397,15 +290,13 @@ fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
     // Steady state (resync every second here): reads come from the watch caches, and nothing
     // is written; the only calls are the watches and the Lease.
     std::thread::sleep(Duration::from_millis(1500));
-    api.requests.lock().unwrap().clear();
+    api.clear_calls();
     std::thread::sleep(Duration::from_secs(3));
     let calls: Vec<String> = api
-        .requests
-        .lock()
-        .unwrap()
+        .calls()
         .iter()
-        .filter(|r| !r.contains("watch=true") && !r.contains("/leases/"))
-        .cloned()
+        .filter(|c| !c.query.contains("watch=true") && !c.path.contains("/leases/"))
+        .map(|c| format!("{} {}?{}", c.method, c.path, c.query))
         .collect();
     assert!(calls.is_empty(), "steady state called the API: {calls:?}");
 

@@ -12,12 +12,6 @@ pub mod render;
 pub mod status;
 
 #[cfg(test)]
-pub(crate) mod fake;
-// One in-memory API server for the unit tests and the binary's tests.
-#[cfg(test)]
-#[path = "../../tests/common/fake_api.rs"]
-mod fake_core;
-#[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, HashSet};

@@ -9,10 +9,10 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::fake::{Call, FakeApi, assert_granted, per_verb};
 use super::render::tests::{backup, cluster};
 use super::*;
 use crate::api::v1::Backup;
+use crate::testing::{Call, FakeApi, assert_granted, per_verb};
 
 const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
 const STS: &str = "/apis/apps/v1/namespaces/prod/statefulsets/etcd";

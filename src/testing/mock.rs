@@ -1,16 +1,21 @@
-//! The in-memory API server ([`FakeCore`], shared with the binary's tests) behind a
-//! `tower_test` mock service: the pattern of kube-rs/controller-rs `fixtures.rs`, with state
-//! instead of a scripted sequence. Every call is recorded, so tests can count writes per verb.
+//! The in-memory API server ([`FakeCore`]) behind two transports over one state: a
+//! `tower_test` mock client for the unit tests (the pattern of kube-rs/controller-rs
+//! `fixtures.rs`, with state instead of a scripted sequence) and HTTP on a loopback port for
+//! tests of the binary (a kubeconfig points at it; watches stream the stored changes). Every
+//! call is recorded, so tests can count writes per verb and check them against the RBAC rules.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use http::{Request, Response, StatusCode};
+use axum::body::Bytes;
+use axum::extract::State as Shared;
+use axum::http::{self, Method, Request, Response, StatusCode};
+use axum::response::IntoResponse;
 use kube::Client;
 use kube::client::Body;
 use serde_json::Value;
 
-use super::fake_core::{FakeCore, group_of, parse, patch_type, status};
+use super::fake_api::{FakeCore, group_of, parse, patch_type, selected, status};
 
 /// One request the fake answered.
 #[derive(Clone, Debug)]
@@ -122,7 +127,7 @@ impl FakeApi {
             .filter(|(k, _)| {
                 parse(k).is_some_and(|(_, _, r, name)| r == resource && name.is_some())
             })
-            .filter(|(_, o)| super::fake_core::selected(&query, o))
+            .filter(|(_, o)| selected(&query, o))
             .map(|(_, o)| o.clone())
             .collect()
     }
@@ -164,10 +169,42 @@ impl FakeApi {
             .collect()
     }
 
+    /// Removes a stored object (as if deleted behind the loop's back).
+    pub fn remove(&self, path: &str) {
+        self.state.lock().unwrap().core.remove(path);
+    }
+
+    /// Whether a request `METHOD /path` starting with `prefix` was made.
+    pub fn requested(&self, prefix: &str) -> bool {
+        self.state
+            .lock()
+            .unwrap()
+            .calls
+            .iter()
+            .any(|c| format!("{} {}", c.method, c.path).starts_with(prefix))
+    }
+
+    /// Serves this fake over HTTP on a loopback port, on the current runtime.
+    pub async fn serve_http(&self) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let addr = listener.local_addr().expect("a bound listener");
+        let app = axum::Router::new()
+            .fallback(http_answer)
+            .with_state(self.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        addr
+    }
+
     async fn answer(&self, request: Request<Body>) -> (u16, Value) {
         let (parts, body) = request.into_parts();
         let bytes = body.collect_bytes().await.unwrap_or_default();
-        let body: Option<Value> = serde_json::from_slice(&bytes).ok();
+        self.answer_parts(&parts, &bytes)
+    }
+
+    fn answer_parts(&self, parts: &http::request::Parts, bytes: &[u8]) -> (u16, Value) {
+        let body: Option<Value> = serde_json::from_slice(bytes).ok();
         let content_type = parts
             .headers
             .get(http::header::CONTENT_TYPE)
@@ -205,6 +242,84 @@ impl FakeApi {
         });
         (code, out)
     }
+}
+
+/// The HTTP transport: one request answered by the core, or a watch that streams the changes
+/// after the requested resourceVersion, one JSON event per line, until `timeoutSeconds`.
+async fn http_answer(
+    Shared(api): Shared<FakeApi>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    let (parts, body) = request.into_parts();
+    let query = parts.uri.query().unwrap_or("").to_owned();
+    if parts.method == Method::GET && query.contains("watch=true") {
+        let path = parts.uri.path().to_owned();
+        let (group, resource, _) = match parse(&path) {
+            Some((prefix, _, resource, name)) => {
+                (group_of(&prefix).to_owned(), resource, name.is_some())
+            }
+            None => (String::new(), String::new(), false),
+        };
+        api.state.lock().unwrap().calls.push(Call {
+            method: "GET".to_owned(),
+            path: path.clone(),
+            status_subresource: false,
+            query: query.clone(),
+            patch_type: None,
+            body: None,
+            code: 200,
+            group,
+            resource,
+            named: false,
+        });
+        return watch(api, path, query);
+    }
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let (code, out) = api.answer_parts(&parts, &bytes);
+    (
+        StatusCode::from_u16(code).unwrap(),
+        [(http::header::CONTENT_TYPE, "application/json")],
+        out.to_string(),
+    )
+        .into_response()
+}
+
+fn watch(api: FakeApi, path: String, query: String) -> axum::response::Response {
+    use std::time::{Duration, Instant};
+    let param = |k: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let since = param("resourceVersion").unwrap_or(0);
+    let until = Instant::now() + Duration::from_secs(param("timeoutSeconds").unwrap_or(290));
+    let stream = futures_util::stream::unfold(since, move |since| {
+        let (api, path, query) = (api.clone(), path.clone(), query.clone());
+        async move {
+            while Instant::now() < until {
+                let (events, last) = api
+                    .state
+                    .lock()
+                    .unwrap()
+                    .core
+                    .watch_events(&path, &query, since);
+                if !events.is_empty() {
+                    let mut lines = String::new();
+                    for e in events {
+                        lines.push_str(&e.to_string());
+                        lines.push('\n');
+                    }
+                    return Some((Ok::<_, std::io::Error>(Bytes::from(lines)), last));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            None
+        }
+    });
+    (StatusCode::OK, axum::body::Body::from_stream(stream)).into_response()
 }
 
 /// Counts of calls per verb (`GET`, `POST`, `PATCH`, `DELETE`).

@@ -1,6 +1,6 @@
-//! The state machine of an in-memory Kubernetes API server, shared by the controller's unit
-//! tests (`src/controller/fake.rs` puts it behind a `tower_test` mock client) and the binary's
-//! tests (`tests/controller.rs` serves it over HTTP on a loopback port).
+//! The state machine of an in-memory Kubernetes API server; [`super::mock::FakeApi`] puts it
+//! behind a `tower_test` mock client (the unit tests) or HTTP on a loopback port (the binary's
+//! tests).
 //!
 //! It knows GET (object and list), POST, PUT, DELETE and the four PATCH types, the status
 //! subresource of EtcdClusters and CRDs, finalizers and deletionTimestamp, generation and
@@ -9,7 +9,6 @@
 //! a Job's spec the apiserver refuses to change (422 with its message), and server-side-apply
 //! conflicts on a Lease's holder. Watches are the caller's business (they never send events
 //! here).
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 
@@ -69,7 +68,7 @@ fn canonicalize_quantities(v: &mut Value, quantities: bool) {
             for (k, child) in map.iter_mut() {
                 match child {
                     Value::String(s) if quantities => {
-                        *s = etcd_webhook::api::quantity::canonical(s);
+                        *s = crate::api::quantity::canonical(s);
                     }
                     _ => canonicalize_quantities(
                         child,

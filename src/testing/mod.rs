@@ -1,0 +1,10 @@
+//! What the unit tests and the integration tests share (feature `testing`, on in every test
+//! build through the crate's dev-dependency on itself; never in the binary): the in-memory API
+//! server and its transports. Nothing in `src/` outside this module, and nothing in the
+//! binary, depends on it.
+
+pub mod fake_api;
+pub mod mock;
+
+pub use fake_api::FakeCore;
+pub use mock::{Call, FakeApi, assert_granted, per_verb};
