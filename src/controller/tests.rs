@@ -1,10 +1,16 @@
-//! The reconcile loop against the in-memory API server ([`super::fake`]).
+//! The reconcile loop against the in-memory API server ([`crate::testing`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use std::collections::HashMap;
+
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::{reflector, watcher};
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

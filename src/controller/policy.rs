@@ -1,0 +1,168 @@
+//! The reconcile policy of a live cluster: which children it needs and in what order, and
+//! what may change (members grow one at a time, volumes only grow, an image change is an
+//! upgrade); the scaling and backup steps are in [`super::membership`] and [`super::backup`].
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+
+use super::children::{Applied, Children};
+use super::finalizer::initial_size_recorded;
+use super::status::{Activity, Observation};
+use super::{Context, Error, backup, membership, render, storage};
+use crate::api::v1::EtcdCluster;
+
+fn template_image(sts: &StatefulSet) -> Option<String> {
+    sts.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+fn template_storage_gib(sts: &StatefulSet) -> Option<i64> {
+    let q = sts
+        .spec
+        .as_ref()?
+        .volume_claim_templates
+        .as_ref()?
+        .first()?
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")?;
+    render::gib(&q.0)
+}
+
+/// The webhook's rules, once more: a cluster that got in while the webhook was bypassed
+/// (failurePolicy Ignore, or created before it was installed) is not acted on.
+pub(super) fn check_spec(ec: &EtcdCluster) -> Result<(), Error> {
+    use crate::admission::validate::{Operation, validate};
+    let object = serde_json::to_value(ec).expect("an EtcdCluster serializes");
+    let verdict = validate(crate::api::Version::V1, Operation::Create, &object, None);
+    if verdict.allowed() {
+        Ok(())
+    } else {
+        Err(Error::InvalidSpec(format!(
+            "the spec breaks the webhook's rules, so nothing is changed: {}",
+            verdict.message()
+        )))
+    }
+}
+
+/// One pass over a live (not deleted) cluster: children, then what the status needs.
+pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, Error> {
+    let name = ec.name_any();
+    let opts = &ctx.settings.render;
+    let kids = Children::of(ec, ctx);
+    let mut seen = Observation::default();
+
+    kids.ensure(&render::headless_service(ec)).await?;
+    kids.ensure(&render::client_service(ec)).await?;
+
+    let observed = kids.read::<StatefulSet>(&name).await?;
+    let initial = initial_size_recorded(ec)
+        .or_else(|| observed.as_ref().and_then(|s| s.spec.as_ref()?.replicas))
+        .unwrap_or(ec.spec.size);
+    let mut apply_set = true;
+    // Members the StatefulSet runs after this pass (below spec.size while growing).
+    let mut members = ec.spec.size;
+    if let Some(current) = &observed {
+        seen.ready = current
+            .status
+            .as_ref()
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0);
+        let replicas = current.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        if replicas > ec.spec.size && current.metadata.deletion_timestamp.is_none() {
+            return Err(Error::InvalidSpec(format!(
+                "spec.size {} is below the {replicas} members running; members are never removed (set spec.size back to {replicas})",
+                ec.spec.size
+            )));
+        }
+        if let (Some(have), Some(want)) = (
+            template_storage_gib(current),
+            render::gib(&ec.spec.storage_size),
+        ) && want < have
+        {
+            return Err(Error::InvalidSpec(format!(
+                "spec.storageSize {want}Gi is below the {have}Gi the members have; volumes never shrink (set it back to {have}Gi)"
+            )));
+        }
+        if current.metadata.deletion_timestamp.is_some() || replicas < ec.spec.size {
+            members = replicas.max(1);
+        }
+        if current.metadata.deletion_timestamp.is_some() {
+            // Being replaced (storage growth): wait until it is gone, then create it again.
+            seen.activity = Some(Activity::ResizingStorage);
+            apply_set = false;
+        } else if let (Some(have), Some(want)) = (
+            template_storage_gib(current),
+            render::gib(&ec.spec.storage_size),
+        ) && want > have
+        {
+            storage::resize_storage(ec, &kids, replicas, have, want).await?;
+            seen.activity = Some(Activity::ResizingStorage);
+            apply_set = false;
+        } else if ec.spec.size > replicas {
+            members = membership::grow(ec, &kids, replicas, &mut seen).await?;
+        }
+    }
+    if apply_set {
+        let desired = render::stateful_set(ec, initial, members, opts);
+        let (applied, set) = kids.ensure(&desired).await?;
+        let (old_image, new_image) = (
+            observed.as_deref().and_then(template_image),
+            template_image(&desired),
+        );
+        match applied {
+            Applied::Created if observed.is_none() => {
+                ctx.event(
+                    ec,
+                    EventType::Normal,
+                    "Created",
+                    format!(
+                        "StatefulSet {name} with {} members of etcd {}",
+                        ec.spec.size, ec.spec.version
+                    ),
+                )
+                .await;
+            }
+            Applied::Updated if old_image.is_some() && old_image != new_image => {
+                ctx.event(
+                    ec,
+                    EventType::Normal,
+                    "Upgrading",
+                    format!(
+                        "{} -> {}",
+                        old_image.unwrap_or_default(),
+                        new_image.unwrap_or_default()
+                    ),
+                )
+                .await;
+                seen.activity = Some(Activity::Upgrading);
+            }
+            _ => {}
+        }
+        if let Some(s) = set.status.as_ref() {
+            seen.ready = s.ready_replicas.unwrap_or(0);
+            let rolling = s.update_revision.is_some() && s.update_revision != s.current_revision;
+            if rolling && seen.activity.is_none() {
+                seen.activity = Some(Activity::Upgrading);
+            }
+        }
+    }
+
+    kids.ensure(&render::pod_disruption_budget(ec, members))
+        .await?;
+
+    backup::schedule(ec, &kids, &mut seen).await?;
+    Ok(seen)
+}

@@ -1,0 +1,49 @@
+//! Every API call the loop makes, as RBAC rules: the install's ClusterRole and Role are
+//! checked against these (tests/manifests.rs), and the unit tests check every call made against
+//! the fake API server is covered by them.
+
+/// Every API call the loop makes, as RBAC rules (group, resource, verbs): the install's
+/// ClusterRole must grant these (tests/manifests.rs), and the tests check that every call made
+/// against the fake API server is covered. Applies that create also need `create`.
+pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
+    (
+        "etcd.example.com",
+        "etcdclusters",
+        &["get", "list", "watch", "patch"],
+    ),
+    ("etcd.example.com", "etcdclusters/status", &["get", "patch"]),
+    // The children's ownerReferences block the cluster's deletion (blockOwnerDeletion), which
+    // the admission plugin OwnerReferencesPermissionEnforcement allows only with this grant.
+    ("etcd.example.com", "etcdclusters/finalizers", &["update"]),
+    (
+        "apps",
+        "statefulsets",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    ("", "services", &["get", "list", "watch", "create", "patch"]),
+    (
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    (
+        "policy",
+        "poddisruptionbudgets",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    (
+        "batch",
+        "cronjobs",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
+    (
+        "batch",
+        "jobs",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    ("events.k8s.io", "events", &["create", "patch"]),
+];
+
+/// The leader election's calls, granted by a Role in the Lease's namespace.
+pub const LEADER_RBAC_RULES: &[(&str, &str, &[&str])] =
+    &[("coordination.k8s.io", "leases", &["get", "create", "patch"])];

@@ -1,0 +1,112 @@
+//! The runtime wiring: one watch per owned kind feeds both its cache and the reconcile
+//! triggers; the controller runs [`super::reconcile`] until stopped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use tokio_util::sync::CancellationToken;
+
+use super::children::{Caches, Child};
+use super::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
+use crate::api::v1::EtcdCluster;
+use crate::metrics::Metrics;
+
+/// Trailing-edge debounce of reconcile requests.
+const DEBOUNCE: Duration = Duration::from_millis(500);
+
+fn api_in<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the controller until `stop` is cancelled.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let ns = settings.namespace.clone();
+    let ns = ns.as_deref();
+    let owned = watcher::Config::default().labels(MANAGED_SELECTOR);
+    // One watch per owned kind feeds both its cache and the reconcile triggers.
+    fn cached<K: Child>(
+        client: &Client,
+        ns: Option<&str>,
+        config: &watcher::Config,
+    ) -> (
+        Store<K>,
+        impl futures_util::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    ) {
+        let (reader, writer) = reflector::store();
+        let stream = watcher(api_in::<K>(client, ns), config.clone())
+            .default_backoff()
+            // managedFields are often half an object; nothing here reads them.
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .reflect(writer)
+            .touched_objects();
+        (reader, stream)
+    }
+    let (sets, sets_events) = cached::<StatefulSet>(&client, ns, &owned);
+    let (services, services_events) = cached::<Service>(&client, ns, &owned);
+    let (budgets, budgets_events) = cached::<PodDisruptionBudget>(&client, ns, &owned);
+    let (crons, crons_events) = cached::<CronJob>(&client, ns, &owned);
+    let (jobs, jobs_events) = cached::<Job>(&client, ns, &owned);
+    // Claims trigger nothing (they change only through us); their events just fill the cache.
+    let (claims, claims_events) = cached::<PersistentVolumeClaim>(&client, ns, &owned);
+    let caches = Caches {
+        sets,
+        services,
+        budgets,
+        crons,
+        jobs,
+        claims,
+    };
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics, caches));
+    tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
+    let claims_stop = stop.clone();
+    let claims_task = tokio::spawn(async move {
+        tokio::select! {
+            () = claims_events.for_each(|_| async {}) => {}
+            () = claims_stop.cancelled() => {}
+        }
+    });
+    Controller::new(
+        api_in::<EtcdCluster>(&client, ns),
+        watcher::Config::default(),
+    )
+    .owns_stream(sets_events)
+    .owns_stream(services_events)
+    .owns_stream(budgets_events)
+    .owns_stream(crons_events)
+    .owns_stream(jobs_events)
+    // Coalesce the bursts of events one pass causes (its own writes coming back through the
+    // watches), so the next pass sees them all in the caches.
+    .with_config(controller::Config::default().debounce(DEBOUNCE))
+    .graceful_shutdown_on(stop.cancelled_owned())
+    .run(reconcile, error_policy, ctx)
+    .for_each(|result| async move {
+        match result {
+            Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
+            Err(error) => tracing::debug!(%error, "reconcile error (see the warning above)"),
+        }
+    })
+    .await;
+    claims_task.abort();
+    tracing::info!("controller stopped");
+}
