@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{Field, cron};
 use crate::api::convert::{self, ConvertError, Hub};
-use crate::api::{Version, v1};
+use crate::api::{EtcdVersion, MAX_SIZE, STORAGE_CLASSES, StorageSize, Version, v1};
 
 /// What kind of wrong a field is, as Kubernetes words it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,9 +103,6 @@ pub enum Operation {
     Create,
     Update,
 }
-
-pub const STORAGE_CLASSES: [&str; 3] = ["standard", "ssd", "nvme"];
-pub const MAX_SIZE: i32 = 7;
 
 /// Judges `obj` (written in `version`) for a CREATE, or an UPDATE from `old`.
 pub fn validate(version: Version, op: Operation, obj: &Value, old: Option<&Value>) -> Verdict {
@@ -304,29 +301,6 @@ fn is_dns1035_label(s: &str, prefix: bool) -> bool {
         && (prefix || bytes.last() != Some(&b'-'))
 }
 
-/// `v3.5.10` -> (3, 5, 10); anything else -> None.
-pub fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
-    let mut parts = v.strip_prefix('v')?.split('.');
-    let mut next = || -> Option<u64> {
-        let p = parts.next()?;
-        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        p.parse().ok()
-    };
-    let parsed = (next()?, next()?, next()?);
-    parts.next().is_none().then_some(parsed)
-}
-
-/// `10Gi` -> 10; anything else -> None.
-pub fn parse_gi(size: &str) -> Option<u64> {
-    let n = size.strip_suffix("Gi")?;
-    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    n.parse().ok()
-}
-
 fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdict) {
     let size = spec.size;
     if !(1..=MAX_SIZE).contains(&size) {
@@ -355,30 +329,37 @@ fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdict) {
         Version::V1Alpha1 => "3.5.10",
         _ => "v3.5.10",
     };
-    match parse_version(&spec.version) {
-        None => out.violations.push(ctx.invalid(
+    match spec.version.parse::<EtcdVersion>() {
+        Err(_) => out.violations.push(ctx.invalid(
             Field::Version,
             spec.version.clone(),
             format!("must be an etcd release like {example}"),
         )),
-        Some((major, ..)) if major != 3 => out.violations.push(ctx.invalid(
+        Ok(v) if v.major != 3 => out.violations.push(ctx.invalid(
             Field::Version,
             spec.version.clone(),
             format!("must be an etcd 3.x release (major version 3), like {example}"),
         )),
-        Some(_) => {}
+        Ok(_) => {}
     }
 
     if !STORAGE_CLASSES.contains(&spec.storage_class.as_str()) {
         out.violations.push(Violation {
             path: ctx.path(Field::StorageClass),
             kind: Kind::Unsupported(ctx.shown(Field::StorageClass, spec.storage_class.clone())),
-            detail: r#"supported values: "standard", "ssd", "nvme""#.to_owned(),
+            detail: format!(
+                "supported values: {}",
+                STORAGE_CLASSES.map(|c| format!("{c:?}")).join(", ")
+            ),
         });
     }
 
-    match parse_gi(&spec.storage_size) {
-        None => out.violations.push(ctx.invalid(
+    match spec
+        .storage_size
+        .parse::<StorageSize>()
+        .map(StorageSize::gib)
+    {
+        Err(_) => out.violations.push(ctx.invalid(
             Field::StorageSize,
             spec.storage_size.clone(),
             match ctx.version {
@@ -386,12 +367,12 @@ fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdict) {
                 _ => "must be a whole number of GiB, like 10Gi",
             },
         )),
-        Some(0) => out.violations.push(ctx.invalid(
+        Ok(0) => out.violations.push(ctx.invalid(
             Field::StorageSize,
             spec.storage_size.clone(),
             "must be at least 1Gi",
         )),
-        Some(_) => {}
+        Ok(_) => {}
     }
 
     if let Some(backup) = &spec.backup {
@@ -442,8 +423,10 @@ fn check_update(
         ));
     }
 
-    if let (Some(o), Some(n)) = (parse_gi(&old.storage_size), parse_gi(&new.storage_size))
-        && n < o
+    if let (Ok(o), Ok(n)) = (
+        old.storage_size.parse::<StorageSize>(),
+        new.storage_size.parse::<StorageSize>(),
+    ) && n < o
     {
         // As written (the CRD's CEL rule says it the same way).
         out.violations.push(ctx.forbidden(
@@ -465,7 +448,10 @@ fn check_update(
         ));
     }
 
-    if let (Some(o), Some(n)) = (parse_version(&old.version), parse_version(&new.version)) {
+    if let (Ok(o), Ok(n)) = (
+        old.version.parse::<EtcdVersion>(),
+        new.version.parse::<EtcdVersion>(),
+    ) {
         if n < o {
             out.violations.push(ctx.forbidden(
                 Field::Version,
@@ -474,15 +460,15 @@ fn check_update(
                     old.version, new.version
                 ),
             ));
-        } else if n.0 == o.0 && n.1 > o.1 + 1 {
+        } else if n.major == o.major && n.minor > o.minor + 1 {
             out.violations.push(ctx.forbidden(
                 Field::Version,
                 format!(
                     "cannot upgrade from {} to {}: etcd upgrades one minor release at a time; go to v{}.{}.x first",
                     old.version,
                     new.version,
-                    o.0,
-                    o.1 + 1
+                    o.major,
+                    o.minor + 1
                 ),
             ));
         }
@@ -1000,16 +986,5 @@ mod tests {
         let v = update(Version::V1, &json!({"spec": 1}), &v1(json!({"size": 3})));
         assert!(v.allowed());
         assert_eq!(v.warnings.len(), 1);
-    }
-
-    #[test]
-    fn versions_parse_strictly() {
-        assert_eq!(parse_version("v3.5.10"), Some((3, 5, 10)));
-        assert_eq!(parse_version("v03.05.010"), Some((3, 5, 10)));
-        assert_eq!(parse_version("3.5.10"), None);
-        assert_eq!(parse_version("v3.5.+1"), None);
-        assert_eq!(parse_gi("10Gi"), Some(10));
-        assert_eq!(parse_gi("+1Gi"), None);
-        assert_eq!(parse_gi("Gi"), None);
     }
 }

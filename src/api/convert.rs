@@ -10,7 +10,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{CONVERSION_ANNOTATION, KIND, Version, defaults, v1, v1alpha1, v1beta1};
+use super::{
+    CONVERSION_ANNOTATION, EtcdVersion, KIND, StorageSize, Version, defaults, v1, v1alpha1, v1beta1,
+};
 
 /// Why an object could not be converted.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -333,24 +335,15 @@ fn beta_up(
 
 // === v1alpha1 <-> v1 ===
 
-/// v1 `v3.5.10` is v1alpha1 `3.5.10`.
-fn version_down(v1: &str) -> String {
-    v1.strip_prefix('v').unwrap_or(v1).to_owned()
-}
-
-fn version_up(alpha: &str) -> String {
-    format!("v{alpha}")
-}
-
 /// v1 `10Gi` is v1alpha1 `10`.
 fn storage_down(v1: &str) -> Result<i64, ConvertError> {
-    v1.strip_suffix("Gi")
-        .and_then(|n| n.parse::<i64>().ok())
-        .ok_or_else(|| ConvertError::StorageSize(v1.to_owned()))
+    v1.parse::<StorageSize>()
+        .map(StorageSize::gib)
+        .map_err(|_| ConvertError::StorageSize(v1.to_owned()))
 }
 
 fn storage_up(gi: i64) -> String {
-    format!("{gi}Gi")
+    StorageSize::from_gib(gi).to_string()
 }
 
 fn alpha_down(
@@ -372,8 +365,8 @@ fn alpha_down(
         backup,
     } = hub.spec;
 
-    let etcd_version = version_down(&version);
-    if version_up(&etcd_version) != version {
+    let etcd_version = EtcdVersion::alpha_spelling(&version);
+    if EtcdVersion::from_alpha_spelling(&etcd_version) != version {
         stash.version = Some(version);
     }
     let storage_size_gi = storage_down(&storage_size)?;
@@ -421,8 +414,8 @@ fn alpha_up(
     // A stashed spelling is restored only while the spoke still says the same thing; an edit
     // made in the old version wins over the stash.
     let version = match stash.version {
-        Some(v) if version_down(&v) == spec.etcd_version => v,
-        _ => version_up(&spec.etcd_version),
+        Some(v) if EtcdVersion::alpha_spelling(&v) == spec.etcd_version => v,
+        _ => EtcdVersion::from_alpha_spelling(&spec.etcd_version),
     };
     let storage_size = match stash.storage_size {
         Some(s) if storage_down(&s).ok() == Some(spec.storage_size_gi) => s,
@@ -509,9 +502,9 @@ pub(crate) mod tests {
     /// Valid v1 specs, including spellings an older version cannot hold exactly (`010Gi`).
     pub fn v1_spec() -> impl Strategy<Value = v1::EtcdClusterSpec> {
         (
-            1i32..=7,
+            1i32..=crate::api::MAX_SIZE,
             (0u32..12, 0u32..30, 0u32..40, any::<bool>()),
-            prop_oneof![Just("standard"), Just("ssd"), Just("nvme")],
+            proptest::sample::select(&crate::api::STORAGE_CLASSES[..]),
             "[0-9]{1,7}Gi",
             option::of((
                 any::<bool>(),
@@ -604,9 +597,9 @@ pub(crate) mod tests {
     fn alpha_object() -> impl Strategy<Value = Value> {
         (
             metadata(),
-            1i32..=7,
+            1i32..=crate::api::MAX_SIZE,
             (0u32..12, 0u32..30, 0u32..40),
-            prop_oneof![Just("standard"), Just("ssd"), Just("nvme")],
+            proptest::sample::select(&crate::api::STORAGE_CLASSES[..]),
             1i64..100_000,
             // Either, both or none of backupEnabled and backupSchedule.
             (

@@ -3,6 +3,7 @@
 
 pub mod convert;
 pub mod defaults;
+pub mod etcd_version;
 pub mod quantity;
 pub mod v1;
 pub mod v1alpha1;
@@ -21,6 +22,17 @@ use serde::{Deserialize, Serialize};
 pub const GROUP: &str = "etcd.example.com";
 pub const KIND: &str = "EtcdCluster";
 pub const PLURAL: &str = "etcdclusters";
+/// The field manager of every apply, the `app.kubernetes.io/managed-by` value of every child
+/// object, and the reporting controller of Events.
+pub const MANAGER: &str = "etcd-webhook";
+/// The storage classes a cluster may use (every version's schema and the rules).
+pub const STORAGE_CLASSES: [&str; 3] = ["standard", "ssd", "nvme"];
+/// The most members a cluster may have (every version's schema and the rules).
+pub const MAX_SIZE: i32 = 7;
+
+pub use etcd_version::EtcdVersion;
+pub use quantity::StorageSize;
+
 /// Annotation that carries, on an older version, the v1 fields that version cannot express.
 pub const CONVERSION_ANNOTATION: &str = "etcd.example.com/conversion-data";
 

@@ -105,9 +105,58 @@ pub fn canonical(q: &str) -> String {
     gib(q).map_or_else(|| q.to_owned(), canonical_gib)
 }
 
+/// A spec's storage size (v1 `storageSize`, v1beta1 `storage.size`): whole GiB written as
+/// digits and `Gi`, like `10Gi` (v1alpha1 holds the number alone, `storageSizeGi: 10`). Not a
+/// general quantity: what the apiserver writes back into a claim is read with [`gib`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StorageSize(i64);
+
+/// Not a storage size written like `10Gi`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a whole number of GiB like 10Gi")]
+pub struct NotAStorageSize(pub String);
+
+impl StorageSize {
+    pub fn from_gib(gib: i64) -> Self {
+        StorageSize(gib)
+    }
+
+    pub fn gib(self) -> i64 {
+        self.0
+    }
+}
+
+impl std::str::FromStr for StorageSize {
+    type Err = NotAStorageSize;
+
+    fn from_str(s: &str) -> Result<Self, NotAStorageSize> {
+        s.strip_suffix("Gi")
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse().ok())
+            .map(StorageSize)
+            .ok_or_else(|| NotAStorageSize(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for StorageSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}Gi", self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn storage_sizes_are_digits_and_gi() {
+        assert_eq!("10Gi".parse::<StorageSize>().unwrap().gib(), 10);
+        assert_eq!("010Gi".parse::<StorageSize>().unwrap().gib(), 10);
+        for bad in ["+1Gi", "Gi", "1Ti", "10", "1.5Gi", "-1Gi"] {
+            assert!(bad.parse::<StorageSize>().is_err(), "{bad}");
+        }
+        assert_eq!(StorageSize::from_gib(20).to_string(), "20Gi");
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -32,7 +32,7 @@ use super::{Phase, defaults};
 #[serde(rename_all = "camelCase")]
 pub struct EtcdClusterSpec {
     /// Number of etcd members. Odd, so that a majority quorum survives failures.
-    #[schemars(range(min = 1, max = 7))]
+    #[schemars(range(min = 1, max = super::MAX_SIZE))]
     pub size: i32,
     /// etcd release, e.g. v3.5.10.
     #[serde(default = "defaults::version")]
@@ -40,7 +40,7 @@ pub struct EtcdClusterSpec {
     pub version: String,
     /// Storage class of the members' volumes.
     #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]), length(max = 32))]
+    #[schemars(extend("enum" = super::STORAGE_CLASSES), length(max = 32))]
     pub storage_class: String,
     /// Size of each member's volume in whole GiB, e.g. 10Gi.
     #[serde(default = "defaults::storage_size")]

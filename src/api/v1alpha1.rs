@@ -29,13 +29,13 @@ use super::{Phase, defaults};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdClusterSpec {
-    #[schemars(range(min = 1, max = 7))]
+    #[schemars(range(min = 1, max = super::MAX_SIZE))]
     pub replicas: i32,
     #[serde(default = "defaults::version_without_v")]
     #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+\.[0-9]+$"))]
     pub etcd_version: String,
     #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]), length(max = 32))]
+    #[schemars(extend("enum" = super::STORAGE_CLASSES), length(max = 32))]
     pub storage_class_name: String,
     #[serde(default = "defaults::storage_size_gi")]
     #[schemars(range(min = 1))]

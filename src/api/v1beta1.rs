@@ -29,7 +29,7 @@ use super::{Phase, defaults};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EtcdClusterSpec {
-    #[schemars(range(min = 1, max = 7))]
+    #[schemars(range(min = 1, max = super::MAX_SIZE))]
     pub size: i32,
     #[serde(default = "defaults::version")]
     #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"))]
@@ -44,7 +44,7 @@ pub struct EtcdClusterSpec {
 #[serde(rename_all = "camelCase")]
 pub struct Storage {
     #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = ["standard", "ssd", "nvme"]), length(max = 32))]
+    #[schemars(extend("enum" = super::STORAGE_CLASSES), length(max = 32))]
     pub class_name: String,
     #[serde(default = "defaults::storage_size")]
     #[schemars(regex(pattern = r"^[0-9]+Gi$"), length(max = 32))]

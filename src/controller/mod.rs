@@ -52,8 +52,7 @@ use crate::metrics::{Metrics, ResultLabel};
 use render::RenderOptions;
 use status::Observation;
 
-/// Field manager of every apply, and the Events' reporting controller.
-pub const MANAGER: &str = "etcd-webhook";
+pub use crate::api::MANAGER;
 pub const FINALIZER: &str = "etcd.example.com/finalizer";
 /// Selects the children this loop made (the watches of owned objects use it).
 pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=etcd-webhook";

@@ -38,7 +38,15 @@ fn template_storage_gib(sts: &StatefulSet) -> Option<i64> {
         .requests
         .as_ref()?
         .get("storage")?;
-    render::gib(&q.0)
+    crate::api::quantity::gib(&q.0)
+}
+
+fn spec_storage_gib(ec: &EtcdCluster) -> Option<i64> {
+    ec.spec
+        .storage_size
+        .parse::<crate::api::StorageSize>()
+        .ok()
+        .map(crate::api::StorageSize::gib)
 }
 
 /// The webhook's rules, once more: a cluster that got in while the webhook was bypassed
@@ -87,10 +95,8 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
                 ec.spec.size
             )));
         }
-        if let (Some(have), Some(want)) = (
-            template_storage_gib(current),
-            render::gib(&ec.spec.storage_size),
-        ) && want < have
+        if let (Some(have), Some(want)) = (template_storage_gib(current), spec_storage_gib(ec))
+            && want < have
         {
             return Err(Error::InvalidSpec(format!(
                 "spec.storageSize {want}Gi is below the {have}Gi the members have; volumes never shrink (set it back to {have}Gi)"
@@ -103,10 +109,9 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             // Being replaced (storage growth): wait until it is gone, then create it again.
             seen.activity = Some(Activity::ResizingStorage);
             apply_set = false;
-        } else if let (Some(have), Some(want)) = (
-            template_storage_gib(current),
-            render::gib(&ec.spec.storage_size),
-        ) && want > have
+        } else if let (Some(have), Some(want)) =
+            (template_storage_gib(current), spec_storage_gib(ec))
+            && want > have
         {
             storage::resize_storage(ec, &kids, replicas, have, want).await?;
             seen.activity = Some(Activity::ResizingStorage);

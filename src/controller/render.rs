@@ -30,7 +30,6 @@ pub const METRICS_PORT: i32 = 2381;
 /// EtcdCluster annotation the loop writes with its finalizer: the size the cluster was
 /// bootstrapped with. Members with an ordinal at or above it joined an existing cluster.
 pub const INITIAL_SIZE_ANNOTATION: &str = "etcd.example.com/initial-size";
-pub const MANAGED_BY: &str = "etcd-webhook";
 /// Where a member keeps its data (a subdirectory of the volume, away from `lost+found`).
 const DATA_MOUNT: &str = "/var/lib/etcd";
 const DATA_DIR: &str = "/var/lib/etcd/data";
@@ -104,7 +103,7 @@ pub fn labels(ec: &EtcdCluster, component: &str) -> BTreeMap<String, String> {
         ),
         (
             "app.kubernetes.io/managed-by".to_owned(),
-            MANAGED_BY.to_owned(),
+            crate::api::MANAGER.to_owned(),
         ),
     ])
 }
@@ -750,11 +749,6 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
         ))));
     }
     out
-}
-
-/// Whole GiB of a quantity in any spelling (`10Gi`, and `1Ti` as the apiserver returns 1024Gi).
-pub fn gib(q: &str) -> Option<i64> {
-    crate::api::quantity::gib(q)
 }
 
 #[cfg(test)]

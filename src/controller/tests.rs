@@ -10,8 +10,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::runtime::{reflector, watcher};
 use kube::runtime::controller::Action;
+use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

@@ -270,7 +270,7 @@ pub async fn run(
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
-            controller: "etcd-webhook".to_owned(),
+            controller: crate::api::MANAGER.to_owned(),
             instance,
         },
     );
