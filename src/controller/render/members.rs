@@ -1,0 +1,249 @@
+//! The members: the StatefulSet (with its probes and volumes), the PodDisruptionBudget and the
+//! member-add Job of a scale-up.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSpec, PodTemplateSpec, Probe, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+
+use super::*;
+
+fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("metrics".to_owned()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
+pub(super) fn etcd_image(ec: &EtcdCluster, opts: &RenderOptions) -> String {
+    format!(
+        "{}/etcd:{}",
+        opts.etcd_registry.trim_end_matches('/'),
+        ec.spec.version
+    )
+}
+
+/// A storage request as the apiserver writes it back (`1024Gi` is stored as `1Ti`), so what the
+/// loop renders is what it reads.
+pub(super) fn storage(size: &str) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([(
+        "storage".to_owned(),
+        Quantity(crate::api::quantity::canonical(size)),
+    )])
+}
+
+/// StatefulSet `NAME`.
+///
+/// `members` is how many members it runs: `spec.size`, or fewer while the cluster grows one
+/// member at a time; `--initial-cluster` lists exactly those (a joining member must name the
+/// membership as it is). `initial_size` is the size the cluster was bootstrapped with
+/// ([`INITIAL_SIZE_ANNOTATION`]). While the cluster has its initial members every pod starts
+/// with `--initial-cluster-state=new`; once it has grown the template says `existing`, which the
+/// new members need (they were added with `etcdctl member add` first, see [`member_add_job`])
+/// and which members that already have a data directory ignore. Pods start in parallel: a member only becomes ready with a quorum, so
+/// ordered start would wait forever for the second pod.
+pub fn stateful_set(
+    ec: &EtcdCluster,
+    initial_size: i32,
+    members: i32,
+    opts: &RenderOptions,
+) -> StatefulSet {
+    let name = ec.name_any();
+    let size = members;
+    let state = if size > initial_size {
+        "existing"
+    } else {
+        "new"
+    };
+    let args = vec![
+        "--name=$(POD_NAME)".to_owned(),
+        format!("--data-dir={DATA_DIR}"),
+        format!("--listen-peer-urls=http://0.0.0.0:{PEER_PORT}"),
+        format!("--listen-client-urls=http://0.0.0.0:{CLIENT_PORT}"),
+        format!("--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}"),
+        format!(
+            "--initial-advertise-peer-urls=http://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{PEER_PORT}"
+        ),
+        format!(
+            "--advertise-client-urls=http://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{CLIENT_PORT}"
+        ),
+        format!("--initial-cluster={}", initial_cluster(ec, size)),
+        format!("--initial-cluster-state={state}"),
+        format!("--initial-cluster-token={name}.{}", namespace(ec)),
+    ];
+    let container = Container {
+        name: "etcd".to_owned(),
+        image: Some(etcd_image(ec, opts)),
+        command: Some(vec!["/usr/local/bin/etcd".to_owned()]),
+        args: Some(args),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        ports: Some(vec![
+            container_port("client", CLIENT_PORT),
+            container_port("peer", PEER_PORT),
+            container_port("metrics", METRICS_PORT),
+        ]),
+        // Ready: this member is in a cluster with a quorum. Alive: the process answers, judged
+        // locally (serializable), so losing quorum does not restart every member.
+        readiness_probe: Some(health_probe("/health", 5, 3)),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(15),
+            ..health_probe("/health?serializable=true", 10, 6)
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "data".to_owned(),
+            mount_path: DATA_MOUNT.to_owned(),
+            ..Default::default()
+        }]),
+        security_context: Some(restricted_container()),
+        ..Default::default()
+    };
+    StatefulSet {
+        metadata: meta(ec, name.clone(), "member"),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(size),
+            service_name: Some(name),
+            pod_management_policy: Some("Parallel".to_owned()),
+            selector: LabelSelector {
+                match_labels: Some(member_selector(ec)),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(ec, "member")),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    security_context: Some(restricted_pod()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(30),
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    name: Some("data".to_owned()),
+                    labels: Some(labels(ec, "member")),
+                    ..Default::default()
+                },
+                spec: Some(claim_spec(ec)),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn container_port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: port,
+        ..Default::default()
+    }
+}
+
+/// The claim names the StatefulSet gives its members' volumes.
+pub fn member_claim(ec: &EtcdCluster, ordinal: i32) -> String {
+    format!("data-{}-{ordinal}", ec.name_any())
+}
+
+/// PodDisruptionBudget `NAME`: voluntary disruptions may take at most (members-1)/2 members,
+/// so a quorum always stays. A single member gets 0: it cannot be evicted without losing the
+/// cluster. `members` is what the StatefulSet runs (it lags `spec.size` while new members are
+/// being added).
+pub fn pod_disruption_budget(ec: &EtcdCluster, members: i32) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(ec, ec.name_any(), "member"),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int((members.max(1) - 1) / 2)),
+            selector: Some(LabelSelector {
+                match_labels: Some(member_selector(ec)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Job `NAME-member-<i>`: `etcdctl member add` for a member that joins a running cluster, run
+/// before the StatefulSet gets the pod. The etcd image has etcdctl and no shell, which is all
+/// this needs.
+pub fn member_add_job(ec: &EtcdCluster, ordinal: i32, opts: &RenderOptions) -> Job {
+    let name = ec.name_any();
+    let container = Container {
+        name: "member-add".to_owned(),
+        image: Some(etcd_image(ec, opts)),
+        command: Some(vec!["/usr/local/bin/etcdctl".to_owned()]),
+        args: Some(vec![
+            format!("--endpoints={}", client_url(ec)),
+            "--dial-timeout=10s".to_owned(),
+            "member".to_owned(),
+            "add".to_owned(),
+            format!("{name}-{ordinal}"),
+            format!("--peer-urls={}", peer_url(ec, ordinal)),
+        ]),
+        security_context: Some(restricted_container()),
+        ..Default::default()
+    };
+    Job {
+        metadata: meta(ec, member_job_name(ec, ordinal), "member-add"),
+        spec: Some(JobSpec {
+            backoff_limit: Some(6),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(ec, "member-add")),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    restart_policy: Some("Never".to_owned()),
+                    security_context: Some(restricted_pod()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn member_job_name(ec: &EtcdCluster, ordinal: i32) -> String {
+    format!("{}-member-{ordinal}", ec.name_any())
+}
+
+/// One volume of `spec.storageClass` and `spec.storageSize`.
+pub(super) fn claim_spec(ec: &EtcdCluster) -> PersistentVolumeClaimSpec {
+    PersistentVolumeClaimSpec {
+        access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+        storage_class_name: Some(ec.spec.storage_class.clone()),
+        resources: Some(VolumeResourceRequirements {
+            requests: Some(storage(&ec.spec.storage_size)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,471 @@
+//! Desired state: what one v1 EtcdCluster turns into. Pure functions, no I/O.
+//!
+//! Every object carries the labels in [`labels`] and (except the backup volume, which must
+//! outlive the cluster) a controller ownerReference to the EtcdCluster, so deleting the
+//! cluster cascades.
+
+mod backup;
+mod members;
+
+pub use backup::*;
+pub use members::*;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, SeccompProfile,
+    SecurityContext, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+use crate::api::v1::EtcdCluster;
+
+pub const CLIENT_PORT: i32 = 2379;
+pub const PEER_PORT: i32 = 2380;
+/// etcd's `--listen-metrics-urls` port: `/health` and `/metrics` without touching clients.
+pub const METRICS_PORT: i32 = 2381;
+/// EtcdCluster annotation the loop writes with its finalizer: the size the cluster was
+/// bootstrapped with. Members with an ordinal at or above it joined an existing cluster.
+pub const INITIAL_SIZE_ANNOTATION: &str = "etcd.example.com/initial-size";
+/// Where a member keeps its data (a subdirectory of the volume, away from `lost+found`).
+const DATA_MOUNT: &str = "/var/lib/etcd";
+const DATA_DIR: &str = "/var/lib/etcd/data";
+/// The non-root user (distroless `nonroot`) every pod runs as.
+const RUN_AS: i64 = 65532;
+
+/// The default of `--etcd-image-registry`.
+pub const DEFAULT_ETCD_REGISTRY: &str = "quay.io/coreos";
+/// The default of `--backup-helper-image`.
+pub const DEFAULT_HELPER_IMAGE: &str = "busybox:1.37";
+/// The default of `--backup-s3-image`.
+pub const DEFAULT_S3_IMAGE: &str = "amazon/aws-cli:2.22.35";
+
+/// Settings that are not in the EtcdCluster but in the controller's flags (`cli::ImageArgs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// `--etcd-image-registry`: images are `<registry>/etcd:<spec.version>`.
+    pub etcd_registry: String,
+    /// `--backup-helper-image`: a shell image that files snapshots on the backup volume.
+    pub helper_image: String,
+    /// `--backup-s3-image`: an image with the `aws` CLI, for `s3://` destinations.
+    pub s3_image: String,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        Self {
+            etcd_registry: DEFAULT_ETCD_REGISTRY.to_owned(),
+            helper_image: DEFAULT_HELPER_IMAGE.to_owned(),
+            s3_image: DEFAULT_S3_IMAGE.to_owned(),
+        }
+    }
+}
+
+/// Labels of every object of a cluster; `component` tells members, backups and jobs apart.
+pub fn labels(ec: &EtcdCluster, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "etcd".to_owned()),
+        ("app.kubernetes.io/instance".to_owned(), ec.name_any()),
+        (
+            "app.kubernetes.io/component".to_owned(),
+            component.to_owned(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            crate::api::MANAGER.to_owned(),
+        ),
+    ])
+}
+
+/// The member pods' selector (immutable on a StatefulSet, so it never changes).
+pub fn member_selector(ec: &EtcdCluster) -> BTreeMap<String, String> {
+    let mut l = labels(ec, "member");
+    l.remove("app.kubernetes.io/managed-by");
+    l
+}
+
+/// The controller reference, blocking the owner's deletion as controller-runtime's
+/// SetControllerReference does: a foreground deletion of the cluster (`kubectl delete
+/// --cascade=foreground`) then returns only after its children are gone. Setting it needs
+/// `update` on `etcdclusters/finalizers` where OwnerReferencesPermissionEnforcement is on.
+fn owner(ec: &EtcdCluster) -> OwnerReference {
+    OwnerReference {
+        block_owner_deletion: Some(true),
+        ..ec.controller_owner_ref(&())
+            .expect("an EtcdCluster read from the API has a name and uid")
+    }
+}
+
+fn meta(ec: &EtcdCluster, name: String, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: ec.namespace(),
+        labels: Some(labels(ec, component)),
+        owner_references: Some(vec![owner(ec)]),
+        ..Default::default()
+    }
+}
+
+fn namespace(ec: &EtcdCluster) -> String {
+    ec.namespace().unwrap_or_else(|| "default".to_owned())
+}
+
+/// `http://NAME-i.NAME.NS.svc:2379` for each member.
+pub fn endpoints(ec: &EtcdCluster, size: i32) -> Vec<String> {
+    let (name, ns) = (ec.name_any(), namespace(ec));
+    (0..size)
+        .map(|i| format!("http://{name}-{i}.{name}.{ns}.svc:{CLIENT_PORT}"))
+        .collect()
+}
+
+/// The client Service URL that snapshots and membership changes talk to.
+pub fn client_url(ec: &EtcdCluster) -> String {
+    format!(
+        "http://{}-client.{}.svc:{CLIENT_PORT}",
+        ec.name_any(),
+        namespace(ec)
+    )
+}
+
+fn peer_url(ec: &EtcdCluster, ordinal: i32) -> String {
+    let (name, ns) = (ec.name_any(), namespace(ec));
+    format!("http://{name}-{ordinal}.{name}.{ns}.svc:{PEER_PORT}")
+}
+
+/// `--initial-cluster`: every member of a cluster of `size`.
+pub fn initial_cluster(ec: &EtcdCluster, size: i32) -> String {
+    let name = ec.name_any();
+    (0..size)
+        .map(|i| format!("{name}-{i}={}", peer_url(ec, i)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn port(name: &str, port: i32) -> ServicePort {
+    ServicePort {
+        name: Some(name.to_owned()),
+        port,
+        target_port: Some(IntOrString::String(name.to_owned())),
+        ..Default::default()
+    }
+}
+
+/// Headless Service `NAME`: stable DNS names for the members, published before they are ready
+/// (members must find each other to become ready at all).
+pub fn headless_service(ec: &EtcdCluster) -> Service {
+    Service {
+        metadata: meta(ec, ec.name_any(), "member"),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(member_selector(ec)),
+            ports: Some(vec![port("client", CLIENT_PORT), port("peer", PEER_PORT)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Client Service `NAME-client`: ready members only.
+pub fn client_service(ec: &EtcdCluster) -> Service {
+    Service {
+        metadata: meta(ec, format!("{}-client", ec.name_any()), "client"),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_owned()),
+            selector: Some(member_selector(ec)),
+            ports: Some(vec![port("client", CLIENT_PORT)]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(runtime_default()),
+        ..Default::default()
+    }
+}
+
+fn runtime_default() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".to_owned(),
+        ..Default::default()
+    }
+}
+
+fn restricted_pod() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS),
+        run_as_group: Some(RUN_AS),
+        fs_group: Some(RUN_AS),
+        seccomp_profile: Some(runtime_default()),
+        ..Default::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_owned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Every object a new cluster gets, in apply order: the Services, StatefulSet and
+/// PodDisruptionBudget, then (with backups) the backup volume, the CronJob, and the Job the
+/// finalizer would run on deletion. What `etcd-webhook render` prints.
+pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
+    let json = |v: Result<serde_json::Value, serde_json::Error>| v.expect("k8s objects serialize");
+    let mut out = vec![
+        json(serde_json::to_value(headless_service(ec))),
+        json(serde_json::to_value(client_service(ec))),
+        json(serde_json::to_value(stateful_set(
+            ec,
+            ec.spec.size,
+            ec.spec.size,
+            opts,
+        ))),
+        json(serde_json::to_value(pod_disruption_budget(
+            ec,
+            ec.spec.size,
+        ))),
+    ];
+    if let Some(Ok(target)) = backup_target(ec) {
+        if target == BackupTarget::Volume {
+            out.push(json(serde_json::to_value(backup_claim(ec))));
+        }
+        out.push(json(serde_json::to_value(backup_cron_job(
+            ec, &target, opts,
+        ))));
+        out.push(json(serde_json::to_value(final_snapshot_job(
+            ec, &target, opts,
+        ))));
+    }
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::api::v1::{Backup, EtcdClusterSpec};
+
+    /// A v1 EtcdCluster as the API returns it (name, namespace, uid, generation).
+    pub(crate) fn cluster(name: &str, size: i32, backup: Option<Backup>) -> EtcdCluster {
+        let mut ec = EtcdCluster::new(
+            name,
+            EtcdClusterSpec {
+                size,
+                version: "v3.5.10".to_owned(),
+                storage_class: "ssd".to_owned(),
+                storage_size: "10Gi".to_owned(),
+                backup,
+            },
+        );
+        ec.metadata.namespace = Some("prod".to_owned());
+        ec.metadata.uid = Some("6a3c1f9e-0000-4000-8000-000000000001".to_owned());
+        ec.metadata.generation = Some(1);
+        ec
+    }
+
+    pub(crate) fn backup(destination: Option<&str>) -> Backup {
+        Backup {
+            enabled: true,
+            schedule: "0 */6 * * *".to_owned(),
+            retention: 7,
+            destination: destination.map(str::to_owned),
+        }
+    }
+
+    /// Every object of a cluster, as YAML documents in a fixed order.
+    fn render_all(ec: &EtcdCluster) -> String {
+        all(ec, &RenderOptions::default())
+            .iter()
+            .map(|o| serde_yaml_ng::to_string(o).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n")
+    }
+
+    /// Golden files under tests/golden/; `UPDATE_GOLDEN=1 cargo test` rewrites them.
+    fn golden(file: &str, actual: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(file);
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, actual).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
+        assert!(
+            expected == actual,
+            "{} differs from the rendering (UPDATE_GOLDEN=1 rewrites it after review):\n{}",
+            path.display(),
+            line_diff(&expected, actual)
+        );
+    }
+
+    fn line_diff(expected: &str, actual: &str) -> String {
+        let (e, a): (Vec<_>, Vec<_>) = (expected.lines().collect(), actual.lines().collect());
+        let mut out = String::new();
+        for i in 0..e.len().max(a.len()) {
+            let (x, y) = (e.get(i), a.get(i));
+            if x != y {
+                out += &format!("line {}: golden {:?}\n        rendered {:?}\n", i + 1, x, y);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn golden_one_three_five_members_with_and_without_backup() {
+        for size in [1, 3, 5] {
+            golden(
+                &format!("etcd-{size}.yaml"),
+                &render_all(&cluster(&format!("etcd-{size}"), size, None)),
+            );
+            golden(
+                &format!("etcd-{size}-backup.yaml"),
+                &render_all(&cluster(&format!("etcd-{size}"), size, Some(backup(None)))),
+            );
+        }
+        golden(
+            "etcd-3-backup-s3.yaml",
+            &render_all(&cluster(
+                "etcd-3",
+                3,
+                Some(backup(Some("s3://snapshots/prod/"))),
+            )),
+        );
+    }
+
+    #[test]
+    fn quorum_safe_disruption_budget() {
+        for (size, max) in [(1, 0), (3, 1), (5, 2), (7, 3)] {
+            let pdb = pod_disruption_budget(&cluster("e", size, None), size);
+            assert_eq!(
+                pdb.spec.unwrap().max_unavailable,
+                Some(IntOrString::Int(max)),
+                "size {size}"
+            );
+        }
+    }
+
+    #[test]
+    fn grown_cluster_starts_new_members_as_existing_with_every_member_listed() {
+        let ec = cluster("etcd", 5, None);
+        let sts = stateful_set(&ec, 3, 5, &RenderOptions::default());
+        let args = sts.spec.unwrap().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
+        assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
+        let members = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--initial-cluster="))
+            .unwrap();
+        assert_eq!(members.split(',').count(), 5);
+        assert!(members.contains("etcd-4=http://etcd-4.etcd.prod.svc:2380"));
+        let fresh = stateful_set(&ec, 5, 5, &RenderOptions::default());
+        let args = fresh.spec.unwrap().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
+        assert!(args.contains(&"--initial-cluster-state=new".to_owned()));
+    }
+
+    #[test]
+    fn a_growing_cluster_lists_the_members_it_has_so_far() {
+        let ec = cluster("etcd", 5, None);
+        let sts = stateful_set(&ec, 3, 4, &RenderOptions::default());
+        let spec = sts.spec.unwrap();
+        assert_eq!(spec.replicas, Some(4));
+        let args = spec.template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
+        let listed = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--initial-cluster="))
+            .unwrap();
+        assert_eq!(listed.split(',').count(), 4);
+        assert!(!listed.contains("etcd-4="));
+    }
+
+    #[test]
+    fn images_come_from_the_registry_flag() {
+        let ec = cluster("etcd", 3, None);
+        let opts = RenderOptions {
+            etcd_registry: "registry.local:5000/mirror/".to_owned(),
+            ..Default::default()
+        };
+        let sts = stateful_set(&ec, 3, 3, &opts);
+        assert_eq!(
+            sts.spec.unwrap().template.spec.unwrap().containers[0]
+                .image
+                .as_deref(),
+            Some("registry.local:5000/mirror/etcd:v3.5.10")
+        );
+    }
+
+    #[test]
+    fn backup_targets() {
+        assert_eq!(backup_target(&cluster("e", 3, None)), None);
+        let mut off = backup(None);
+        off.enabled = false;
+        assert_eq!(backup_target(&cluster("e", 3, Some(off))), None);
+        assert_eq!(
+            backup_target(&cluster("e", 3, Some(backup(None)))),
+            Some(Ok(BackupTarget::Volume))
+        );
+        assert_eq!(
+            backup_target(&cluster("e", 3, Some(backup(Some("s3://b/p/"))))),
+            Some(Ok(BackupTarget::S3("s3://b/p".to_owned())))
+        );
+        assert!(matches!(
+            backup_target(&cluster("e", 3, Some(backup(Some("gs://b/p"))))),
+            Some(Err(UnsupportedDestination(_)))
+        ));
+    }
+
+    #[test]
+    fn every_owned_object_points_at_its_cluster_as_controller() {
+        let ec = cluster("etcd", 3, Some(backup(None)));
+        let opts = RenderOptions::default();
+        let metas = [
+            headless_service(&ec).metadata,
+            client_service(&ec).metadata,
+            stateful_set(&ec, 3, 3, &opts).metadata,
+            pod_disruption_budget(&ec, 3).metadata,
+            backup_cron_job(&ec, &BackupTarget::Volume, &opts).metadata,
+            final_snapshot_job(&ec, &BackupTarget::Volume, &opts).metadata,
+            member_add_job(&ec, 3, &opts).metadata,
+        ];
+        for m in metas {
+            let refs = m.owner_references.unwrap();
+            assert_eq!(refs.len(), 1);
+            assert_eq!(refs[0].controller, Some(true));
+            assert_eq!(refs[0].block_owner_deletion, Some(true));
+            assert_eq!(refs[0].kind, "EtcdCluster");
+            assert_eq!(refs[0].uid, ec.metadata.uid.clone().unwrap());
+            assert_eq!(m.namespace.as_deref(), Some("prod"));
+        }
+        assert_eq!(backup_claim(&ec).metadata.owner_references, None);
+    }
+}
