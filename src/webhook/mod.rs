@@ -133,12 +133,33 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .merge(health::probes(state.readiness.clone()))
 }
 
-/// `routes` with the answers for unknown paths and methods and the per-request guard (metrics,
-/// time limit, panic isolation) around every route.
+/// `routes` with the answers for unknown paths and methods, panic isolation (tower-http's
+/// `CatchPanicLayer`: a panic answers 500 with a Status for that request only, counted and
+/// logged) and the per-request guard (metrics, time limit) around every route.
+///
+/// The time limit and the body limit are not tower-http's `TimeoutLayer` and
+/// `RequestBodyLimitLayer`: those answer 408 with an empty body and 413 with plain text, where
+/// the apiserver shows a `metav1.Status` message, and the body limit differs per endpoint
+/// (`--max-body-bytes`, `--max-convert-body-bytes`) and comes after the Content-Type check
+/// (see [`read_body`]). Mapping their answers back would be more code than the guard.
 pub fn layered(routes: Router, state: Arc<AppState>) -> Router {
+    let metrics = state.metrics.clone();
     routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            move |panic: Box<dyn std::any::Any + Send>| {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("unknown panic");
+                tracing::error!(panic = what, "panic while answering a request; answered 500");
+                metrics.panics.inc();
+                ApiError::Internal(format!("panic while answering the request: {what}"))
+                    .into_response()
+            },
+        ))
         .layer(axum::middleware::from_fn_with_state(state, guard))
 }
 
@@ -151,14 +172,13 @@ fn endpoint_label(path: &str) -> &'static str {
     }
 }
 
-/// Around every request: in-flight and latency metrics, body size, the per-request time limit,
-/// panic isolation (a panic answers 500 for that request only) and HTTP error counts.
+/// Around every request: in-flight and latency metrics, body size, the per-request time limit
+/// and HTTP error counts (a panic, turned into a 500 inside it, counts as one).
 async fn guard(
     State(state): State<Arc<AppState>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    use futures_util::FutureExt;
     let endpoint = endpoint_label(req.uri().path());
     let labels = EndpointLabel { endpoint };
     if let Some(len) = req
@@ -179,23 +199,8 @@ async fn guard(
         .get_or_create_owned(&labels);
     in_flight.inc();
     let start = std::time::Instant::now();
-    let run = std::panic::AssertUnwindSafe(next.run(req)).catch_unwind();
-    let response = match tokio::time::timeout(state.request_timeout, run).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(panic)) => {
-            let what = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
-            tracing::error!(
-                endpoint,
-                panic = what,
-                "panic while answering a request; answered 500"
-            );
-            state.metrics.panics.inc();
-            ApiError::Internal(format!("panic while answering the request: {what}")).into_response()
-        }
+    let response = match tokio::time::timeout(state.request_timeout, next.run(req)).await {
+        Ok(response) => response,
         Err(_) => {
             tracing::warn!(endpoint, timeout = ?state.request_timeout, "request timed out");
             ApiError::Timeout(state.request_timeout).into_response()
