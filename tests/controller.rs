@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use etcd_webhook::testing::FakeApi;
 use serde_json::{Value, json};
 
-use common::{Server, apiserver_client, fixture, post, runtime};
+use common::{Server, Target, apiserver_client, fixture, post, runtime};
 
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/test/leases/etcd-webhook-leader";
 const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";

@@ -143,16 +143,31 @@ fn has_key(v: &Value, key: &str) -> bool {
     }
 }
 
+/// The install's namespace.
+const NS: &str = "etcd-system";
+
 /// Everything that must hold in any rendering.
 fn check(install: &Install, cert_manager: bool) {
-    let n = &install.name;
-    let ns = "etcd-system";
     assert!(
         !install.docs.iter().any(|d| has_key(d, "caBundle")),
-        "{n}: no caBundle anywhere"
+        "{}: no caBundle anywhere",
+        install.name
     );
+    let (pod, pod_labels, secret_name) = check_deployment(install);
+    let svc_name = check_budget_and_service(install, &pod_labels);
+    check_webhook_configurations(install, &svc_name);
+    let has_crd = check_crd(install, &svc_name);
+    check_cert_manager(install, cert_manager, &secret_name, &svc_name, has_crd);
+    check_service_account(install, &pod);
+}
 
-    // The Deployment: replicas, security, probes, the certificate volume as a directory.
+/// The Deployment: replicas, security, probes, the certificate volume as a directory. Returns
+/// its pod spec, the pods' labels and the Secret the certificate comes from.
+fn check_deployment(
+    install: &Install,
+) -> (PodSpec, std::collections::BTreeMap<String, String>, String) {
+    let n = &install.name;
+    let ns = NS;
     let deploy: Deployment = install.one("Deployment");
     let spec = deploy.spec.as_ref().unwrap();
     assert!(spec.replicas.unwrap() >= 2, "{n}: at least 2 replicas");
@@ -255,11 +270,20 @@ fn check(install: &Install, cert_manager: bool) {
         .labels
         .clone()
         .unwrap();
+    (pod.clone(), pod_labels, secret_name)
+}
+
+/// A PodDisruptionBudget over the pods, and the Service that reaches their webhook port;
+/// returns the Service's name.
+fn check_budget_and_service(
+    install: &Install,
+    pod_labels: &std::collections::BTreeMap<String, String>,
+) -> String {
+    let n = &install.name;
+    let ns = NS;
     let selects = |sel: &std::collections::BTreeMap<String, String>| {
         sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
     };
-
-    // A PodDisruptionBudget over those pods.
     let pdb: PodDisruptionBudget = install.one("PodDisruptionBudget");
     assert!(
         selects(
@@ -292,12 +316,20 @@ fn check(install: &Install, cert_manager: bool) {
         "{n}"
     );
 
+    svc_name
+}
+
+/// Both webhook configurations: our Service, port 443, the served paths, the rules, and a
+/// timeout the server's --request-timeout stays under.
+fn check_webhook_configurations(install: &Install, svc_name: &str) {
+    let n = &install.name;
+    let ns = NS;
     // Every client config: our Service, port 443, a path the server serves.
     let check_client = |cc: &WebhookClientConfig, path: &str| {
         let s = cc.service.as_ref().unwrap();
         assert_eq!(
             (s.name.as_str(), s.namespace.as_str()),
-            (svc_name.as_str(), ns),
+            (svc_name, ns),
             "{n}"
         );
         assert_eq!(s.port, Some(443), "{n}");
@@ -362,8 +394,12 @@ fn check(install: &Install, cert_manager: bool) {
         // match only etcdclusters, so there is no lock-out to avoid.
         assert!(ns_sel.is_none(), "{n}: no namespaceSelector");
     }
+}
 
-    // The CRD: generated, converting through our Service.
+/// The CRD: generated, converting through our Service. Returns whether the install carries it.
+fn check_crd(install: &Install, svc_name: &str) -> bool {
+    let n = &install.name;
+    let ns = NS;
     let crds: Vec<CustomResourceDefinition> = install.all("CustomResourceDefinition");
     assert_eq!(crds.len(), 1, "{n}: the install carries the CRD");
     {
@@ -385,7 +421,7 @@ fn check(install: &Install, cert_manager: bool) {
                 s.port,
                 s.path.as_deref()
             ),
-            (svc_name.as_str(), ns, Some(443), Some("/convert")),
+            (svc_name, ns, Some(443), Some("/convert")),
             "{n}"
         );
         assert!(cc.url.is_none() && cc.ca_bundle.is_none(), "{n}");
@@ -397,8 +433,20 @@ fn check(install: &Install, cert_manager: bool) {
         );
     }
 
-    // cert-manager: the serving Certificate's Secret is what the Deployment mounts, its names are
-    // the Service's, and every cainjector annotation names it.
+    !crds.is_empty()
+}
+
+/// cert-manager: the serving Certificate's Secret is what the Deployment mounts, its names are
+/// the Service's, and every cainjector annotation names it (none without cert-manager).
+fn check_cert_manager(
+    install: &Install,
+    cert_manager: bool,
+    secret_name: &str,
+    svc_name: &str,
+    has_crd: bool,
+) {
+    let n = &install.name;
+    let ns = NS;
     let certs = install.raw("Certificate");
     let annotated: Vec<String> = install
         .docs
@@ -412,7 +460,7 @@ fn check(install: &Install, cert_manager: bool) {
     if cert_manager {
         let serving = certs
             .iter()
-            .find(|c| c["spec"]["secretName"] == secret_name.as_str())
+            .find(|c| c["spec"]["secretName"] == secret_name)
             .expect("a Certificate writes the mounted Secret");
         let cert_name = serving["metadata"]["name"].as_str().unwrap();
         let dns: Vec<&str> = serving["spec"]["dnsNames"]
@@ -455,7 +503,7 @@ fn check(install: &Install, cert_manager: bool) {
                     && i["spec"].get("selfSigned").is_some())
         );
         let want = format!("{ns}/{cert_name}");
-        let expected = if crds.is_empty() { 2 } else { 3 };
+        let expected = if has_crd { 3 } else { 2 };
         assert_eq!(
             annotated.len(),
             expected,
@@ -478,7 +526,13 @@ fn check(install: &Install, cert_manager: bool) {
             "{n}: no inject annotations without cert-manager"
         );
     }
+}
 
+/// The ServiceAccount the pods run as, and the RBAC the --controller mode needs (none without
+/// the controller).
+fn check_service_account(install: &Install, pod: &PodSpec) {
+    let n = &install.name;
+    let args = serve_args(install);
     let sa: ServiceAccount = install.one("ServiceAccount");
     assert_eq!(
         pod.service_account_name.as_deref(),

@@ -22,7 +22,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
-async fn still_serving(server: &Server) {
+async fn still_serving(server: &impl Target) {
     let (status, _, body) = post(
         &apiserver_client(&server.ca()),
         &server.url("/validate"),
@@ -33,9 +33,9 @@ async fn still_serving(server: &Server) {
     assert_eq!(body["response"]["allowed"], true);
 }
 
-async fn tls(server: &Server) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+async fn tls(server: &impl Target) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let config = client_config(&std::fs::read_to_string(server.ca()).unwrap(), None);
-    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
     tokio_rustls::TlsConnector::from(config)
         .connect(
             rustls_pki_types::ServerName::try_from("localhost").unwrap(),
@@ -67,7 +67,7 @@ async fn read_some<R: AsyncReadExt + Unpin>(r: &mut R, within: Duration) -> Vec<
 
 #[test]
 fn bad_bodies_get_clear_4xx_and_serving_goes_on() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(&[]);
     let client = apiserver_client(&server.ca());
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
     let mut deep_object: Value =
@@ -219,7 +219,7 @@ fn a_100_mb_body_is_refused_without_being_read() {
 
 #[test]
 fn slow_headers_are_cut_off() {
-    let server = Server::start(&["--header-read-timeout", "2s"]);
+    let server = InProcess::start(&["--header-read-timeout", "2s"]);
     runtime().block_on(async {
         let mut s = tls(&server).await;
         let start = Instant::now();
@@ -254,6 +254,7 @@ fn slow_headers_are_cut_off() {
 
 #[test]
 fn a_thousand_idle_connections_do_not_stop_others() {
+    // The binary: its RSS is measured.
     let server = Server::start(&[]);
     let pid = server.child.id();
     let before = rss_kib(pid);
@@ -261,7 +262,7 @@ fn a_thousand_idle_connections_do_not_stop_others() {
         let mut idle = Vec::new();
         // 900 TCP connections that never start TLS, and 100 TLS connections that never send a request.
         for _ in 0..900 {
-            idle.push(tokio::net::TcpStream::connect(server.addr).await.unwrap());
+            idle.push(tokio::net::TcpStream::connect(server.addr()).await.unwrap());
         }
         let mut idle_tls = Vec::new();
         for _ in 0..100 {
@@ -287,10 +288,10 @@ fn a_thousand_idle_connections_do_not_stop_others() {
 
 #[test]
 fn plain_http_and_old_tls_are_refused() {
-    let server = Server::start(&[]);
+    let server = InProcess::start(&[]);
     runtime().block_on(async {
         // Plain HTTP on the TLS port.
-        let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let mut tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
         tcp.write_all(b"POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n\r\n{}")
             .await
             .unwrap();
@@ -315,7 +316,7 @@ fn plain_http_and_old_tls_are_refused() {
                 hello.len() as u8,
             ];
             record.extend(hello);
-            let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+            let mut tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
             tcp.write_all(&record).await.unwrap();
             let reply = read_some(&mut tcp, Duration::from_secs(5)).await;
             assert!(
@@ -330,7 +331,7 @@ fn plain_http_and_old_tls_are_refused() {
 
 #[test]
 fn http2_rapid_reset_is_contained() {
-    let server = Server::start(&["--http2"]);
+    let server = InProcess::start(&["--http2"]);
     runtime().block_on(async {
         let config = {
             let mut c =
@@ -338,7 +339,7 @@ fn http2_rapid_reset_is_contained() {
             c.alpn_protocols = vec![b"h2".to_vec()];
             Arc::new(c)
         };
-        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let tcp = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
         let stream = tokio_rustls::TlsConnector::from(config)
             .connect(
                 rustls_pki_types::ServerName::try_from("localhost").unwrap(),

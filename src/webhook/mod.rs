@@ -154,7 +154,10 @@ pub fn layered(routes: Router, state: Arc<AppState>) -> Router {
                     .map(String::as_str)
                     .or_else(|| panic.downcast_ref::<&str>().copied())
                     .unwrap_or("unknown panic");
-                tracing::error!(panic = what, "panic while answering a request; answered 500");
+                tracing::error!(
+                    panic = what,
+                    "panic while answering a request; answered 500"
+                );
                 metrics.panics.inc();
                 ApiError::Internal(format!("panic while answering the request: {what}"))
                     .into_response()

@@ -40,6 +40,36 @@ pub fn make_certs(dir: &Path, extra: &[&str]) {
     assert!(status.success(), "etcd-webhook certs failed");
 }
 
+/// What a test talks to: the binary ([`Server`]) or the library in-process ([`InProcess`]).
+pub trait Target {
+    /// The TLS listener's address.
+    fn addr(&self) -> SocketAddr;
+    /// The CA that signed the serving certificate.
+    fn ca(&self) -> PathBuf;
+    /// `https://localhost:PORT/path`.
+    fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{}", self.addr().port(), path)
+    }
+}
+
+impl Target for Server {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    fn ca(&self) -> PathBuf {
+        self.cert_dir.join("ca.crt")
+    }
+}
+
+impl Target for InProcess {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+    fn ca(&self) -> PathBuf {
+        self.cert_dir.join("ca.crt")
+    }
+}
+
 /// A server started in this process (`etcd_webhook::app::start`) on 127.0.0.1:0, with its own
 /// runtime and certificates in a temp dir; shut down on drop. For tests of what the library
 /// does; [`Server`] runs the binary where the binary is what is tested (signals, exit codes,
@@ -90,14 +120,6 @@ impl InProcess {
             runtime: Some(runtime),
             _tmp: tmp,
         }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("https://localhost:{}{}", self.addr.port(), path)
-    }
-
-    pub fn ca(&self) -> PathBuf {
-        self.cert_dir.join("ca.crt")
     }
 
     /// The value of one metric, summed over label sets that contain `labels`.
@@ -296,14 +318,6 @@ impl Server {
     /// that contain `labels`.
     pub fn metric(&self, name: &str, labels: &str) -> f64 {
         metric_in(&self.health_get("/metrics").1, name, labels)
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("https://localhost:{}{}", self.addr.port(), path)
-    }
-
-    pub fn ca(&self) -> PathBuf {
-        self.cert_dir.join("ca.crt")
     }
 
     pub fn log(&self) -> String {
