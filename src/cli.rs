@@ -257,7 +257,8 @@ pub struct CertsArgs {
     pub atomic: bool,
 }
 
-/// The images of the objects the controller renders (`serve` and `render` alike).
+/// The images and member requests of the objects the controller renders (`serve` and `render`
+/// alike).
 #[derive(Clone, Debug, Args)]
 pub struct ImageArgs {
     /// Registry of the etcd images: members run `<registry>/etcd:<spec.version>`.
@@ -269,6 +270,12 @@ pub struct ImageArgs {
     /// Image with the aws CLI, for `s3://` backup destinations.
     #[arg(long, env = "ETCD_WEBHOOK_BACKUP_S3_IMAGE", default_value = render::DEFAULT_S3_IMAGE)]
     pub backup_s3_image: String,
+    /// CPU request of each etcd member (no limit: a throttled member misses heartbeats).
+    #[arg(long, env = "ETCD_WEBHOOK_MEMBER_CPU_REQUEST", default_value = render::DEFAULT_MEMBER_CPU)]
+    pub member_cpu_request: String,
+    /// Memory request of each etcd member (no limit: an OOM kill costs a member).
+    #[arg(long, env = "ETCD_WEBHOOK_MEMBER_MEMORY_REQUEST", default_value = render::DEFAULT_MEMBER_MEMORY)]
+    pub member_memory_request: String,
 }
 
 impl From<&ImageArgs> for RenderOptions {
@@ -277,6 +284,8 @@ impl From<&ImageArgs> for RenderOptions {
             etcd_registry: args.etcd_image_registry.clone(),
             helper_image: args.backup_helper_image.clone(),
             s3_image: args.backup_s3_image.clone(),
+            member_cpu: args.member_cpu_request.clone(),
+            member_memory: args.member_memory_request.clone(),
         }
     }
 }

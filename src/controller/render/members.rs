@@ -3,11 +3,15 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodSpec, PodTemplateSpec, Probe, VolumeMount, VolumeResourceRequirements,
+    Affinity, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, TCPSocketAction, TopologySpreadConstraint, VolumeMount,
+    VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -29,6 +33,92 @@ fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
         failure_threshold: Some(failures),
         ..Default::default()
     }
+}
+
+/// The member's readiness and liveness probes for its etcd release. Ready needs a quorum;
+/// alive never does, so losing the quorum restarts no member:
+/// - from v3.5.11, `/readyz` (which also fails on a learner) and `/livez`;
+/// - from v3.5.3, `/health` and `/health?serializable=true`, answered locally from that release
+///   on (etcd-io/etcd#13706);
+/// - before v3.5.3 every health endpoint needs a leader, so liveness only checks that the
+///   metrics port accepts connections.
+pub fn probes(version: &str) -> (Probe, Probe) {
+    let at_least = |minor: u64, patch: u64| {
+        version
+            .parse::<crate::api::EtcdVersion>()
+            .is_ok_and(|v| (v.major, v.minor, v.patch) >= (3, minor, patch))
+    };
+    let alive = |probe: Probe| Probe {
+        initial_delay_seconds: Some(15),
+        ..probe
+    };
+    if at_least(5, 11) {
+        (
+            health_probe("/readyz", 5, 3),
+            alive(health_probe("/livez", 10, 6)),
+        )
+    } else if at_least(5, 3) {
+        (
+            health_probe("/health", 5, 3),
+            alive(health_probe("/health?serializable=true", 10, 6)),
+        )
+    } else {
+        let tcp = Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::String("metrics".to_owned()),
+                ..Default::default()
+            }),
+            period_seconds: Some(10),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(6),
+            ..Default::default()
+        };
+        (health_probe("/health", 5, 3), alive(tcp))
+    }
+}
+
+/// Each member's requests, no limits.
+fn member_resources(opts: &RenderOptions) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(opts.member_cpu.clone())),
+            ("memory".to_owned(), Quantity(opts.member_memory.clone())),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// Members on different nodes where possible (preferred: a cluster of 3 still starts on one
+/// node), and spread over zones (ScheduleAnyway: a single-zone cluster still schedules).
+fn member_placement(ec: &EtcdCluster) -> (Affinity, Vec<TopologySpreadConstraint>) {
+    let selector = LabelSelector {
+        match_labels: Some(member_selector(ec)),
+        ..Default::default()
+    };
+    let affinity = Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(selector.clone()),
+                        topology_key: "kubernetes.io/hostname".to_owned(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let spread = vec![TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "topology.kubernetes.io/zone".to_owned(),
+        when_unsatisfiable: "ScheduleAnyway".to_owned(),
+        label_selector: Some(selector),
+        ..Default::default()
+    }];
+    (affinity, spread)
 }
 
 pub(super) fn etcd_image(ec: &EtcdCluster, opts: &RenderOptions) -> String {
@@ -87,6 +177,8 @@ pub fn stateful_set(
         format!("--initial-cluster-state={state}"),
         format!("--initial-cluster-token={name}.{}", namespace(ec)),
     ];
+    let (readiness, liveness) = probes(&ec.spec.version);
+    let (affinity, spread) = member_placement(ec);
     let container = Container {
         name: "etcd".to_owned(),
         image: Some(etcd_image(ec, opts)),
@@ -101,13 +193,9 @@ pub fn stateful_set(
             container_port("peer", PEER_PORT),
             container_port("metrics", METRICS_PORT),
         ]),
-        // Ready: this member is in a cluster with a quorum. Alive: the process answers, judged
-        // locally (serializable), so losing quorum does not restart every member.
-        readiness_probe: Some(health_probe("/health", 5, 3)),
-        liveness_probe: Some(Probe {
-            initial_delay_seconds: Some(15),
-            ..health_probe("/health?serializable=true", 10, 6)
-        }),
+        readiness_probe: Some(readiness),
+        liveness_probe: Some(liveness),
+        resources: Some(member_resources(opts)),
         volume_mounts: Some(vec![VolumeMount {
             name: "data".to_owned(),
             mount_path: DATA_MOUNT.to_owned(),
@@ -133,6 +221,8 @@ pub fn stateful_set(
                 }),
                 spec: Some(PodSpec {
                     containers: vec![container],
+                    affinity: Some(affinity),
+                    topology_spread_constraints: Some(spread),
                     security_context: Some(restricted_pod()),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
@@ -149,6 +239,15 @@ pub fn stateful_set(
                 spec: Some(claim_spec(ec)),
                 ..Default::default()
             }]),
+            // The members' volumes go with the cluster (a re-created cluster never starts on
+            // a former cluster's data and membership); the backup claim and the final snapshot
+            // stay. Scaling never removes members, so nothing is said about scale-down.
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some("Delete".to_owned()),
+                    when_scaled: Some("Retain".to_owned()),
+                },
+            ),
             ..Default::default()
         }),
         ..Default::default()

@@ -42,6 +42,11 @@ pub const DEFAULT_HELPER_IMAGE: &str = "busybox:1.37";
 /// The default of `--backup-s3-image`.
 pub const DEFAULT_S3_IMAGE: &str = "amazon/aws-cli:2.22.35";
 
+/// The default of `--member-cpu-request`.
+pub const DEFAULT_MEMBER_CPU: &str = "100m";
+/// The default of `--member-memory-request`.
+pub const DEFAULT_MEMBER_MEMORY: &str = "256Mi";
+
 /// Settings that are not in the EtcdCluster but in the controller's flags (`cli::ImageArgs`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenderOptions {
@@ -51,6 +56,10 @@ pub struct RenderOptions {
     pub helper_image: String,
     /// `--backup-s3-image`: an image with the `aws` CLI, for `s3://` destinations.
     pub s3_image: String,
+    /// `--member-cpu-request`: each member's CPU request.
+    pub member_cpu: String,
+    /// `--member-memory-request`: each member's memory request.
+    pub member_memory: String,
 }
 
 impl Default for RenderOptions {
@@ -59,6 +68,8 @@ impl Default for RenderOptions {
             etcd_registry: DEFAULT_ETCD_REGISTRY.to_owned(),
             helper_image: DEFAULT_HELPER_IMAGE.to_owned(),
             s3_image: DEFAULT_S3_IMAGE.to_owned(),
+            member_cpu: DEFAULT_MEMBER_CPU.to_owned(),
+            member_memory: DEFAULT_MEMBER_MEMORY.to_owned(),
         }
     }
 }
@@ -406,6 +417,73 @@ pub(crate) mod tests {
             .unwrap();
         assert_eq!(listed.split(',').count(), 4);
         assert!(!listed.contains("etcd-4="));
+    }
+
+    #[test]
+    fn probes_never_need_a_quorum_to_stay_alive_on_any_release() {
+        let path = |p: &k8s_openapi::api::core::v1::Probe| {
+            p.http_get.as_ref().and_then(|g| g.path.clone())
+        };
+        for (version, ready, alive) in [
+            ("v3.6.4", "/readyz", Some("/livez")),
+            ("v3.5.11", "/readyz", Some("/livez")),
+            ("v3.5.10", "/health", Some("/health?serializable=true")),
+            ("v3.5.3", "/health", Some("/health?serializable=true")),
+            ("v3.5.2", "/health", None),
+            ("v3.4.30", "/health", None),
+        ] {
+            let (r, l) = probes(version);
+            assert_eq!(path(&r).as_deref(), Some(ready), "{version}");
+            assert_eq!(path(&l).as_deref(), alive, "{version}");
+            if alive.is_none() {
+                let tcp = l.tcp_socket.expect("a TCP liveness check before v3.5.3");
+                assert_eq!(tcp.port, IntOrString::String("metrics".into()));
+            }
+        }
+    }
+
+    #[test]
+    fn members_are_requested_spread_and_their_volumes_go_with_the_cluster() {
+        let ec = cluster("etcd", 3, None);
+        let opts = RenderOptions {
+            member_cpu: "500m".to_owned(),
+            ..Default::default()
+        };
+        let spec = stateful_set(&ec, 3, 3, &opts).spec.unwrap();
+        let retention = spec.persistent_volume_claim_retention_policy.unwrap();
+        assert_eq!(retention.when_deleted.as_deref(), Some("Delete"));
+        let pod = spec.template.spec.unwrap();
+        let requests = pod.containers[0]
+            .resources
+            .clone()
+            .unwrap()
+            .requests
+            .unwrap();
+        assert_eq!(requests["cpu"].0, "500m");
+        assert_eq!(requests["memory"].0, DEFAULT_MEMBER_MEMORY);
+        let preferred = pod
+            .affinity
+            .unwrap()
+            .pod_anti_affinity
+            .unwrap()
+            .preferred_during_scheduling_ignored_during_execution
+            .unwrap();
+        assert_eq!(
+            preferred[0].pod_affinity_term.topology_key,
+            "kubernetes.io/hostname"
+        );
+        assert_eq!(
+            preferred[0]
+                .pod_affinity_term
+                .label_selector
+                .as_ref()
+                .unwrap()
+                .match_labels,
+            Some(member_selector(&ec))
+        );
+        let spread = pod.topology_spread_constraints.unwrap();
+        assert_eq!(spread[0].topology_key, "topology.kubernetes.io/zone");
+        assert_eq!(spread[0].when_unsatisfiable, "ScheduleAnyway");
     }
 
     #[test]
