@@ -300,7 +300,7 @@ impl ControlPlane {
                 format!("--kubeconfig={}", cp.kubeconfig.display()),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
-                "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,statefulset-controller,job-controller,cronjob-controller,disruption-controller,root-ca-certificate-publisher-controller".into(),
+                "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,statefulset-controller,persistentvolumeclaim-protection-controller,job-controller,cronjob-controller,disruption-controller,root-ca-certificate-publisher-controller".into(),
                 format!("--service-account-private-key-file={}", sa_key.display()),
                 format!("--root-ca-file={}", ca_file.display()),
                 "--use-service-account-credentials=true".into(),

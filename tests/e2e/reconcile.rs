@@ -176,7 +176,7 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
 
 /// blockOwnerDeletion at work: `kubectl delete --cascade=foreground` returns only after the
 /// garbage collector has removed the children (a cluster without backups: the finalizer has no
-/// snapshot to take).
+/// snapshot to take); the members' claims follow (the retention policy).
 pub fn foreground_deletion_waits_for_the_children(env: &Env) {
     let ns = "e2e-foreground";
     let name = "fg";
@@ -199,6 +199,9 @@ pub fn foreground_deletion_waits_for_the_children(env: &Env) {
             || get_opt(env, ns, resource, child),
         );
     }
+    wait_for("the member's claim", Duration::from_secs(60), || {
+        get_opt(env, ns, "persistentvolumeclaim", &format!("data-{name}-0"))
+    });
     ok(
         env.kubectl(&[
             "-n",
@@ -216,6 +219,18 @@ pub fn foreground_deletion_waits_for_the_children(env: &Env) {
             get_opt(env, ns, resource, child).is_none(),
             "{resource} {child} was gone before the cluster"
         );
+    }
+    // The member's volume goes with the cluster (persistentVolumeClaimRetentionPolicy
+    // whenDeleted: Delete): the StatefulSet controller owns the claim, the garbage collector
+    // removes it once the PVC protection controller sees no pod using it.
+    let claim = format!("data-{name}-0");
+    let start = std::time::Instant::now();
+    while get_opt(env, ns, "persistentvolumeclaim", &claim).is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "claim {claim} still there 60 s after its cluster was deleted"
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 
