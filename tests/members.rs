@@ -10,8 +10,10 @@
 //!
 //! Covered here: fresh clusters of 1, 3 and 5 form from the rendered StatefulSet; every key
 //! written is read back through every member; `member list` names exactly the rendered members,
-//! all started voters; a member restarted on its volume keeps the data and rejoins. The
-//! membership rework of issue 14 (learners, member list driven scale-up) builds on this harness.
+//! all started voters; a member restarted on its volume keeps the data and rejoins; with the
+//! quorum lost, the rendered liveness probe still passes on the survivor (no restart storm)
+//! while its readiness fails. The membership rework of issue 14 (learners, member-list-driven
+//! scale-up) builds on this harness.
 
 mod common;
 
@@ -24,7 +26,8 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use etcd_webhook::api::v1::EtcdCluster;
 use etcd_webhook::controller::render::{self, RenderOptions};
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "prod";
@@ -301,12 +304,11 @@ impl Net {
         }
     }
 
-    /// Whether the readiness probe of pod `i` passes, as the kubelet would call it.
-    fn ready(&self, i: usize, container: &Container) -> bool {
-        let probe = container.readiness_probe.as_ref().unwrap();
-        let get = probe.http_get.as_ref().unwrap();
-        let port = match &get.port {
-            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(name) => {
+    /// Whether `probe` (of `container`) passes on pod `i`, as the kubelet would call it: an HTTP
+    /// GET answered 2xx, or a TCP connection accepted.
+    fn probe_passes(&self, i: usize, container: &Container, probe: &Probe) -> bool {
+        let port_of = |port: &IntOrString| match port {
+            IntOrString::String(name) => {
                 container
                     .ports
                     .iter()
@@ -315,14 +317,42 @@ impl Net {
                     .unwrap()
                     .container_port
             }
-            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => *p,
+            IntOrString::Int(p) => *p,
         };
-        let url = format!(
-            "http://{}:{port}{}",
-            self.pods[i].addr,
-            get.path.as_deref().unwrap_or("/")
-        );
-        self.http(i, "GET", &url, None).0 == 200
+        let addr = &self.pods[i].addr;
+        if let Some(get) = &probe.http_get {
+            let url = format!(
+                "http://{addr}:{}{}",
+                port_of(&get.port),
+                get.path.as_deref().unwrap_or("/")
+            );
+            return (200..300).contains(&self.http(i, "GET", &url, None).0);
+        }
+        let tcp = probe.tcp_socket.as_ref().expect("an HTTP or TCP probe");
+        let url = format!("telnet://{addr}:{}", port_of(&tcp.port));
+        // curl's telnet:// connects and exits at once on stdin's EOF: a connection is a pass.
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.pods[i].ns,
+                "curl",
+                "-s",
+                "-m",
+                "3",
+                &url,
+            ])
+            .stdin(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    fn ready(&self, i: usize, container: &Container) -> bool {
+        self.probe_passes(i, container, container.readiness_probe.as_ref().unwrap())
+    }
+
+    fn alive(&self, i: usize, container: &Container) -> bool {
+        self.probe_passes(i, container, container.liveness_probe.as_ref().unwrap())
     }
 
     /// Waits (at most `within`) until every running pod is ready.
@@ -486,4 +516,39 @@ fn a_restarted_member_keeps_its_data_and_rejoins() {
         );
     }
     assert_eq!(net.members(2).len(), 3);
+}
+
+#[test]
+fn losing_the_quorum_fails_readiness_but_never_liveness() {
+    let mut net = fresh(3);
+    let container = member_container(&cluster("fresh3", 3), 3);
+    assert!(net.alive(0, &container), "alive with the quorum");
+    net.stop(1);
+    net.stop(2);
+    // Readiness turns false once the survivor sees no leader (bounded wait); liveness holds
+    // throughout, so a kubelet would restart nothing.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while net.ready(0, &container) {
+        assert!(
+            Instant::now() < deadline,
+            "still ready 30 s after losing the quorum"
+        );
+        assert!(
+            net.alive(0, &container),
+            "liveness failed with the quorum lost"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for _ in 0..6 {
+        assert!(
+            net.alive(0, &container),
+            "liveness failed with the quorum lost\n{}",
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    net.start(1, &container);
+    net.start(2, &container);
+    net.wait_ready(&container, Duration::from_secs(60));
+    assert_eq!(net.get(1, "/k/49").as_deref(), Some("v49"));
 }
