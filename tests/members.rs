@@ -35,17 +35,6 @@ const NAMESPACE: &str = "prod";
 const MOUNT: &str = "/var/lib/etcd";
 const RUN_AS: &str = "65532";
 
-/// The control plane binary (etcd is its `etcd` subcommand).
-fn control_plane() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(common::root().join("tests/controlplane/build.sh"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run tests/controlplane/build.sh");
-    assert!(out.status.success(), "tests/controlplane/build.sh failed");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(
@@ -161,7 +150,7 @@ impl Net {
             bridge: bridge.clone(),
             pods: Vec::new(),
             tmp: tempfile::tempdir().unwrap(),
-            bin: control_plane(),
+            bin: common::control_plane(),
         };
         ip(&["netns", "add", &bridge]);
         ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"]);

@@ -13,6 +13,21 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_etcd-webhook");
 
+/// Builds (once: cached under target/) the real control plane's multi-call binary from Go
+/// modules (tests/controlplane/build.sh) and returns its path; etcd is its `etcd` subcommand.
+pub fn control_plane() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(root().join("tests/controlplane/build.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run tests/controlplane/build.sh");
+    assert!(
+        out.status.success(),
+        "tests/controlplane/build.sh failed (see above): these tests need the control plane's binaries"
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }

@@ -64,20 +64,6 @@ pub struct ControlPlane {
     procs: Vec<Proc>,
 }
 
-/// Builds (once) the control plane binary and returns its path.
-fn build() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(common::root().join("tests/controlplane/build.sh"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run tests/controlplane/build.sh");
-    assert!(
-        out.status.success(),
-        "tests/controlplane/build.sh failed (see above): the end-to-end tests need the control plane"
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 struct Pki {
     ca: rcgen::Issuer<'static, rcgen::KeyPair>,
     ca_pem: String,
@@ -162,7 +148,7 @@ impl ControlPlane {
     /// when the apiserver is ready and the controller manager has created the default
     /// ServiceAccount.
     pub fn start() -> ControlPlane {
-        let bin = build();
+        let bin = common::control_plane();
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
