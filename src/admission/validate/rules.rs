@@ -1,0 +1,230 @@
+//! The rules themselves: the name, the spec, and what an update may change.
+
+use serde_json::Value;
+
+use super::{Ctx, Kind, Verdict, Violation};
+use crate::admission::{Field, cron};
+use crate::api::{EtcdVersion, MAX_SIZE, STORAGE_CLASSES, StorageSize, Version, v1};
+
+/// The longest EtcdCluster name: the reconcile loop names its CronJob `NAME-backup`, and a
+/// CronJob name may have at most 52 characters.
+pub const MAX_NAME: usize = 45;
+
+/// Names are fixed at creation; a name the loop's objects cannot carry is refused up front
+/// rather than found out when its CronJob is rejected.
+pub(super) fn check_name(obj: &Value, out: &mut Verdict) {
+    let meta = |k: &str| {
+        obj.pointer(&format!("/metadata/{k}"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let (path, shown, length, limit) = match (meta("name"), meta("generateName")) {
+        (Some(name), _) => ("metadata.name", name, name.len(), MAX_NAME),
+        // The apiserver appends 5 random characters.
+        (None, Some(prefix)) => ("metadata.generateName", prefix, prefix.len(), MAX_NAME - 5),
+        (None, None) => return,
+    };
+    if length > limit {
+        out.violations.push(Violation {
+            path: path.to_owned(),
+            kind: Kind::Invalid(format!("{shown:?}")),
+            detail: format!(
+                "must be no more than {limit} characters: the cluster's CronJob <name>-backup may have at most 52"
+            ),
+        });
+    }
+    // A generateName prefix is followed by 5 random lower-case alphanumerics, so it may end in '-'.
+    let is_prefix = meta("name").is_none();
+    if !is_dns1035_label(shown, is_prefix) {
+        out.violations.push(Violation {
+            path: path.to_owned(),
+            kind: Kind::Invalid(format!("{shown:?}")),
+            detail: "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character: the cluster's Services are named after it".to_owned(),
+        });
+    }
+}
+
+/// Kubernetes' DNS-1035 label (`[a-z]([-a-z0-9]*[a-z0-9])?`), the rule for Service names; a
+/// `prefix` may end in '-'. The length is checked apart (MAX_NAME is below 63).
+fn is_dns1035_label(s: &str, prefix: bool) -> bool {
+    let bytes = s.as_bytes();
+    bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && (prefix || bytes.last() != Some(&b'-'))
+}
+
+pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdict) {
+    let size = spec.size;
+    if !(1..=MAX_SIZE).contains(&size) {
+        out.violations.push(ctx.invalid(
+            Field::Size,
+            size,
+            format!("must be between 1 and {MAX_SIZE}"),
+        ));
+    } else if size % 2 == 0 {
+        out.violations.push(ctx.invalid(
+            Field::Size,
+            size,
+            format!(
+                "must be odd: etcd needs a majority quorum, and {size} members survive no more failures than {}",
+                size - 1
+            ),
+        ));
+    } else if size == 1 {
+        out.warnings.push(format!(
+            "{} is 1: a single member has no fault tolerance; use 3 or 5 for production",
+            ctx.path(Field::Size)
+        ));
+    }
+
+    let example = match ctx.version {
+        Version::V1Alpha1 => "3.5.10",
+        _ => "v3.5.10",
+    };
+    match spec.version.parse::<EtcdVersion>() {
+        Err(_) => out.violations.push(ctx.invalid(
+            Field::Version,
+            spec.version.clone(),
+            format!("must be an etcd release like {example}"),
+        )),
+        Ok(v) if v.major != 3 => out.violations.push(ctx.invalid(
+            Field::Version,
+            spec.version.clone(),
+            format!("must be an etcd 3.x release (major version 3), like {example}"),
+        )),
+        Ok(_) => {}
+    }
+
+    if !STORAGE_CLASSES.contains(&spec.storage_class.as_str()) {
+        out.violations.push(Violation {
+            path: ctx.path(Field::StorageClass),
+            kind: Kind::Unsupported(ctx.shown(Field::StorageClass, spec.storage_class.clone())),
+            detail: format!(
+                "supported values: {}",
+                STORAGE_CLASSES.map(|c| format!("{c:?}")).join(", ")
+            ),
+        });
+    }
+
+    match spec
+        .storage_size
+        .parse::<StorageSize>()
+        .map(StorageSize::gib)
+    {
+        Err(_) => out.violations.push(ctx.invalid(
+            Field::StorageSize,
+            spec.storage_size.clone(),
+            match ctx.version {
+                Version::V1Alpha1 => "must be a whole number of GiB",
+                _ => "must be a whole number of GiB, like 10Gi",
+            },
+        )),
+        Ok(0) => out.violations.push(ctx.invalid(
+            Field::StorageSize,
+            spec.storage_size.clone(),
+            "must be at least 1Gi",
+        )),
+        Ok(_) => {}
+    }
+
+    if let Some(backup) = &spec.backup {
+        if let Err(why) = cron::check(&backup.schedule) {
+            out.violations.push(ctx.invalid(
+                Field::BackupSchedule,
+                backup.schedule.clone(),
+                format!("must be a 5-field cron schedule: {why}"),
+            ));
+        }
+        if !(1..=100).contains(&backup.retention) {
+            out.violations.push(ctx.invalid(
+                Field::BackupRetention,
+                backup.retention,
+                "must be between 1 and 100 snapshots",
+            ));
+        }
+        if let Some(dest) = &backup.destination {
+            let ok = dest.split_once("://").is_some_and(|(scheme, rest)| {
+                !scheme.is_empty()
+                    && scheme.bytes().all(|b| b.is_ascii_alphanumeric())
+                    && !rest.is_empty()
+            }) && !dest.chars().any(char::is_whitespace);
+            if !ok {
+                out.violations.push(ctx.invalid(
+                    Field::BackupDestination,
+                    dest.clone(),
+                    "must be a URL like s3://bucket/prefix (leave it unset to keep snapshots on a volume)",
+                ));
+            }
+        }
+    }
+}
+
+pub(super) fn check_update(
+    ctx: &Ctx,
+    old: &v1::EtcdClusterSpec,
+    new: &v1::EtcdClusterSpec,
+    out: &mut Verdict,
+) {
+    if new.size < old.size {
+        out.violations.push(ctx.forbidden(
+            Field::Size,
+            format!(
+                "cannot shrink from {} to {}: removing members can lose quorum; size may only stay or grow",
+                old.size, new.size
+            ),
+        ));
+    }
+
+    if let (Ok(o), Ok(n)) = (
+        old.storage_size.parse::<StorageSize>(),
+        new.storage_size.parse::<StorageSize>(),
+    ) && n < o
+    {
+        // As written (the CRD's CEL rule says it the same way).
+        out.violations.push(ctx.forbidden(
+            Field::StorageSize,
+            format!(
+                "cannot shrink from {} to {}: volumes can grow but never shrink",
+                old.storage_size, new.storage_size
+            ),
+        ));
+    }
+
+    if old.storage_class != new.storage_class {
+        out.violations.push(ctx.forbidden(
+            Field::StorageClass,
+            format!(
+                "cannot change from {:?} to {:?}: volume claims cannot change class",
+                old.storage_class, new.storage_class
+            ),
+        ));
+    }
+
+    if let (Ok(o), Ok(n)) = (
+        old.version.parse::<EtcdVersion>(),
+        new.version.parse::<EtcdVersion>(),
+    ) {
+        if n < o {
+            out.violations.push(ctx.forbidden(
+                Field::Version,
+                format!(
+                    "cannot downgrade from {} to {}: etcd does not support downgrades",
+                    old.version, new.version
+                ),
+            ));
+        } else if n.major == o.major && n.minor > o.minor + 1 {
+            out.violations.push(ctx.forbidden(
+                Field::Version,
+                format!(
+                    "cannot upgrade from {} to {}: etcd upgrades one minor release at a time; go to v{}.{}.x first",
+                    old.version,
+                    new.version,
+                    o.major,
+                    o.minor + 1
+                ),
+            ));
+        }
+    }
+}
