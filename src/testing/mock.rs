@@ -218,12 +218,7 @@ impl FakeApi {
         };
         let query = parts.uri.query().unwrap_or("").to_owned();
         let method = parts.method.as_str().to_owned();
-        let (group, resource, named) = match parse(&path) {
-            Some((prefix, _, resource, name)) => {
-                (group_of(&prefix).to_owned(), resource, name.is_some())
-            }
-            None => (String::new(), String::new(), false),
-        };
+        let (group, resource, named) = target(&path);
         let mut st = self.state.lock().unwrap();
         let (code, out) = st
             .core
@@ -244,6 +239,16 @@ impl FakeApi {
     }
 }
 
+/// API group (`""` for the core group), resource and whether the path names one object.
+fn target(path: &str) -> (String, String, bool) {
+    match parse(path) {
+        Some((prefix, _, resource, name)) => {
+            (group_of(&prefix).to_owned(), resource, name.is_some())
+        }
+        None => (String::new(), String::new(), false),
+    }
+}
+
 /// The HTTP transport: one request answered by the core, or a watch that streams the changes
 /// after the requested resourceVersion, one JSON event per line, until `timeoutSeconds`.
 async fn http_answer(
@@ -254,12 +259,7 @@ async fn http_answer(
     let query = parts.uri.query().unwrap_or("").to_owned();
     if parts.method == Method::GET && query.contains("watch=true") {
         let path = parts.uri.path().to_owned();
-        let (group, resource, _) = match parse(&path) {
-            Some((prefix, _, resource, name)) => {
-                (group_of(&prefix).to_owned(), resource, name.is_some())
-            }
-            None => (String::new(), String::new(), false),
-        };
+        let (group, resource, _) = target(&path);
         api.state.lock().unwrap().calls.push(Call {
             method: "GET".to_owned(),
             path: path.clone(),

@@ -81,13 +81,7 @@ impl AppState {
         let decoded = read_body(headers, body, self.max_body_bytes)
             .await
             .and_then(|b| parse_admission(&b));
-        match decoded {
-            Ok(req) => Ok(req),
-            Err(e) => {
-                self.count_admission(endpoint, None, "error");
-                Err(e)
-            }
-        }
+        decoded.inspect_err(|_| self.count_admission(endpoint, None, "error"))
     }
 
     /// Counts an admission answer.
