@@ -1,0 +1,340 @@
+//! How the loop talks to etcd: the v3 JSON gateway (`POST /v3/...` on each member's client
+//! port, plain HTTP/1.1 as the members serve it), with the hyper client the binary already
+//! has. No gRPC stack: the binary stays small, and the four calls membership needs (list, add,
+//! promote, remove) and `status` are all on the gateway in every release the webhook accepts.
+//!
+//! Reads try each endpoint in turn; a write goes to one endpoint only and is never retried
+//! within a pass: an add that timed out may have committed, and the next pass decides from
+//! the member list (see [`super::membership`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Deserializer};
+use serde_json::{Value, json};
+
+/// How long one call may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a call to etcd could not do.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum EtcdError {
+    /// No answer (connection refused, timeout, bad HTTP): the member may be down, and a write
+    /// may or may not have happened.
+    #[error("{endpoint}: no answer: {reason}")]
+    Unreachable { endpoint: String, reason: String },
+    /// etcd answered and refused (e.g. `etcdserver: can only promote a learner member which is
+    /// in sync with leader`).
+    #[error("{endpoint}: etcd refused: {message}")]
+    Refused { endpoint: String, message: String },
+    /// An answer that is not what the gateway sends.
+    #[error("{endpoint}: unexpected answer: {reason}")]
+    Decode { endpoint: String, reason: String },
+}
+
+/// One POST to the gateway: `path` under `/v3/`, a JSON body, the JSON answer (an error answer
+/// is [`EtcdError::Refused`]). The production transport is [`Gateway`]; the unit tests use an
+/// in-memory etcd.
+pub trait Transport: Send + Sync {
+    fn post<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>>;
+}
+
+/// The HTTP transport.
+#[derive(Clone)]
+pub struct Gateway {
+    client: Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+}
+
+impl Default for Gateway {
+    fn default() -> Self {
+        Self::new(CALL_TIMEOUT)
+    }
+}
+
+impl Gateway {
+    pub fn new(timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            timeout,
+        }
+    }
+
+    async fn call(&self, endpoint: &str, path: &str, body: Value) -> Result<Value, EtcdError> {
+        let unreachable = |reason: String| EtcdError::Unreachable {
+            endpoint: endpoint.to_owned(),
+            reason,
+        };
+        let request = hyper::Request::post(format!("{endpoint}/v3/{path}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| unreachable(e.to_string()))?;
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| {
+                use std::error::Error as _;
+                let mut reason = e.to_string();
+                if let Some(cause) = e.source() {
+                    reason = format!("{reason}: {cause}");
+                }
+                unreachable(reason)
+            })?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| unreachable(e.to_string()))?
+                .to_bytes();
+            Ok::<_, EtcdError>((status, bytes))
+        };
+        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| unreachable(format!("no answer within {:?}", self.timeout)))??;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| EtcdError::Decode {
+            endpoint: endpoint.to_owned(),
+            reason: format!("HTTP {status}: {e}"),
+        })?;
+        // 3.5's gateway puts the gRPC error in `error`, 3.6's in `message`; both set `code`.
+        if !status.is_success() || value.get("code").is_some_and(|c| c.as_i64() != Some(0)) {
+            let message = value
+                .get("message")
+                .or_else(|| value.get("error"))
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("HTTP {status}: {value}"), str::to_owned);
+            return Err(EtcdError::Refused {
+                endpoint: endpoint.to_owned(),
+                message,
+            });
+        }
+        Ok(value)
+    }
+}
+
+impl Transport for Gateway {
+    fn post<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        Box::pin(self.call(endpoint, path, body))
+    }
+}
+
+/// The gateway writes uint64 as a JSON string.
+fn id<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match Value::deserialize(d)? {
+        Value::String(s) => s.parse().map_err(serde::de::Error::custom),
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| serde::de::Error::custom("not a u64")),
+        other => Err(serde::de::Error::custom(format!("an ID, not {other}"))),
+    }
+}
+
+fn opt_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    match Value::deserialize(d)? {
+        Value::String(s) => s.parse().map_err(serde::de::Error::custom),
+        Value::Number(n) => n
+            .as_i64()
+            .ok_or_else(|| serde::de::Error::custom("not an i64")),
+        _ => Ok(0),
+    }
+}
+
+/// One entry of `member list`. A member that was added but has never started has no name.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Member {
+    #[serde(rename = "ID", deserialize_with = "id")]
+    pub id: u64,
+    #[serde(default)]
+    pub name: String,
+    #[serde(rename = "peerURLs", default)]
+    pub peer_urls: Vec<String>,
+    #[serde(rename = "clientURLs", default)]
+    pub client_urls: Vec<String>,
+    #[serde(rename = "isLearner", default)]
+    pub is_learner: bool,
+}
+
+impl Member {
+    /// Whether the member has ever started (etcd learns its name when it first runs).
+    pub fn started(&self) -> bool {
+        !self.name.is_empty()
+    }
+}
+
+/// What `status` says about the member that answers.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct MemberStatus {
+    #[serde(rename = "dbSize", default, deserialize_with = "opt_i64")]
+    pub db_size: i64,
+    /// 0 while the member knows no leader.
+    #[serde(default, deserialize_with = "id")]
+    pub leader: u64,
+    #[serde(rename = "isLearner", default)]
+    pub is_learner: bool,
+    #[serde(default)]
+    pub errors: Vec<String>,
+}
+
+impl MemberStatus {
+    pub fn healthy(&self) -> bool {
+        self.leader != 0 && self.errors.is_empty()
+    }
+}
+
+#[derive(Deserialize)]
+struct Members {
+    #[serde(default)]
+    members: Vec<Member>,
+}
+
+#[derive(Deserialize)]
+struct Added {
+    member: Member,
+    #[serde(default)]
+    members: Vec<Member>,
+}
+
+fn decode<T: serde::de::DeserializeOwned>(endpoint: &str, v: Value) -> Result<T, EtcdError> {
+    serde_json::from_value(v).map_err(|e| EtcdError::Decode {
+        endpoint: endpoint.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// The membership calls over a [`Transport`].
+pub struct Etcd<'a> {
+    pub transport: &'a dyn Transport,
+    /// The members' client URLs, tried in order for reads; writes go to the first that
+    /// answered the last read.
+    pub endpoints: Vec<String>,
+}
+
+impl Etcd<'_> {
+    /// `member list` (linearizable: a member cut off from the leader does not answer with a
+    /// stale list) from the first endpoint that answers, and which one it was. All endpoints are
+    /// asked at once, so a pass waits at most one call's timeout for the list.
+    pub async fn member_list(&self) -> Result<(String, Vec<Member>), EtcdError> {
+        let asks = self.endpoints.iter().map(|endpoint| {
+            Box::pin(async move {
+                let v = self
+                    .transport
+                    .post(
+                        endpoint,
+                        "cluster/member/list",
+                        json!({"linearizable": true}),
+                    )
+                    .await?;
+                let list: Members = decode(endpoint, v)?;
+                Ok::<_, EtcdError>((endpoint.clone(), list.members))
+            })
+        });
+        if self.endpoints.is_empty() {
+            return Err(EtcdError::Unreachable {
+                endpoint: "(none)".to_owned(),
+                reason: "no endpoints".to_owned(),
+            });
+        }
+        futures_util::future::select_ok(asks)
+            .await
+            .map(|(found, _)| found)
+    }
+
+    /// `member add --learner`: the new member and the member list after the add.
+    pub async fn add_learner(
+        &self,
+        endpoint: &str,
+        peer_url: &str,
+    ) -> Result<(Member, Vec<Member>), EtcdError> {
+        let v = self
+            .transport
+            .post(
+                endpoint,
+                "cluster/member/add",
+                json!({"peerURLs": [peer_url], "isLearner": true}),
+            )
+            .await?;
+        let added: Added = decode(endpoint, v)?;
+        Ok((added.member, added.members))
+    }
+
+    /// `member promote`: the member list after it.
+    pub async fn promote(&self, endpoint: &str, id: u64) -> Result<Vec<Member>, EtcdError> {
+        let v = self
+            .transport
+            .post(
+                endpoint,
+                "cluster/member/promote",
+                json!({"ID": id.to_string()}),
+            )
+            .await?;
+        Ok(decode::<Members>(endpoint, v)?.members)
+    }
+
+    /// `member remove`: the member list after it.
+    pub async fn remove(&self, endpoint: &str, id: u64) -> Result<Vec<Member>, EtcdError> {
+        let v = self
+            .transport
+            .post(
+                endpoint,
+                "cluster/member/remove",
+                json!({"ID": id.to_string()}),
+            )
+            .await?;
+        Ok(decode::<Members>(endpoint, v)?.members)
+    }
+
+    /// `endpoint status` of one member.
+    pub async fn status(&self, endpoint: &str) -> Result<MemberStatus, EtcdError> {
+        let v = self
+            .transport
+            .post(endpoint, "maintenance/status", json!({}))
+            .await?;
+        decode(endpoint, v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_answers_of_3_5_and_3_6_decode() {
+        // As etcd 3.5.1 and 3.6.4 answer `cluster/member/list` (IDs as strings, an unstarted
+        // member without name and client URLs).
+        let list: Members = serde_json::from_value(json!({
+            "header": {"cluster_id": "1", "member_id": "2", "raft_term": "2"},
+            "members": [
+                {"ID": "10276657743932975437", "name": "a-0", "peerURLs": ["http://a-0:2380"], "clientURLs": ["http://a-0:2379"]},
+                {"ID": "42", "peerURLs": ["http://a-1:2380"], "isLearner": true}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(list.members[0].id, 10276657743932975437);
+        assert!(list.members[0].started() && !list.members[0].is_learner);
+        assert!(!list.members[1].started() && list.members[1].is_learner);
+        let status: MemberStatus = serde_json::from_value(json!({
+            "dbSize": "20480", "leader": "10276657743932975437", "raftIndex": "9"
+        }))
+        .unwrap();
+        assert!(status.healthy());
+        assert_eq!(status.db_size, 20480);
+        assert!(!MemberStatus::default().healthy());
+    }
+}
