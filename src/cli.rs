@@ -335,4 +335,8 @@ pub struct ControllerArgs {
     /// Periodic resync of a healthy cluster.
     #[arg(long, env = "ETCD_WEBHOOK_RESYNC_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub resync_interval: Duration,
+    /// How long a member added to etcd may stay unstarted (its pod never running) before the
+    /// loop removes it again, with a Warning Event.
+    #[arg(long, env = "ETCD_WEBHOOK_MEMBER_JOIN_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub member_join_timeout: Duration,
 }

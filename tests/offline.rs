@@ -321,13 +321,26 @@ fn render_prints_what_the_controller_creates_for_every_sample() {
         let items = list["items"].as_array().unwrap();
         let kinds: Vec<&str> = items.iter().map(|o| o["kind"].as_str().unwrap()).collect();
         assert_eq!(
-            &kinds[..4],
-            ["Service", "Service", "StatefulSet", "PodDisruptionBudget"],
+            &kinds[..5],
+            [
+                "Service",
+                "Service",
+                "ConfigMap",
+                "StatefulSet",
+                "PodDisruptionBudget"
+            ],
             "{}",
             sample.display()
         );
         let name = items[0]["metadata"]["name"].as_str().unwrap();
-        let sts = &items[2];
+        // The members' ConfigMap bootstraps every member, state new; the pods read it.
+        let config = &items[2]["data"];
+        assert_eq!(config["ETCD_INITIAL_CLUSTER_STATE"], "new");
+        let sts = &items[3];
+        assert_eq!(
+            sts["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["configMapRef"]["name"],
+            items[2]["metadata"]["name"]
+        );
         assert_eq!(sts["metadata"]["name"], name);
         // Defaults were applied before rendering: every member has a size and a version.
         assert!(sts["spec"]["replicas"].as_i64().unwrap() >= 1);
@@ -366,6 +379,7 @@ fn render_prints_what_the_controller_creates_for_every_sample() {
         [
             "Service",
             "Service",
+            "ConfigMap",
             "StatefulSet",
             "PodDisruptionBudget",
             "CronJob",

@@ -153,6 +153,7 @@ pub(super) async fn start_controller(
         resync: args.resync_interval,
         namespace: args.watch_namespace.clone(),
         instance: Some(identity.clone()),
+        join_timeout: args.member_join_timeout,
     };
     if !args.leader_elect {
         tracing::info!("leader election off: this replica reconciles");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::Store;
@@ -107,6 +107,8 @@ child! {
     CronJob => crons,
     Job => jobs,
     PersistentVolumeClaim => claims,
+    ConfigMap => configs,
+    Pod => pods,
 }
 
 /// The children of one cluster, in its namespace: reads from the caches, writes to the API.
@@ -127,16 +129,26 @@ impl<'a> Children<'a> {
         Api::namespaced(self.ctx.client.clone(), &self.ns)
     }
 
-    /// The object as the caches hold it; shared, never copied out of a cache.
-    pub(super) async fn read<K: Child>(&self, name: &str) -> Result<Option<Arc<K>>, Error> {
+    /// The cache of `K`, once it has its first full list: the first pass after a start waits
+    /// for it, so a cold cache is never mistaken for missing objects.
+    async fn store<K: Child>(&self) -> Result<&Store<K>, Error> {
         let kind = kind_of::<K>();
         let store = K::cache(&self.ctx.caches);
-        // The first pass after a start waits for the first full list, so a cold cache is never
-        // mistaken for missing objects.
         tokio::time::timeout(CACHE_WAIT, store.wait_until_ready())
             .await
             .map_err(|_| Error::CacheNotReady(kind))?
             .map_err(|_| Error::CacheNotReady(kind))?;
+        Ok(store)
+    }
+
+    /// Everything the cache of `K` holds (every namespace the controller watches).
+    pub(super) async fn cached<K: Child>(&self) -> Result<Vec<Arc<K>>, Error> {
+        Ok(self.store::<K>().await?.state())
+    }
+
+    /// The object as the caches hold it; shared, never copied out of a cache.
+    pub(super) async fn read<K: Child>(&self, name: &str) -> Result<Option<Arc<K>>, Error> {
+        let store = self.store::<K>().await?;
         let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
         Ok(store.get(&key))
     }

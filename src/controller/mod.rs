@@ -15,13 +15,15 @@
 
 mod backup;
 mod children;
+pub mod etcd;
 mod finalizer;
 pub mod leader;
-mod membership;
+pub mod membership;
 mod policy;
 pub mod rbac;
 pub mod render;
 mod run;
+mod scale;
 pub mod status;
 mod status_writer;
 mod storage;
@@ -54,6 +56,8 @@ use status::Observation;
 
 pub use crate::api::MANAGER;
 pub const FINALIZER: &str = "etcd.example.com/finalizer";
+/// How soon a pass looks again while etcd's membership changes.
+const SETTLE: Duration = Duration::from_secs(5);
 /// Selects the children this loop made (the watches of owned objects use it).
 pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=etcd-webhook";
 
@@ -68,10 +72,6 @@ pub enum Error {
         #[source]
         source: Box<kube::Error>,
     },
-    #[error(
-        "member-add Job {0} failed: the new member could not join; see its pod logs, then delete the Job to retry"
-    )]
-    MemberAddFailed(String),
     /// A spec the webhook would have denied (it was bypassed, e.g. with failurePolicy Ignore):
     /// nothing is changed for it.
     #[error("{0}")]
@@ -103,6 +103,8 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// This replica's name in Events (`reportingInstance`).
     pub instance: Option<String>,
+    /// How long a member added to etcd may stay unstarted before it is removed.
+    pub join_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -113,6 +115,7 @@ impl Default for Settings {
             resync: Duration::from_secs(30),
             namespace: None,
             instance: None,
+            join_timeout: membership::DEFAULT_JOIN_TIMEOUT,
         }
     }
 }
@@ -131,6 +134,8 @@ pub struct Context {
     written: Mutex<HashMap<String, (std::time::Instant, crate::api::v1::EtcdClusterStatus)>>,
     /// Clusters whose finalizer is waiting (the in-progress gauge).
     finalizing: Mutex<HashSet<String>>,
+    /// How membership calls reach etcd ([`etcd::Gateway`]; an in-memory etcd in the tests).
+    etcd: Box<dyn etcd::Transport>,
 }
 
 impl Context {
@@ -148,7 +153,14 @@ impl Context {
             failures: Mutex::default(),
             written: Mutex::default(),
             finalizing: Mutex::default(),
+            etcd: Box::new(etcd::Gateway::default()),
         }
+    }
+
+    /// The same context with membership calls going through `transport`.
+    pub fn with_etcd(mut self, transport: Box<dyn etcd::Transport>) -> Self {
+        self.etcd = transport;
+        self
     }
 
     /// Publishes an Event about `ec`; a failure to publish is logged, never fatal.
@@ -222,8 +234,13 @@ async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Erro
         Ok(seen) => {
             update_status(ctx, &clusters, ec, &seen).await?;
             // Progress (members turning ready, Jobs finishing) arrives as watch events of the
-            // owned objects; the periodic resync only catches what a watch missed.
-            Ok(Action::requeue(ctx.settings.resync))
+            // owned objects; the periodic resync only catches what a watch missed. etcd's
+            // membership sends no events: while it moves, look again soon.
+            if seen.settle {
+                Ok(Action::requeue(SETTLE.min(ctx.settings.resync)))
+            } else {
+                Ok(Action::requeue(ctx.settings.resync))
+            }
         }
         Err(error) => {
             let reason = match error {

@@ -7,9 +7,8 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::children::{Applied, Children};
-use super::finalizer::initial_size_recorded;
 use super::status::{Activity, Observation};
-use super::{Context, Error, backup, membership, render, storage};
+use super::{Context, Error, backup, render, scale, storage};
 use crate::api::v1::EtcdCluster;
 
 fn template_image(sts: &StatefulSet) -> Option<String> {
@@ -76,9 +75,6 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
     kids.ensure(&render::client_service(ec)).await?;
 
     let observed = kids.read::<StatefulSet>(&name).await?;
-    let initial = initial_size_recorded(ec)
-        .or_else(|| observed.as_ref().and_then(|s| s.spec.as_ref()?.replicas))
-        .unwrap_or(ec.spec.size);
     let mut apply_set = true;
     // Members the StatefulSet runs after this pass (below spec.size while growing).
     let mut members = ec.spec.size;
@@ -102,9 +98,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
                 "spec.storageSize {want}Gi is below the {have}Gi the members have; volumes never shrink (set it back to {have}Gi)"
             )));
         }
-        if current.metadata.deletion_timestamp.is_some() || replicas < ec.spec.size {
-            members = replicas.max(1);
-        }
+        members = replicas.max(1);
         if current.metadata.deletion_timestamp.is_some() {
             // Being replaced (storage growth): wait until it is gone, then create it again.
             seen.activity = Some(Activity::ResizingStorage);
@@ -116,12 +110,15 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             storage::resize_storage(ec, &kids, replicas, have, want).await?;
             seen.activity = Some(Activity::ResizingStorage);
             apply_set = false;
-        } else if ec.spec.size > replicas {
-            members = membership::grow(ec, &kids, replicas, &mut seen).await?;
+        } else {
+            let ready = seen.ready;
+            members = scale::converge(ec, &kids, replicas, ready, &mut seen).await?;
         }
+    } else {
+        scale::bootstrap(ec, &kids).await?;
     }
     if apply_set {
-        let desired = render::stateful_set(ec, initial, members, opts);
+        let desired = render::stateful_set(ec, members, opts);
         let (applied, set) = kids.ensure(&desired).await?;
         let (old_image, new_image) = (
             observed.as_deref().and_then(template_image),
@@ -157,7 +154,9 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             _ => {}
         }
         if let Some(s) = set.status.as_ref() {
-            seen.ready = s.ready_replicas.unwrap_or(0);
+            if seen.membership.as_ref().is_none_or(|m| m.voters == 0) {
+                seen.ready = s.ready_replicas.unwrap_or(0);
+            }
             let rolling = s.update_revision.is_some() && s.update_revision != s.current_revision;
             if rolling && seen.activity.is_none() {
                 seen.activity = Some(Activity::Upgrading);

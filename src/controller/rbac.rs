@@ -21,10 +21,19 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
         &["get", "list", "watch", "create", "patch", "delete"],
     ),
     ("", "services", &["get", "list", "watch", "create", "patch"]),
+    // The members' ConfigMap (initial cluster and state, read by the pods at start).
+    (
+        "",
+        "configmaps",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    // Member pods: lost volumes from their termination message, the voter label.
+    // (delete: a member whose volume was lost starts over on a new claim.)
+    ("", "pods", &["get", "list", "watch", "patch", "delete"]),
     (
         "",
         "persistentvolumeclaims",
-        &["get", "list", "watch", "create", "patch"],
+        &["get", "list", "watch", "create", "patch", "delete"],
     ),
     (
         "policy",

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{self, Controller};
@@ -69,6 +69,10 @@ pub async fn run(
     let (jobs, jobs_events) = cached::<Job>(&client, ns, &owned);
     // Claims trigger nothing (they change only through us); their events just fill the cache.
     let (claims, claims_events) = cached::<PersistentVolumeClaim>(&client, ns, &owned);
+    let (configs, configs_events) = cached::<ConfigMap>(&client, ns, &owned);
+    // Member pods fill a cache (lost volumes, the voter label); their readiness reaches the loop
+    // through the StatefulSet's status.
+    let (pods, pods_events) = cached::<Pod>(&client, ns, &owned);
     let caches = Caches {
         sets,
         services,
@@ -76,13 +80,17 @@ pub async fn run(
         crons,
         jobs,
         claims,
+        configs,
+        pods,
     };
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics, caches));
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
     let claims_stop = stop.clone();
     let claims_task = tokio::spawn(async move {
+        let quiet =
+            futures_util::stream::select(claims_events.map(|_| ()), pods_events.map(|_| ()));
         tokio::select! {
-            () = claims_events.for_each(|_| async {}) => {}
+            () = quiet.for_each(|()| async {}) => {}
             () = claims_stop.cancelled() => {}
         }
     });
@@ -95,6 +103,7 @@ pub async fn run(
     .owns_stream(budgets_events)
     .owns_stream(crons_events)
     .owns_stream(jobs_events)
+    .owns_stream(configs_events)
     // Coalesce the bursts of events one pass causes (its own writes coming back through the
     // watches), so the next pass sees them all in the caches.
     .with_config(controller::Config::default().debounce(DEBOUNCE))

@@ -20,6 +20,73 @@ pub struct Observation {
     pub deleting: bool,
     /// A problem that does not stop the members (e.g. an unsupported backup destination).
     pub warning: Option<String>,
+    /// What etcd's member list said (`None`: not read this pass).
+    pub membership: Option<Membership>,
+    /// Something moves that no watch reports (etcd's membership): look again soon.
+    pub settle: bool,
+}
+
+/// The members by state, from `member list` and each member's `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Membership {
+    /// A member answered `member list`; nothing below is known otherwise.
+    pub reachable: bool,
+    pub voters: i32,
+    pub healthy_voters: i32,
+    pub learners: i32,
+    pub unstarted: i32,
+    /// Members at ordinals the cluster does not run (a former cluster's volumes).
+    pub strangers: Vec<String>,
+    /// What the membership waits for, or why it could not be read or changed.
+    pub note: Option<String>,
+}
+
+impl Membership {
+    /// Every member of the spec is a healthy voter and nobody else is a member.
+    pub fn settled(&self, size: i32) -> bool {
+        self.reachable
+            && self.voters == size
+            && self.healthy_voters == size
+            && self.learners == 0
+            && self.unstarted == 0
+            && self.strangers.is_empty()
+    }
+
+    fn condition(&self, size: i32) -> (bool, &'static str, String) {
+        let mut message = format!(
+            "{} voters ({} healthy), {} learners, {} not started, of {size}",
+            self.voters, self.healthy_voters, self.learners, self.unstarted
+        );
+        if !self.strangers.is_empty() {
+            message.push_str(&format!(
+                "; members the spec does not run (a former cluster's volumes?): {}",
+                self.strangers.join(", ")
+            ));
+        }
+        if let Some(note) = &self.note {
+            message.push_str(&format!("; {note}"));
+        }
+        if !self.reachable {
+            return (
+                false,
+                "Unreachable",
+                format!(
+                    "member list not read: {}; readiness is the StatefulSet's",
+                    self.note.as_deref().unwrap_or("not formed yet")
+                ),
+            );
+        }
+        let reason = if !self.strangers.is_empty() {
+            "StaleMembers"
+        } else if self.learners > 0 || self.unstarted > 0 || self.voters < size {
+            "Joining"
+        } else if self.healthy_voters < self.voters {
+            "Unhealthy"
+        } else {
+            "AllVoting"
+        };
+        (self.settled(size), reason, message)
+    }
 }
 
 /// Why the cluster is progressing.
@@ -92,7 +159,13 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
     let size = ec.spec.size;
     let generation = ec.metadata.generation;
     let previous = ec.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let all_ready = seen.ready >= size;
+    // Without an answer from etcd (not formed yet, or the loop cannot reach the members) the
+    // StatefulSet's readiness stands alone; with one, the member list must match the spec.
+    let all_ready = seen.ready >= size
+        && seen
+            .membership
+            .as_ref()
+            .is_none_or(|m| !m.reachable || m.settled(size));
     let phase = if seen.deleting {
         Phase::Deleting
     } else if seen.failure.is_some() {
@@ -154,6 +227,13 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
         ),
     };
     let mut conditions = vec![ready, progressing];
+    if let Some(m) = &seen.membership {
+        let (ok, reason, message) = m.condition(size);
+        conditions.push(cond("Members", ok, reason, message));
+    } else if let Some(c) = previous.and_then(|cs| cs.iter().find(|c| c.type_ == "Members")) {
+        // Not read this pass (an error path): the last word stays.
+        conditions.push(c.clone());
+    }
     if let Some(w) = &seen.warning {
         conditions.push(cond(
             "BackupReady",

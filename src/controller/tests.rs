@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::Action;
 use kube::runtime::{reflector, watcher};
@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::render::tests::{backup, cluster};
 use super::*;
 use crate::api::v1::Backup;
-use crate::testing::{Call, FakeApi, assert_granted, per_verb};
+use crate::testing::{Call, FakeApi, FakeEtcd, assert_granted, per_verb};
 
 const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
 const STS: &str = "/apis/apps/v1/namespaces/prod/statefulsets/etcd";
@@ -29,28 +29,46 @@ const FINAL_JOB: &str = "/apis/batch/v1/namespaces/prod/jobs/etcd-final-snapshot
 const BACKUP_PVC: &str = "/api/v1/namespaces/prod/persistentvolumeclaims/etcd-backup";
 const SVC: &str = "/api/v1/namespaces/prod/services/etcd";
 const CLIENT_SVC: &str = "/api/v1/namespaces/prod/services/etcd-client";
+const CONFIG: &str = "/api/v1/namespaces/prod/configmaps/etcd-members";
 
 fn setup(size: i32, b: Option<Backup>) -> (FakeApi, Arc<Context>) {
+    setup_with(size, b, Settings::default())
+}
+
+fn setup_with(size: i32, b: Option<Backup>, settings: Settings) -> (FakeApi, Arc<Context>) {
     let api = FakeApi::default();
     let mut ec = serde_json::to_value(cluster("etcd", size, b)).unwrap();
     ec["metadata"].as_object_mut().unwrap().remove("generation");
     api.insert(EC, ec);
-    let settings = Settings {
-        finalizer_timeout: Duration::from_secs(600),
-        ..Default::default()
-    };
     let (caches, feed) = caches();
-    let ctx = Arc::new(Context::new(
-        api.client(),
-        settings,
-        Arc::new(Metrics::new()),
-        caches,
-    ));
+    // etcd answers as a formed cluster of `size` voters once the StatefulSet exists.
+    let peers: Vec<String> = (0..size)
+        .map(|i| format!("http://etcd-{i}.etcd.prod.svc:2380"))
+        .collect();
+    let etcd = Arc::new(FakeEtcd::running(&peers));
+    // Nothing answers until a test says the members run (no kubelet here).
+    etcd.set_down(true);
+    let ctx = Arc::new(
+        Context::new(api.client(), settings, Arc::new(Metrics::new()), caches)
+            .with_etcd(Box::new(etcd.clone())),
+    );
     FEEDS
         .lock()
         .unwrap()
         .insert(Arc::as_ptr(&ctx) as usize, feed);
+    ETCDS
+        .lock()
+        .unwrap()
+        .insert(Arc::as_ptr(&ctx) as usize, etcd);
     (api, ctx)
+}
+
+/// The in-memory etcd of a context made by setup().
+static ETCDS: std::sync::LazyLock<std::sync::Mutex<HashMap<usize, Arc<FakeEtcd>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn etcd_of(ctx: &Arc<Context>) -> Arc<FakeEtcd> {
+    ETCDS.lock().unwrap()[&(Arc::as_ptr(ctx) as usize)].clone()
 }
 
 /// The writers of a context's reflector caches (the production read path), by context.
@@ -64,6 +82,8 @@ struct Feed {
     crons: reflector::store::Writer<CronJob>,
     jobs: reflector::store::Writer<Job>,
     claims: reflector::store::Writer<PersistentVolumeClaim>,
+    configs: reflector::store::Writer<ConfigMap>,
+    pods: reflector::store::Writer<Pod>,
 }
 
 fn caches() -> (Caches, Feed) {
@@ -73,6 +93,8 @@ fn caches() -> (Caches, Feed) {
     let (crons, crons_w) = reflector::store();
     let (jobs, jobs_w) = reflector::store();
     let (claims, claims_w) = reflector::store();
+    let (configs, configs_w) = reflector::store();
+    let (pods, pods_w) = reflector::store();
     (
         Caches {
             sets,
@@ -81,6 +103,8 @@ fn caches() -> (Caches, Feed) {
             crons,
             jobs,
             claims,
+            configs,
+            pods,
         },
         Feed {
             sets: sets_w,
@@ -89,6 +113,8 @@ fn caches() -> (Caches, Feed) {
             crons: crons_w,
             jobs: jobs_w,
             claims: claims_w,
+            configs: configs_w,
+            pods: pods_w,
         },
     )
 }
@@ -120,6 +146,8 @@ fn sync_caches(api: &FakeApi, ctx: &Arc<Context>) {
     refill(&mut feed.crons, api, "cronjobs");
     refill(&mut feed.jobs, api, "jobs");
     refill(&mut feed.claims, api, "persistentvolumeclaims");
+    refill(&mut feed.configs, api, "configmaps");
+    refill(&mut feed.pods, api, "pods");
 }
 
 /// One reconcile of the cluster as the fake holds it now, reading the children from the
@@ -229,6 +257,8 @@ async fn first_reconcile_adds_the_finalizer_then_applies_every_object() {
 async fn a_second_reconcile_of_an_unchanged_cluster_calls_nothing() {
     let (api, ctx) = setup(3, Some(backup(None)));
     pass(&api, &ctx).await.unwrap();
+    // The second pass asks etcd for the first time: the Members condition is written.
+    pass(&api, &ctx).await.unwrap();
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     let calls = api.calls();
@@ -286,84 +316,132 @@ fn changed(calls: &[Call]) -> Vec<String> {
 
 /// A 3-member cluster with every member ready.
 async fn running_three() -> (FakeApi, Arc<Context>) {
-    let (api, ctx) = setup(3, None);
+    running_three_with(Settings::default()).await
+}
+
+async fn running_three_with(settings: Settings) -> (FakeApi, Arc<Context>) {
+    let (api, ctx) = setup_with(3, None, settings);
     pass(&api, &ctx).await.unwrap();
     api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
+    etcd_of(&ctx).set_down(false);
     pass(&api, &ctx).await.unwrap();
     (api, ctx)
 }
 
+fn members_config(api: &FakeApi) -> Value {
+    api.get(CONFIG).expect("the members' ConfigMap")["data"].clone()
+}
+
 #[tokio::test]
-async fn scaling_adds_one_member_at_a_time_changing_only_the_stateful_set_and_budget() {
+async fn scaling_adds_one_learner_at_a_time_promotes_it_and_never_touches_the_template() {
     let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    let template = api.get(STS).unwrap()["spec"]["template"].clone();
+    assert_eq!(
+        members_config(&api)["ETCD_INITIAL_CLUSTER_STATE"],
+        "existing"
+    );
     api.set(EC, "/spec/size", json!(5));
     api.set(EC, "/metadata/generation", json!(2));
     api.clear_calls();
-    // Member 3 joins etcd's membership before its pod exists; the StatefulSet waits.
+    // Member 3 joins etcd's membership as a learner; the ConfigMap lists it before the
+    // StatefulSet gets its pod.
     pass(&api, &ctx).await.unwrap();
-    assert_eq!(changed(&api.calls()), vec![format!("{JOBS}etcd-member-3")]);
-    let add = api.get(&format!("{JOBS}etcd-member-3")).unwrap();
-    let args = &add["spec"]["template"]["spec"]["containers"][0]["args"];
-    assert_eq!(args[4], "etcd-3");
-    assert_eq!(args[5], "--peer-urls=http://etcd-3.etcd.prod.svc:2380");
     assert_eq!(
-        cluster_json(&api)["status"]["conditions"][1]["reason"],
-        "AddingMembers"
+        changed(&api.calls()),
+        vec![CONFIG.to_owned(), STS.to_owned()]
     );
-    // Added: the StatefulSet gets the fourth pod, which joins with the membership as it is.
-    complete_job(&api, &format!("{JOBS}etcd-member-3"), true);
+    assert!(events(&api.calls()).contains(&("Normal".to_owned(), "AddedLearner".to_owned())));
+    assert_eq!(etcd.members()[3], (String::new(), true));
+    assert_eq!(
+        members_config(&api)["ETCD_INITIAL_CLUSTER"]
+            .as_str()
+            .unwrap()
+            .split(',')
+            .count(),
+        4
+    );
+    assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 4);
+    let ec = cluster_json(&api);
+    assert_eq!(ec["status"]["conditions"][1]["reason"], "AddingMembers");
+    assert_eq!(ec["status"]["conditions"][2]["type"], "Members");
+    assert_eq!(ec["status"]["conditions"][2]["reason"], "Joining");
+    assert_eq!(
+        ec["status"]["conditions"][2]["message"],
+        "3 voters (3 healthy), 0 learners, 1 not started, of 5"
+    );
+    // Not started: nothing more (never a second add).
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(etcd.members().len(), 4);
+    // Started but behind: etcd refuses the promotion, the loop waits without a warning.
+    etcd.start("etcd-3", false);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
-    let calls = api.calls();
-    assert_eq!(changed(&calls), vec![STS.to_owned()], "PDB of 4 is still 1");
-    assert!(events(&calls).contains(&("Normal".to_owned(), "Scaling".to_owned())));
-    let (replicas, args) = member_args(&api);
-    assert_eq!(replicas, 4);
-    assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
-    let listed = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--initial-cluster="))
-        .unwrap();
-    assert_eq!(listed.split(',').count(), 4);
-    // Until member 3 is ready, member 4 is not added.
-    api.set(STS, "/status", json!({"replicas": 4, "readyReplicas": 3}));
-    api.clear_calls();
+    assert!(
+        events(&api.calls()).is_empty(),
+        "{:?}",
+        events(&api.calls())
+    );
+    etcd.start("etcd-3", true);
     pass(&api, &ctx).await.unwrap();
-    assert!(changed(&api.calls()).is_empty());
-    // Ready: member 4, then the fifth pod and the budget.
-    api.set(STS, "/status", json!({"replicas": 4, "readyReplicas": 4}));
+    assert_eq!(etcd.members()[3], ("etcd-3".to_owned(), false));
+    // Then member 4, the same way.
     pass(&api, &ctx).await.unwrap();
-    complete_job(&api, &format!("{JOBS}etcd-member-4"), true);
-    api.clear_calls();
+    assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 5);
+    etcd.start("etcd-4", true);
     pass(&api, &ctx).await.unwrap();
-    assert_eq!(changed(&api.calls()), vec![STS.to_owned(), PDB.to_owned()]);
-    assert_eq!(member_args(&api).0, 5);
-    assert_eq!(api.get(PDB).unwrap()["spec"]["maxUnavailable"], 2);
-    // Settled: no more writes.
     api.set(STS, "/status", json!({"replicas": 5, "readyReplicas": 5}));
     pass(&api, &ctx).await.unwrap();
-    assert_eq!(cluster_json(&api)["status"]["phase"], "Running");
+    assert_eq!(
+        api.get(STS).unwrap()["spec"]["template"],
+        template,
+        "no member restarts"
+    );
+    assert_eq!(api.get(PDB).unwrap()["spec"]["maxUnavailable"], 2);
+    let ec = cluster_json(&api);
+    assert_eq!(ec["status"]["phase"], "Running", "{}", ec["status"]);
+    assert_eq!(ec["status"]["readyReplicas"], 5);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert!(writes(&api.calls()).is_empty());
 }
 
 #[tokio::test]
-async fn a_failed_member_add_is_reported_and_backs_off() {
-    let (api, ctx) = running_three().await;
+async fn a_member_that_never_starts_is_removed_with_a_warning_and_the_set_shrinks_back() {
+    // A join timeout of 0: the pass after the add finds it past due.
+    let (api, ctx) = running_three_with(Settings {
+        join_timeout: Duration::ZERO,
+        ..Default::default()
+    })
+    .await;
+    let etcd = etcd_of(&ctx);
     api.set(EC, "/spec/size", json!(5));
     pass(&api, &ctx).await.unwrap();
-    complete_job(&api, &format!("{JOBS}etcd-member-3"), false);
-    let err = pass(&api, &ctx).await.unwrap_err();
-    assert!(matches!(err, Error::MemberAddFailed(_)), "{err}");
-    let ec = cluster_json(&api);
-    assert_eq!(ec["status"]["phase"], "Failed");
+    assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 4);
+    assert_eq!(etcd.members().len(), 4);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
     assert!(
-        ec["status"]["conditions"][0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("etcd-member-3")
+        events(&api.calls()).contains(&("Warning".to_owned(), "MemberNeverStarted".to_owned())),
+        "{:?}",
+        events(&api.calls())
     );
+    assert_eq!(etcd.members().len(), 3);
+    assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 3);
+}
+
+#[tokio::test]
+async fn without_an_answer_from_etcd_nothing_is_added_and_the_status_says_why() {
+    let (api, ctx) = running_three().await;
+    etcd_of(&ctx).set_down(true);
+    api.set(EC, "/spec/size", json!(5));
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 3);
+    let ec = cluster_json(&api);
+    let members = &ec["status"]["conditions"][2];
+    assert_eq!(members["reason"], "Unreachable", "{}", ec["status"]);
+    let message = members["message"].as_str().unwrap();
+    assert!(message.contains("no member answered"), "{message}");
 }
 
 #[tokio::test]
@@ -395,6 +473,7 @@ async fn storage_in_tebibytes_is_read_back_canonical_and_grows() {
             .clone()
     };
     assert_eq!(template(&api), "1Ti");
+    pass(&api, &ctx).await.unwrap();
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     let calls = api.calls();
@@ -552,6 +631,7 @@ async fn an_unsupported_destination_warns_once_and_runs_the_cluster_anyway() {
     assert_eq!(backup_cond["type"], "BackupReady");
     assert_eq!(backup_cond["reason"], "UnsupportedDestination");
     assert!(events(&api.calls()).contains(&("Warning".to_owned(), "BackupUnsupported".to_owned())));
+    pass(&api, &ctx).await.unwrap();
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert!(writes(&api.calls()).is_empty());
@@ -677,7 +757,7 @@ async fn api_errors_mark_the_cluster_failed_and_back_off_exponentially() {
     pass(&api, &ctx).await.unwrap();
     assert_eq!(cluster_json(&api)["status"]["phase"], "Creating");
     let ec: Arc<EtcdCluster> = Arc::new(serde_json::from_value(cluster_json(&api)).unwrap());
-    let err = Error::MemberAddFailed("x".to_owned());
+    let err = Error::CacheNotReady("StatefulSet");
     assert_eq!(
         error_policy(ec, &err, ctx.clone()),
         Action::requeue(Duration::from_secs(5))
@@ -712,9 +792,10 @@ async fn api_calls_of_one_create_steady_scale_delete_cycle() {
     pass(&api, &ctx).await.unwrap();
     phase("steady (1 resync)", &api);
     api.set(EC, "/spec/size", json!(5));
+    let etcd = etcd_of(&ctx);
     for i in 3..5 {
         pass(&api, &ctx).await.unwrap();
-        complete_job(&api, &format!("{JOBS}etcd-member-{i}"), true);
+        etcd.start(&format!("etcd-{i}"), true);
         pass(&api, &ctx).await.unwrap();
         api.set(
             STS,
@@ -723,7 +804,10 @@ async fn api_calls_of_one_create_steady_scale_delete_cycle() {
         );
     }
     pass(&api, &ctx).await.unwrap();
-    phase("scale 3->5 (5 passes: per member add, then grow)", &api);
+    phase(
+        "scale 3->5 (5 passes: per member add as learner, then promote)",
+        &api,
+    );
     delete_cluster(&api).await;
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();

@@ -4,7 +4,9 @@
 //! binary, depends on it.
 
 pub mod fake_api;
+pub mod fake_etcd;
 pub mod mock;
 
 pub use fake_api::FakeCore;
+pub use fake_etcd::FakeEtcd;
 pub use mock::{Call, FakeApi, assert_granted, per_verb};

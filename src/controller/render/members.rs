@@ -6,12 +6,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
-use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, TCPSocketAction, TopologySpreadConstraint, VolumeMount,
-    VolumeResourceRequirements, WeightedPodAffinityTerm,
+    Affinity, ConfigMap, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource,
+    HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
+    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, TCPSocketAction,
+    TopologySpreadConstraint, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -138,29 +137,62 @@ pub(super) fn storage(size: &str) -> BTreeMap<String, Quantity> {
     )])
 }
 
-/// StatefulSet `NAME`.
-///
-/// `members` is how many members it runs: `spec.size`, or fewer while the cluster grows one
-/// member at a time; `--initial-cluster` lists exactly those (a joining member must name the
-/// membership as it is). `initial_size` is the size the cluster was bootstrapped with
-/// ([`INITIAL_SIZE_ANNOTATION`]). While the cluster has its initial members every pod starts
-/// with `--initial-cluster-state=new`; once it has grown the template says `existing`, which the
-/// new members need (they were added with `etcdctl member add` first, see [`member_add_job`])
-/// and which members that already have a data directory ignore. Pods start in parallel: a member only becomes ready with a quorum, so
-/// ordered start would wait forever for the second pod.
-pub fn stateful_set(
+/// ConfigMap `NAME-members`: `ETCD_INITIAL_CLUSTER` and `ETCD_INITIAL_CLUSTER_STATE`, read by
+/// each member pod (`envFrom`) when its container starts. A pod that joins reads the
+/// membership as it is when it starts; a member that has a data directory ignores both. So a
+/// scale-up changes this ConfigMap and never the pod template: no member restarts.
+/// `memory` is what the loop keeps between passes: [`JOINING_ANNOTATION`] and
+/// [`REPLACING_ANNOTATION`] (see `membership::Memory`), always written, empty or not, so that
+/// a change to either is a change to apply.
+pub fn members_config(
     ec: &EtcdCluster,
-    initial_size: i32,
-    members: i32,
-    opts: &RenderOptions,
-) -> StatefulSet {
+    initial_cluster: &str,
+    state: &str,
+    memory: &crate::controller::membership::Memory,
+) -> ConfigMap {
+    use crate::controller::membership::{joining_annotation, replacing_annotation};
+    let mut metadata = meta(ec, members_config_name(ec), "member");
+    metadata.annotations = Some(BTreeMap::from([
+        (
+            JOINING_ANNOTATION.to_owned(),
+            joining_annotation(&memory.joining),
+        ),
+        (
+            REPLACING_ANNOTATION.to_owned(),
+            replacing_annotation(&memory.replacing),
+        ),
+    ]));
+    ConfigMap {
+        metadata,
+        data: Some(BTreeMap::from([
+            (
+                "ETCD_INITIAL_CLUSTER".to_owned(),
+                initial_cluster.to_owned(),
+            ),
+            ("ETCD_INITIAL_CLUSTER_STATE".to_owned(), state.to_owned()),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// The ConfigMap of a cluster that has never answered `member list` yet: the `size` members it
+/// bootstraps with, state `new`.
+pub fn bootstrap_config(ec: &EtcdCluster, size: i32) -> ConfigMap {
+    members_config(ec, &initial_cluster(ec, size), "new", &Default::default())
+}
+
+pub fn members_config_name(ec: &EtcdCluster) -> String {
+    format!("{}-members", ec.name_any())
+}
+
+/// StatefulSet `NAME` running `replicas` members (fewer than `spec.size` while the cluster
+/// grows one learner at a time). The membership reaches the pods through
+/// [`members_config`], so the template is the same at every size. Pods start in parallel: a
+/// member only becomes ready with a quorum, so ordered start would wait forever for the
+/// second pod. The container's termination message is the tail of its log
+/// (`FallbackToLogsOnError`): that is how the loop sees a member that lost its volume.
+pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> StatefulSet {
     let name = ec.name_any();
-    let size = members;
-    let state = if size > initial_size {
-        "existing"
-    } else {
-        "new"
-    };
     let args = vec![
         "--name=$(POD_NAME)".to_owned(),
         format!("--data-dir={DATA_DIR}"),
@@ -173,8 +205,6 @@ pub fn stateful_set(
         format!(
             "--advertise-client-urls=http://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{CLIENT_PORT}"
         ),
-        format!("--initial-cluster={}", initial_cluster(ec, size)),
-        format!("--initial-cluster-state={state}"),
         format!("--initial-cluster-token={name}.{}", namespace(ec)),
     ];
     let (readiness, liveness) = probes(&ec.spec.version);
@@ -188,6 +218,14 @@ pub fn stateful_set(
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
         ]),
+        env_from: Some(vec![EnvFromSource {
+            config_map_ref: Some(ConfigMapEnvSource {
+                name: members_config_name(ec),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }]),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ports: Some(vec![
             container_port("client", CLIENT_PORT),
             container_port("peer", PEER_PORT),
@@ -207,7 +245,7 @@ pub fn stateful_set(
     StatefulSet {
         metadata: meta(ec, name.clone(), "member"),
         spec: Some(StatefulSetSpec {
-            replicas: Some(size),
+            replicas: Some(replicas),
             service_name: Some(name),
             pod_management_policy: Some("Parallel".to_owned()),
             selector: LabelSelector {
@@ -284,54 +322,6 @@ pub fn pod_disruption_budget(ec: &EtcdCluster, members: i32) -> PodDisruptionBud
         }),
         ..Default::default()
     }
-}
-
-/// Job `NAME-member-<i>`: `etcdctl member add` for a member that joins a running cluster, run
-/// before the StatefulSet gets the pod. The etcd image has etcdctl and no shell, which is all
-/// this needs.
-pub fn member_add_job(ec: &EtcdCluster, ordinal: i32, opts: &RenderOptions) -> Job {
-    let name = ec.name_any();
-    let container = Container {
-        name: "member-add".to_owned(),
-        image: Some(etcd_image(ec, opts)),
-        command: Some(vec!["/usr/local/bin/etcdctl".to_owned()]),
-        args: Some(vec![
-            format!("--endpoints={}", client_url(ec)),
-            "--dial-timeout=10s".to_owned(),
-            "member".to_owned(),
-            "add".to_owned(),
-            format!("{name}-{ordinal}"),
-            format!("--peer-urls={}", peer_url(ec, ordinal)),
-        ]),
-        security_context: Some(restricted_container()),
-        ..Default::default()
-    };
-    Job {
-        metadata: meta(ec, member_job_name(ec, ordinal), "member-add"),
-        spec: Some(JobSpec {
-            backoff_limit: Some(6),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels(ec, "member-add")),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    containers: vec![container],
-                    restart_policy: Some("Never".to_owned()),
-                    security_context: Some(restricted_pod()),
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-pub fn member_job_name(ec: &EtcdCluster, ordinal: i32) -> String {
-    format!("{}-member-{ordinal}", ec.name_any())
 }
 
 /// One volume of `spec.storageClass` and `spec.storageSize`.

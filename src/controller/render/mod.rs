@@ -29,6 +29,15 @@ pub const METRICS_PORT: i32 = 2381;
 /// EtcdCluster annotation the loop writes with its finalizer: the size the cluster was
 /// bootstrapped with. Members with an ordinal at or above it joined an existing cluster.
 pub const INITIAL_SIZE_ANNOTATION: &str = "etcd.example.com/initial-size";
+/// On the members' ConfigMap: when each non-voter was first seen (`ID=RFC3339,...`), for the
+/// join timeout.
+pub const JOINING_ANNOTATION: &str = "etcd.example.com/joining-since";
+/// On the members' ConfigMap: ordinals whose lost volume is to be replaced (`1,3`), written
+/// before the member is removed.
+pub const REPLACING_ANNOTATION: &str = "etcd.example.com/replacing";
+/// On the member pods that are voters (the loop sets it from `member list`): the client
+/// Service selects it, so learners never get client traffic.
+pub const VOTER_LABEL: &str = "etcd.example.com/voter";
 /// Where a member keeps its data (a subdirectory of the volume, away from `lost+found`).
 const DATA_MOUNT: &str = "/var/lib/etcd";
 const DATA_DIR: &str = "/var/lib/etcd/data";
@@ -140,7 +149,8 @@ pub fn client_url(ec: &EtcdCluster) -> String {
     )
 }
 
-fn peer_url(ec: &EtcdCluster, ordinal: i32) -> String {
+/// Member `i`'s peer URL, as it is in etcd's member list.
+pub fn peer_url(ec: &EtcdCluster, ordinal: i32) -> String {
     let (name, ns) = (ec.name_any(), namespace(ec));
     format!("http://{name}-{ordinal}.{name}.{ns}.svc:{PEER_PORT}")
 }
@@ -179,13 +189,16 @@ pub fn headless_service(ec: &EtcdCluster) -> Service {
     }
 }
 
-/// Client Service `NAME-client`: ready members only.
+/// Client Service `NAME-client`: ready voters only (a learner refuses most client calls;
+/// [`VOTER_LABEL`] is set on the voters' pods by the loop from `member list`).
 pub fn client_service(ec: &EtcdCluster) -> Service {
+    let mut selector = member_selector(ec);
+    selector.insert(VOTER_LABEL.to_owned(), "true".to_owned());
     Service {
         metadata: meta(ec, format!("{}-client", ec.name_any()), "client"),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_owned()),
-            selector: Some(member_selector(ec)),
+            selector: Some(selector),
             ports: Some(vec![port("client", CLIENT_PORT)]),
             ..Default::default()
         }),
@@ -239,20 +252,16 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-/// Every object a new cluster gets, in apply order: the Services, StatefulSet and
-/// PodDisruptionBudget, then (with backups) the backup volume, the CronJob, and the Job the
+/// Every object a new cluster gets, in apply order: the Services, the members' ConfigMap, the
+/// StatefulSet and PodDisruptionBudget, then (with backups) the backup volume, the CronJob, and the Job the
 /// finalizer would run on deletion. What `etcd-webhook render` prints.
 pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
     let json = |v: Result<serde_json::Value, serde_json::Error>| v.expect("k8s objects serialize");
     let mut out = vec![
         json(serde_json::to_value(headless_service(ec))),
         json(serde_json::to_value(client_service(ec))),
-        json(serde_json::to_value(stateful_set(
-            ec,
-            ec.spec.size,
-            ec.spec.size,
-            opts,
-        ))),
+        json(serde_json::to_value(bootstrap_config(ec, ec.spec.size))),
+        json(serde_json::to_value(stateful_set(ec, ec.spec.size, opts))),
         json(serde_json::to_value(pod_disruption_budget(
             ec,
             ec.spec.size,
@@ -379,44 +388,51 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn grown_cluster_starts_new_members_as_existing_with_every_member_listed() {
+    fn the_template_is_the_same_at_every_size_and_the_membership_comes_from_the_config_map() {
         let ec = cluster("etcd", 5, None);
-        let sts = stateful_set(&ec, 3, 5, &RenderOptions::default());
-        let args = sts.spec.unwrap().template.spec.unwrap().containers[0]
-            .args
-            .clone()
+        let opts = RenderOptions::default();
+        let template = |n| stateful_set(&ec, n, &opts).spec.unwrap().template;
+        assert_eq!(
+            template(3),
+            template(5),
+            "a scale-up must not roll the members"
+        );
+        assert_eq!(stateful_set(&ec, 4, &opts).spec.unwrap().replicas, Some(4));
+        let pod = template(3).spec.unwrap();
+        let etcd = &pod.containers[0];
+        assert!(
+            etcd.args
+                .iter()
+                .flatten()
+                .all(|a| !a.starts_with("--initial-cluster=")
+                    && !a.starts_with("--initial-cluster-state")),
+            "{:?}",
+            etcd.args
+        );
+        let from = etcd.env_from.as_ref().unwrap()[0]
+            .config_map_ref
+            .as_ref()
             .unwrap();
-        assert!(args.contains(&"--initial-cluster-state=existing".to_owned()));
-        let members = args
-            .iter()
-            .find_map(|a| a.strip_prefix("--initial-cluster="))
-            .unwrap();
-        assert_eq!(members.split(',').count(), 5);
-        assert!(members.contains("etcd-4=http://etcd-4.etcd.prod.svc:2380"));
-        let fresh = stateful_set(&ec, 5, 5, &RenderOptions::default());
-        let args = fresh.spec.unwrap().template.spec.unwrap().containers[0]
-            .args
-            .clone()
-            .unwrap();
-        assert!(args.contains(&"--initial-cluster-state=new".to_owned()));
-    }
-
-    #[test]
-    fn a_growing_cluster_lists_the_members_it_has_so_far() {
-        let ec = cluster("etcd", 5, None);
-        let sts = stateful_set(&ec, 3, 4, &RenderOptions::default());
-        let spec = sts.spec.unwrap();
-        assert_eq!(spec.replicas, Some(4));
-        let args = spec.template.spec.unwrap().containers[0]
-            .args
-            .clone()
-            .unwrap();
-        let listed = args
-            .iter()
-            .find_map(|a| a.strip_prefix("--initial-cluster="))
-            .unwrap();
-        assert_eq!(listed.split(',').count(), 4);
-        assert!(!listed.contains("etcd-4="));
+        assert_eq!(from.name, members_config_name(&ec));
+        assert_eq!(
+            etcd.termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError")
+        );
+        let boot = bootstrap_config(&ec, 5).data.unwrap();
+        assert_eq!(boot["ETCD_INITIAL_CLUSTER_STATE"], "new");
+        assert_eq!(boot["ETCD_INITIAL_CLUSTER"].split(',').count(), 5);
+        assert!(boot["ETCD_INITIAL_CLUSTER"].contains("etcd-4=http://etcd-4.etcd.prod.svc:2380"));
+        let memory = crate::controller::membership::Memory {
+            joining: BTreeMap::from([(0x65, "2026-12-01T00:00:00Z".parse().unwrap())]),
+            replacing: [1].into(),
+        };
+        let joined = members_config(&ec, "etcd-0=http://x:2380", "existing", &memory);
+        let notes = joined.metadata.annotations.unwrap();
+        assert_eq!(notes[JOINING_ANNOTATION], "65=2026-12-01T00:00:00Z");
+        assert_eq!(notes[REPLACING_ANNOTATION], "1");
+        // Learners get no client traffic: the client Service selects voters.
+        let selector = client_service(&ec).spec.unwrap().selector.unwrap();
+        assert_eq!(selector[VOTER_LABEL], "true");
     }
 
     #[test]
@@ -449,7 +465,7 @@ pub(crate) mod tests {
             member_cpu: "500m".to_owned(),
             ..Default::default()
         };
-        let spec = stateful_set(&ec, 3, 3, &opts).spec.unwrap();
+        let spec = stateful_set(&ec, 3, &opts).spec.unwrap();
         let retention = spec.persistent_volume_claim_retention_policy.unwrap();
         assert_eq!(retention.when_deleted.as_deref(), Some("Delete"));
         let pod = spec.template.spec.unwrap();
@@ -493,7 +509,7 @@ pub(crate) mod tests {
             etcd_registry: "registry.local:5000/mirror/".to_owned(),
             ..Default::default()
         };
-        let sts = stateful_set(&ec, 3, 3, &opts);
+        let sts = stateful_set(&ec, 3, &opts);
         assert_eq!(
             sts.spec.unwrap().template.spec.unwrap().containers[0]
                 .image
@@ -529,11 +545,11 @@ pub(crate) mod tests {
         let metas = [
             headless_service(&ec).metadata,
             client_service(&ec).metadata,
-            stateful_set(&ec, 3, 3, &opts).metadata,
+            stateful_set(&ec, 3, &opts).metadata,
             pod_disruption_budget(&ec, 3).metadata,
             backup_cron_job(&ec, &BackupTarget::Volume, &opts).metadata,
             final_snapshot_job(&ec, &BackupTarget::Volume, &opts).metadata,
-            member_add_job(&ec, 3, &opts).metadata,
+            members_config(&ec, "", "new", &Default::default()).metadata,
         ];
         for m in metas {
             let refs = m.owner_references.unwrap();

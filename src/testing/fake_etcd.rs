@@ -1,0 +1,185 @@
+//! An in-memory etcd membership behind the loop's [`Transport`]: `member list`, `add`
+//! (learners), `promote` (refused until the test lets the learner catch up), `remove` and
+//! `status`, with etcd's own answers. Pods "start" when the test says so. The real thing is in
+//! tests/members.rs; this one lets the reconcile tests run without network namespaces.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+
+use crate::controller::etcd::{EtcdError, Transport};
+
+#[derive(Default)]
+struct State {
+    /// (ID, name, peer URL, learner, caught up)
+    members: Vec<(u64, String, String, bool, bool)>,
+    next: u64,
+    down: bool,
+}
+
+#[derive(Default)]
+pub struct FakeEtcd {
+    state: Mutex<State>,
+}
+
+/// `http://etcd-1.etcd.prod.svc:2380` -> `etcd-1`.
+fn host_name(url: &str) -> &str {
+    url.trim_start_matches("http://")
+        .split('.')
+        .next()
+        .unwrap_or_default()
+}
+
+impl FakeEtcd {
+    /// A cluster whose members `peer_urls` all run as voters.
+    pub fn running(peer_urls: &[String]) -> Self {
+        let fake = Self::default();
+        {
+            let mut s = fake.state.lock().unwrap();
+            for url in peer_urls {
+                s.next += 1;
+                let id = 0x1000 + s.next;
+                s.members
+                    .push((id, host_name(url).to_owned(), url.clone(), false, true));
+            }
+        }
+        fake
+    }
+
+    /// The pod of the member with this peer URL's host starts: the member gets its name, and
+    /// has caught up once `caught_up`.
+    pub fn start(&self, pod: &str, caught_up: bool) {
+        let mut s = self.state.lock().unwrap();
+        for m in s.members.iter_mut().filter(|m| host_name(&m.2) == pod) {
+            m.1 = pod.to_owned();
+            m.4 = caught_up;
+        }
+    }
+
+    /// No member answers (all down, or not formed).
+    pub fn set_down(&self, down: bool) {
+        self.state.lock().unwrap().down = down;
+    }
+
+    /// (name or "", learner) per member, in order.
+    pub fn members(&self) -> Vec<(String, bool)> {
+        let s = self.state.lock().unwrap();
+        s.members.iter().map(|m| (m.1.clone(), m.3)).collect()
+    }
+
+    fn list(s: &State) -> Value {
+        let members: Vec<Value> = s
+            .members
+            .iter()
+            .map(|(id, name, peer, learner, _)| {
+                let mut m = json!({"ID": id.to_string(), "peerURLs": [peer], "isLearner": learner});
+                if !name.is_empty() {
+                    m["name"] = json!(name);
+                }
+                m
+            })
+            .collect();
+        json!({"header": {}, "members": members})
+    }
+
+    fn answer(&self, endpoint: &str, path: &str, body: &Value) -> Result<Value, EtcdError> {
+        let mut s = self.state.lock().unwrap();
+        let refused = |message: &str| EtcdError::Refused {
+            endpoint: endpoint.to_owned(),
+            message: message.to_owned(),
+        };
+        if s.down {
+            return Err(EtcdError::Unreachable {
+                endpoint: endpoint.to_owned(),
+                reason: "connection refused".to_owned(),
+            });
+        }
+        let id_of = |b: &Value| -> u64 {
+            b["ID"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_default()
+        };
+        match path {
+            "cluster/member/list" => Ok(Self::list(&s)),
+            "cluster/member/add" => {
+                let url = body["peerURLs"][0].as_str().unwrap_or_default().to_owned();
+                if s.members.iter().any(|m| m.2 == url) {
+                    return Err(refused("etcdserver: Peer URLs already exists"));
+                }
+                s.next += 1;
+                let id = 0x1000 + s.next;
+                let learner = body["isLearner"].as_bool().unwrap_or(false);
+                s.members
+                    .push((id, String::new(), url.clone(), learner, false));
+                let mut out = Self::list(&s);
+                out["member"] =
+                    json!({"ID": id.to_string(), "peerURLs": [url], "isLearner": learner});
+                Ok(out)
+            }
+            "cluster/member/promote" => {
+                let id = id_of(body);
+                let m = s
+                    .members
+                    .iter_mut()
+                    .find(|m| m.0 == id)
+                    .ok_or_else(|| refused("etcdserver: member not found"))?;
+                if !m.3 {
+                    return Err(refused("etcdserver: can only promote a learner member"));
+                }
+                if !m.4 {
+                    return Err(refused(
+                        "etcdserver: can only promote a learner member which is in sync with leader",
+                    ));
+                }
+                m.3 = false;
+                Ok(Self::list(&s))
+            }
+            "cluster/member/remove" => {
+                let id = id_of(body);
+                let before = s.members.len();
+                s.members.retain(|m| m.0 != id);
+                if s.members.len() == before {
+                    return Err(refused("etcdserver: member not found"));
+                }
+                Ok(Self::list(&s))
+            }
+            "maintenance/status" => {
+                let pod = host_name(endpoint);
+                match s.members.iter().find(|m| m.1 == pod) {
+                    Some(m) => Ok(json!({"dbSize": "20480", "leader": "4097", "isLearner": m.3})),
+                    None => Err(EtcdError::Unreachable {
+                        endpoint: endpoint.to_owned(),
+                        reason: "connection refused".to_owned(),
+                    }),
+                }
+            }
+            other => Err(refused(&format!("not in the fake: {other}"))),
+        }
+    }
+}
+
+impl Transport for FakeEtcd {
+    fn post<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        let out = self.answer(endpoint, path, &body);
+        Box::pin(async move { out })
+    }
+}
+
+impl Transport for std::sync::Arc<FakeEtcd> {
+    fn post<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        self.as_ref().post(endpoint, path, body)
+    }
+}
