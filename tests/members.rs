@@ -133,9 +133,9 @@ fn cluster(name: &str, size: i32, release: Release) -> EtcdCluster {
     .expect("an EtcdCluster")
 }
 
-/// The etcd container of the rendered StatefulSet of `ec` with `members` members.
-fn member_container(ec: &EtcdCluster, members: i32) -> Container {
-    let sts = render::stateful_set(ec, members, members, &RenderOptions::default());
+/// The etcd container of the rendered StatefulSet of `ec` (the same at every size).
+fn member_container(ec: &EtcdCluster) -> Container {
+    let sts = render::stateful_set(ec, ec.spec.size, &RenderOptions::default());
     let pod = sts.spec.unwrap().template.spec.unwrap();
     assert_eq!(
         pod.security_context.as_ref().unwrap().run_as_user,
@@ -174,9 +174,18 @@ fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
     out
 }
 
-/// The container's environment as the kubelet sets it for pod `pod`.
-fn pod_env(c: &Container, pod: &str) -> BTreeMap<String, String> {
+/// The container's environment as the kubelet sets it for pod `pod` when the container starts:
+/// the members' ConfigMap `config` (`envFrom`) first, then `env`.
+fn pod_env(
+    c: &Container,
+    pod: &str,
+    config: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
+    for from in c.env_from.iter().flatten() {
+        assert!(from.config_map_ref.is_some(), "envFrom a ConfigMap only");
+        env.extend(config.clone());
+    }
     for e in c.env.iter().flatten() {
         let value = match (&e.value, &e.value_from) {
             (Some(v), _) => expand(v, &env),
@@ -198,6 +207,11 @@ static NEXT_NET: AtomicU32 = AtomicU32::new(0);
 struct Net {
     bridge: String,
     pods: Vec<Pod>,
+    /// The members' ConfigMap as the loop last wrote it (what a starting container reads).
+    config: BTreeMap<String, String>,
+    /// The loop's own namespace on the bridge (the controller pod): it talks to the members from
+    /// there with its own HTTP client.
+    controller_ns: String,
     tmp: tempfile::TempDir,
     /// The etcd program and the arguments before etcd's own.
     program: (PathBuf, Vec<&'static str>),
@@ -211,6 +225,8 @@ struct Pod {
     proc: Option<Child>,
     log: PathBuf,
     starts: u32,
+    /// Where the current run's log starts (the termination message is its tail).
+    log_from: u64,
 }
 
 impl Net {
@@ -224,6 +240,8 @@ impl Net {
         let mut net = Net {
             bridge: bridge.clone(),
             pods: Vec::new(),
+            config: BTreeMap::new(),
+            controller_ns: format!("{tag}-c"),
             tmp: tempfile::tempdir().unwrap(),
             program: release.program(),
         };
@@ -267,8 +285,22 @@ impl Net {
                 proc: None,
                 log: net.tmp.path().join(format!("{name}.log")),
                 starts: 0,
+                log_from: 0,
             });
         }
+        // The controller's namespace: .250 on the same bridge.
+        let (ns, a, b) = (&net.controller_ns, format!("{tag}ca"), format!("{tag}cb"));
+        ip(&["netns", "add", ns]);
+        ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+        ip(&["link", "set", &a, "netns", ns]);
+        ip(&["link", "set", &b, "netns", &bridge]);
+        ip(&["-n", ns, "link", "set", &a, "name", "eth0"]);
+        let addr = format!("10.213.{subnet}.250/24");
+        ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0"]);
+        ip(&["-n", ns, "link", "set", "eth0", "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+        ip(&["-n", &bridge, "link", "set", &b, "master", "br0"]);
+        ip(&["-n", &bridge, "link", "set", &b, "up"]);
         // The client Service: the first member (the harness talks to members directly).
         hosts.push_str(&format!(
             "{} {service}-client.{NAMESPACE}.svc\n",
@@ -288,7 +320,7 @@ impl Net {
     fn start(&mut self, i: usize, container: &Container) {
         let pod = &mut self.pods[i];
         assert!(pod.proc.is_none(), "{} already runs", pod.name);
-        let env = pod_env(container, &pod.name);
+        let env = pod_env(container, &pod.name, &self.config);
         let command = container.command.clone().unwrap_or_default();
         assert_eq!(command, ["/usr/local/bin/etcd"], "the image's etcd");
         let args: Vec<String> = container
@@ -302,6 +334,7 @@ impl Net {
             .append(true)
             .open(&pod.log)
             .unwrap();
+        pod.log_from = log.metadata().unwrap().len();
         // `ip netns exec` gives the process its own mount namespace (hosts file bound over
         // /etc/hosts); the volume is bound there too, so the host never sees it.
         let script = format!(
@@ -503,6 +536,9 @@ impl Drop for Net {
             let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&p.ns));
         }
         let _ = Command::new("ip")
+            .args(["netns", "del", &self.controller_ns])
+            .status();
+        let _ = Command::new("ip")
             .args(["netns", "del", &self.bridge])
             .status();
         // Folders written as uid 65532 are still ours to remove (root).
@@ -515,9 +551,10 @@ impl Drop for Net {
 fn fresh(size: i32, release: Release) -> Net {
     let name = format!("fresh{size}");
     let ec = cluster(&name, size, release);
-    let container = member_container(&ec, size);
+    let container = member_container(&ec);
     let names: Vec<String> = (0..size).map(|i| format!("{name}-{i}")).collect();
     let mut net = Net::new(&name, &names, release);
+    net.config = render::bootstrap_config(&ec, size).data.unwrap();
     for i in 0..names.len() {
         net.start(i, &container);
     }
@@ -561,7 +598,7 @@ fn fresh_clusters_of_one_three_and_five_form_from_the_rendering() {
 fn a_restarted_member_keeps_its_data_and_rejoins() {
     let mut net = fresh(3, Release::V3_6_4);
     let ec = cluster("fresh3", 3, Release::V3_6_4);
-    let container = member_container(&ec, 3);
+    let container = member_container(&ec);
     net.stop(2);
     // Two of three keep the quorum: writes go on.
     for k in 50..60 {
@@ -587,7 +624,7 @@ fn a_restarted_member_keeps_its_data_and_rejoins() {
 /// probe keeps passing (no restart storm). Returns the survivor's pod net for more checks.
 fn quorum_loss(release: Release) -> (Net, Container) {
     let mut net = fresh(3, release);
-    let container = member_container(&cluster("fresh3", 3, release), 3);
+    let container = member_container(&cluster("fresh3", 3, release));
     assert!(net.alive(0, &container), "alive with the quorum");
     net.stop(1);
     net.stop(2);
@@ -642,4 +679,573 @@ fn etcd_3_5_1_forms_and_its_liveness_holds_without_a_quorum() {
         503,
         "v3.5.1 answers /health?serializable=true only with a leader"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reconcile loop's membership against the real members.
+//
+// The loop's membership pass (`membership::pass`: `member list`, each member's `status`, the
+// decision, at most one call) runs as in the controller, with its own HTTP client, from a
+// network namespace of its own on the members' bridge. What the rest of the loop does with the
+// outcome is played here in its place: the ConfigMap it renders (`members_config` from the
+// member list) is what a starting container reads, and the StatefulSet size it renders is what
+// the "StatefulSet controller" below runs; the "kubelet" restarts an exited member, and its
+// termination message is the tail of the run's log (`FallbackToLogsOnError`). Nothing is kept
+// between passes but what the loop keeps in the ConfigMap (the joining times): every pass is
+// a fresh start, which is what a controller killed between two calls is.
+// ---------------------------------------------------------------------------------------------
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use etcd_webhook::controller::etcd::{Etcd, Gateway};
+use etcd_webhook::controller::membership::{self, Memory, Outcome, Step};
+use k8s_openapi::jiff::Timestamp;
+
+/// Runs `f` on a thread of its own inside network namespace `ns`: every socket it makes is
+/// there.
+fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                use std::os::fd::AsRawFd;
+                let file = std::fs::File::open(Path::new("/var/run/netns").join(ns)).unwrap();
+                // SAFETY: setns on a valid namespace fd changes only this thread's namespace.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .expect("the thread in the namespace")
+    })
+}
+
+/// A curl PUT through the v3 gateway at `addr`, from namespace `ns`.
+fn put_via(ns: &str, addr: &str, key: &str, value: &str) -> bool {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let body = json!({"key": b64(key), "value": b64(value)}).to_string();
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-sf",
+            "-m",
+            "5",
+            "-o",
+            "/dev/null",
+        ])
+        .args(["-H", "Content-Type: application/json", "--data", &body])
+        .arg(format!("http://{addr}:2379/v3/kv/put"))
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Net {
+    /// The members' client URLs by ordinal as the controller reaches them: their addresses
+    /// (the loop renders `NAME-i.NAME.NS.svc`, which the controller pod's DNS resolves).
+    fn endpoints(&self) -> Vec<String> {
+        self.pods
+            .iter()
+            .map(|p| format!("http://{}:2379", p.addr))
+            .collect()
+    }
+
+    /// Whether pod `i`'s process has exited (then its termination message: the last 80 lines,
+    /// at most 2 KiB, of the run's log).
+    fn exited(&mut self, i: usize) -> Option<String> {
+        let pod = &mut self.pods[i];
+        let child = pod.proc.as_mut()?;
+        child.try_wait().ok().flatten()?;
+        pod.proc = None;
+        let text = std::fs::read(&pod.log).unwrap_or_default();
+        let run =
+            String::from_utf8_lossy(&text[(pod.log_from as usize).min(text.len())..]).into_owned();
+        let lines: Vec<&str> = run.lines().collect();
+        let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+        let mut cut = tail.len().saturating_sub(2048);
+        while !tail.is_char_boundary(cut) {
+            cut += 1;
+        }
+        Some(tail[cut..].to_owned())
+    }
+
+    fn running(&self, i: usize) -> bool {
+        self.pods[i].proc.is_some()
+    }
+}
+
+/// What the loop keeps between passes (the ConfigMap's joining annotation), the StatefulSet's
+/// size, and what the harness does to the pods.
+struct Loop {
+    ec: EtcdCluster,
+    container: Container,
+    /// The ConfigMap's annotations.
+    memory: Memory,
+    /// The next pass dies right after its etcd call (before it writes anything else).
+    crash_after_call: bool,
+    join_timeout: Duration,
+    replicas: i32,
+    /// Pods the "kubelet" never starts (unschedulable).
+    blocked: BTreeSet<usize>,
+    /// Termination messages seen (by ordinal), and the calls made.
+    crashes: Vec<(usize, String)>,
+    calls: Vec<Step>,
+}
+
+impl Loop {
+    fn new(ec: EtcdCluster, replicas: i32) -> Loop {
+        Loop {
+            container: member_container(&ec),
+            ec,
+            memory: Memory::default(),
+            crash_after_call: false,
+            join_timeout: Duration::from_secs(300),
+            replicas,
+            blocked: BTreeSet::new(),
+            crashes: Vec::new(),
+            calls: Vec::new(),
+        }
+    }
+
+    /// One reconcile, then the StatefulSet controller and the kubelet.
+    fn pass(&mut self, net: &mut Net) -> Outcome {
+        let mut lost = BTreeSet::new();
+        for i in 0..net.pods.len() {
+            if let Some(message) = net.exited(i) {
+                if membership::lost_volume(&message) {
+                    lost.insert(i as i32);
+                }
+                self.crashes.push((i, message));
+            }
+        }
+        let endpoints = net.endpoints();
+        let (ec, before, timeout) = (&self.ec, &self.memory, self.join_timeout);
+        // What the pass records in the ConfigMap before a removal for a lost volume.
+        let recorded = std::sync::Mutex::new(None);
+        let outcome = in_netns(&net.controller_ns, || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let gateway = Gateway::default();
+                    let etcd = Etcd {
+                        transport: &gateway,
+                        endpoints,
+                    };
+                    let record = async |m: &Memory| {
+                        *recorded.lock().unwrap() = Some(m.clone());
+                        Ok(())
+                    };
+                    membership::pass(ec, &etcd, &lost, before, Timestamp::now(), timeout, record)
+                        .await
+                })
+        });
+        if let Some(e) = &outcome.failed {
+            eprintln!("{:?} failed: {e}", outcome.step);
+        }
+        if !matches!(outcome.step, Step::Steady | Step::Wait(_)) && outcome.failed.is_none() {
+            self.calls.push(outcome.step.clone());
+        }
+        if let Some(m) = recorded.into_inner().unwrap() {
+            self.memory = m;
+        }
+        // Killed after the call: none of the loop's writes below happen (the StatefulSet
+        // controller and the kubelet go on); the next pass starts from the ConfigMap.
+        let killed = std::mem::take(&mut self.crash_after_call);
+        if let Some(members) = outcome.members.as_ref().filter(|_| !killed) {
+            self.memory = outcome.memory.clone();
+            // The loop deletes the claim and the pod of a member removed for its lost volume;
+            // the StatefulSet makes both anew: an empty folder.
+            if let Some(ordinal) = membership::volume_to_replace(&outcome) {
+                let i = ordinal as usize;
+                net.stop(i);
+                let data = &net.pods[i].data;
+                std::fs::remove_dir_all(data).unwrap();
+                std::fs::create_dir_all(data).unwrap();
+                run(Command::new("chown")
+                    .arg(format!("{RUN_AS}:{RUN_AS}"))
+                    .arg(data));
+                self.memory.replacing.remove(&ordinal);
+            }
+            net.config = render::members_config(
+                &self.ec,
+                &membership::initial_cluster(&self.ec, members),
+                "existing",
+                &self.memory,
+            )
+            .data
+            .unwrap();
+            self.replicas = membership::replicas(&self.ec, members);
+        }
+        // The StatefulSet controller and the kubelet: pods below the size run (an exited one
+        // restarts with the ConfigMap as it is now), pods above stop.
+        for i in 0..net.pods.len() {
+            let want = (i as i32) < self.replicas && !self.blocked.contains(&i);
+            if want && !net.running(i) {
+                net.start(i, &self.container);
+            } else if !want && net.running(i) {
+                net.stop(i);
+            }
+        }
+        outcome
+    }
+
+    /// Passes until the member list is `spec.size` started voters (at most `within`), checking
+    /// after each that the list answers through a voter, with no member twice.
+    fn settle(&mut self, net: &mut Net, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let outcome = self.pass(net);
+            if let Some(members) = &outcome.members {
+                let peers: BTreeSet<&Vec<String>> = members.iter().map(|m| &m.peer_urls).collect();
+                assert_eq!(peers.len(), members.len(), "a member twice: {members:?}");
+                let voters = members
+                    .iter()
+                    .filter(|m| !m.is_learner && m.started())
+                    .count();
+                if outcome.step == Step::Steady
+                    && voters == members.len()
+                    && voters == self.ec.spec.size as usize
+                    && outcome.health.values().all(|h| h.healthy())
+                    && outcome.health.len() == voters
+                {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not settled within {within:?}: last step {:?}, calls {:?}\n{}",
+                outcome.step,
+                self.calls,
+                net.logs()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+/// A net of `max` pods for cluster `name`, of which the first `size` form a fresh cluster.
+fn formed(name: &str, size: i32, max: i32, release: Release) -> (Net, Loop) {
+    let ec = cluster(name, size, release);
+    let names: Vec<String> = (0..max).map(|i| format!("{name}-{i}")).collect();
+    let mut net = Net::new(name, &names, release);
+    net.config = render::bootstrap_config(&ec, size).data.unwrap();
+    let mut lp = Loop::new(ec, size);
+    for i in 0..size as usize {
+        net.start(i, &lp.container);
+    }
+    lp.settle(&mut net, Duration::from_secs(60));
+    (net, lp)
+}
+
+/// Writes through member 0 until stopped: (keys written, failed writes).
+fn writer(net: &Net, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<String>, u32)> {
+    let (ns, addr) = (net.pods[0].ns.clone(), net.pods[0].addr.clone());
+    std::thread::spawn(move || {
+        let (mut ok, mut failed) = (Vec::new(), 0);
+        for n in 0..100_000 {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let key = format!("/w/{n}");
+            if put_via(&ns, &addr, &key, &n.to_string()) {
+                ok.push(key);
+            } else {
+                failed += 1;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (ok, failed)
+    })
+}
+
+/// Every key in `keys` reads back (linearizable) through every running member.
+fn all_there(net: &Net, keys: &[String]) {
+    for i in (0..net.pods.len()).filter(|&i| net.running(i)) {
+        for key in keys {
+            let want = key.trim_start_matches("/w/");
+            assert_eq!(
+                net.get(i, key).as_deref(),
+                Some(want),
+                "{key} through {}",
+                net.pods[i].name
+            );
+        }
+    }
+}
+
+/// Grows the cluster to `size` with writes running; returns the failed writes.
+fn grow_with_writes(net: &mut Net, lp: &mut Loop, size: i32) -> u32 {
+    let before: Vec<u32> = net.pods.iter().map(|p| p.starts).collect();
+    let template = render::stateful_set(&lp.ec, lp.replicas, &RenderOptions::default())
+        .spec
+        .unwrap()
+        .template;
+    lp.ec.spec.size = size;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(net, stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    lp.settle(net, Duration::from_secs(120));
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (keys, failed) = writes.join().unwrap();
+    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
+    all_there(net, &keys);
+    // No member restarted: the members that ran kept their one start, and the pod template is
+    // the one they started from.
+    for (i, starts) in before.iter().enumerate().filter(|(_, s)| **s > 0) {
+        assert_eq!(
+            net.pods[i].starts, *starts,
+            "{} restarted",
+            net.pods[i].name
+        );
+    }
+    let after = render::stateful_set(&lp.ec, lp.replicas, &RenderOptions::default())
+        .spec
+        .unwrap()
+        .template;
+    assert_eq!(template, after, "the pod template changed");
+    let names: Vec<(String, bool)> = (0..size)
+        .map(|i| {
+            (
+                format!("{}-{i}", lp.ec.metadata.name.as_deref().unwrap()),
+                false,
+            )
+        })
+        .collect();
+    assert_eq!(net.members(0), names);
+    eprintln!(
+        "grown to {size}: {} writes ok, {failed} failed; calls {:?}",
+        keys.len(),
+        lp.calls
+    );
+    failed
+}
+
+#[test]
+fn scaling_one_to_three_to_five_adds_learners_restarts_nothing_and_fails_no_write() {
+    let (mut net, mut lp) = formed("grow", 1, 5, Release::V3_6_4);
+    assert_eq!(
+        grow_with_writes(&mut net, &mut lp, 3),
+        0,
+        "failed writes 1 -> 3"
+    );
+    let adds = |lp: &Loop| {
+        lp.calls
+            .iter()
+            .filter(|s| matches!(s, Step::AddLearner { .. }))
+            .count()
+    };
+    let promotes = |lp: &Loop| {
+        lp.calls
+            .iter()
+            .filter(|s| matches!(s, Step::Promote { .. }))
+            .count()
+    };
+    assert_eq!((adds(&lp), promotes(&lp)), (2, 2), "{:?}", lp.calls);
+    assert_eq!(
+        grow_with_writes(&mut net, &mut lp, 5),
+        0,
+        "failed writes 3 -> 5"
+    );
+    assert_eq!((adds(&lp), promotes(&lp)), (4, 4), "{:?}", lp.calls);
+    assert!(lp.crashes.is_empty(), "{:?}", lp.crashes);
+}
+
+#[test]
+fn etcd_3_5_1_grows_by_learners_too() {
+    let (mut net, mut lp) = formed("old", 1, 3, Release::V3_5_1);
+    assert_eq!(
+        grow_with_writes(&mut net, &mut lp, 3),
+        0,
+        "failed writes 1 -> 3 on 3.5.1"
+    );
+}
+
+/// A member add that committed but whose answer never came (the controller's call timed out,
+/// or it died right after): the next pass finds the learner in the list, adds nobody twice,
+/// starts its pod and promotes it.
+#[test]
+fn an_add_that_committed_without_an_answer_is_finished_not_repeated() {
+    let (mut net, mut lp) = formed("lost", 1, 3, Release::V3_6_4);
+    lp.ec.spec.size = 2;
+    let peer = render::peer_url(&lp.ec, 1);
+    let added = net.v3(
+        0,
+        "cluster/member/add",
+        json!({"peerURLs": [peer], "isLearner": true}),
+    );
+    assert!(added.is_some(), "the add by hand");
+    lp.settle(&mut net, Duration::from_secs(60));
+    assert_eq!(
+        lp.calls
+            .iter()
+            .filter(|s| matches!(s, Step::AddLearner { .. }))
+            .count(),
+        0,
+        "no second add: {:?}",
+        lp.calls
+    );
+    assert_eq!(net.members(0).len(), 2);
+}
+
+/// A new member whose pod never starts is removed after the join timeout, the cluster keeps
+/// its quorum and the loop adds it again; once the pod can start, it joins.
+#[test]
+fn a_member_whose_pod_never_starts_is_removed_then_added_again() {
+    let (mut net, mut lp) = formed("stuck", 3, 4, Release::V3_6_4);
+    lp.ec.spec.size = 4;
+    lp.join_timeout = Duration::from_secs(3);
+    lp.blocked.insert(3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lp.calls.iter().any(|s| matches!(s, Step::Remove { .. })) {
+        assert!(Instant::now() < deadline, "never removed: {:?}", lp.calls);
+        lp.pass(&mut net);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(net.members(0).len(), 3, "removed");
+    assert!(net.put(0, "/after-removal", "x"), "the quorum holds");
+    lp.blocked.clear();
+    lp.settle(&mut net, Duration::from_secs(60));
+    assert_eq!(net.members(0).len(), 4);
+    eprintln!("never-started member: calls {:?}", lp.calls);
+}
+
+/// A member whose volume is lost crash-loops; the loop sees it in the termination message,
+/// removes it, adds it back as a learner, its pod restarts with state `existing` and catches
+/// up; the other two keep the quorum and every key throughout.
+#[test]
+fn a_member_that_lost_its_volume_is_removed_re_added_and_catches_up() {
+    let (mut net, mut lp) = formed("lostvol", 3, 3, Release::V3_6_4);
+    let keys: Vec<String> = (0..30).map(|k| format!("/w/{k}")).collect();
+    for (k, key) in keys.iter().enumerate() {
+        assert!(net.put(0, key, &k.to_string()));
+    }
+    net.stop(1);
+    std::fs::remove_dir_all(net.pods[1].data.join("data")).unwrap();
+    lp.settle(&mut net, Duration::from_secs(120));
+    assert!(
+        lp.crashes
+            .iter()
+            .any(|(i, m)| *i == 1 && membership::lost_volume(m)),
+        "the crash was seen: {:?}",
+        lp.crashes
+    );
+    assert!(
+        lp.calls
+            .iter()
+            .any(|s| matches!(s, Step::Remove { ordinal: 1, .. }))
+            && lp
+                .calls
+                .iter()
+                .any(|s| matches!(s, Step::AddLearner { ordinal: 1 })),
+        "{:?}",
+        lp.calls
+    );
+    all_there(&net, &keys);
+    eprintln!("lost volume: calls {:?}", lp.calls);
+}
+
+/// The same, with the loop killed right after the removal (before it replaced the volume):
+/// the next pass finds the replacement recorded and does it before adding the member back.
+#[test]
+fn a_lost_volume_is_replaced_even_when_the_loop_dies_right_after_the_removal() {
+    let (mut net, mut lp) = formed("crashvol", 3, 3, Release::V3_6_4);
+    for k in 0..10 {
+        assert!(net.put(0, &format!("/w/{k}"), &k.to_string()));
+    }
+    net.stop(1);
+    std::fs::remove_dir_all(net.pods[1].data.join("data")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !lp.calls.iter().any(|s| matches!(s, Step::Remove { .. })) {
+        assert!(Instant::now() < deadline, "never removed: {:?}", lp.calls);
+        lp.crash_after_call = true;
+        lp.pass(&mut net);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        lp.memory.replacing,
+        BTreeSet::from([1]),
+        "recorded before the call"
+    );
+    lp.settle(&mut net, Duration::from_secs(120));
+    let replaced = lp
+        .calls
+        .iter()
+        .position(|s| matches!(s, Step::ReplaceVolume { ordinal: 1 }));
+    let added = lp
+        .calls
+        .iter()
+        .position(|s| matches!(s, Step::AddLearner { ordinal: 1 }));
+    assert!(
+        replaced.is_some() && replaced < added,
+        "replaced, then added: {:?}",
+        lp.calls
+    );
+    all_there(
+        &net,
+        &(0..10).map(|k| format!("/w/{k}")).collect::<Vec<_>>(),
+    );
+    eprintln!(
+        "lost volume, loop killed after the removal: calls {:?}",
+        lp.calls
+    );
+}
+
+/// Two of five members down: the other three keep the quorum, nothing is removed or added,
+/// and the two rejoin on their volumes.
+#[test]
+fn two_of_five_down_keep_the_quorum_and_membership() {
+    let (mut net, mut lp) = formed("five", 5, 5, Release::V3_6_4);
+    lp.blocked.extend([3, 4]);
+    lp.pass(&mut net);
+    assert!(!net.running(3) && !net.running(4));
+    for k in 0..10 {
+        assert!(net.put(0, &format!("/w/{k}"), &k.to_string()), "write {k}");
+    }
+    for _ in 0..3 {
+        lp.pass(&mut net);
+    }
+    assert!(lp.calls.is_empty(), "{:?}", lp.calls);
+    assert_eq!(net.members(0).len(), 5);
+    lp.blocked.clear();
+    lp.settle(&mut net, Duration::from_secs(60));
+    all_there(
+        &net,
+        &(0..10).map(|k| format!("/w/{k}")).collect::<Vec<_>>(),
+    );
+}
+
+/// A cluster re-created smaller on a former cluster's volumes (what the retention policy
+/// prevents on Kubernetes): the members it runs come back with the former membership, and the
+/// loop names the extra members instead of touching or hiding them.
+#[test]
+fn a_cluster_re_created_on_old_volumes_reports_the_former_members() {
+    let (mut net, mut lp) = formed("again", 5, 5, Release::V3_6_4);
+    for i in 0..5 {
+        net.stop(i);
+    }
+    lp.ec.spec.size = 3;
+    lp.replicas = 3;
+    net.config = render::bootstrap_config(&lp.ec, 3).data.unwrap();
+    let outcome = (0..100)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(300));
+            lp.pass(&mut net)
+        })
+        .find(|o| o.members.is_some())
+        .expect("three of the former five answer");
+    let members = outcome.members.unwrap();
+    assert_eq!(members.len(), 5, "the former membership");
+    let strangers: Vec<&str> = membership::strangers(&lp.ec, &members)
+        .iter()
+        .map(|m| m.name.as_str())
+        .collect();
+    assert_eq!(strangers, ["again-3", "again-4"]);
+    assert_eq!(outcome.step, Step::Steady, "nothing touched");
+    assert!(lp.calls.is_empty());
 }
