@@ -131,9 +131,9 @@ pub(super) async fn converge(
                 .await?;
         }
         if replicas < ec.spec.size {
-            // A scale-up waits for the list: look again soon.
+            // A scale-up waits for the list. No quicker requeue: members turning ready change
+            // the StatefulSet's status, which brings the next pass.
             seen.activity = Some(Activity::Scaling);
-            seen.settle = true;
         }
         // The reason stays out of the status (it would flap between a refused connection and a
         // timeout); the log has it.
