@@ -2,6 +2,8 @@
 //! certificates from `etcd-webhook certs`, and talk HTTPS to it.
 #![allow(dead_code)]
 
+pub mod members;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

