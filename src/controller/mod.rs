@@ -30,7 +30,7 @@ mod storage;
 
 pub use children::{Applied, Caches, Child, includes};
 pub use rbac::{LEADER_RBAC_RULES, RBAC_RULES};
-pub use run::run;
+pub use run::{run, run_with_etcd};
 
 use backup::cleanup;
 use finalizer::{add_finalizer, has_finalizer};

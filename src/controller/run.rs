@@ -17,6 +17,7 @@ use kube::{Api, Client, Resource};
 use tokio_util::sync::CancellationToken;
 
 use super::children::{Caches, Child};
+use super::etcd::{Gateway, Transport};
 use super::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
 use crate::api::v1::EtcdCluster;
 use crate::metrics::Metrics;
@@ -40,6 +41,24 @@ pub async fn run(
     settings: Settings,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
+) {
+    run_with_etcd(
+        client,
+        settings,
+        metrics,
+        stop,
+        Box::new(Gateway::default()),
+    )
+    .await;
+}
+
+/// [`run`], with etcd reached through `etcd` (the members' network, as a test harness has it).
+pub async fn run_with_etcd(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+    etcd: Box<dyn Transport>,
 ) {
     let ns = settings.namespace.clone();
     let ns = ns.as_deref();
@@ -83,7 +102,7 @@ pub async fn run(
         configs,
         pods,
     };
-    let ctx = Arc::new(Context::new(client.clone(), settings, metrics, caches));
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics, caches).with_etcd(etcd));
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
     let claims_stop = stop.clone();
     let claims_task = tokio::spawn(async move {

@@ -15,6 +15,7 @@ mod chart;
 mod cluster;
 mod install;
 mod lifecycle;
+mod members;
 mod reconcile;
 mod rotation;
 mod storage;
@@ -35,6 +36,10 @@ const OWN_CLUSTER: &[OwnScenario] = &[
     (
         "helm_chart_installed_for_real",
         chart::helm_chart_installed_for_real,
+    ),
+    (
+        "membership_through_the_apiserver",
+        members::membership_through_the_apiserver,
     ),
 ];
 

@@ -1,0 +1,659 @@
+//! The membership through the real apiserver: the reconcile loop (`controller::run_with_etcd`,
+//! in-process against this control plane) drives a StatefulSet, the real StatefulSet and
+//! PVC-protection controllers make its pods and claims, and the pods run as real etcd 3.6.4
+//! members (tests/common/members.rs). This control plane has no kubelet, so the scenario plays
+//! it: it runs each pod's etcd container as the pod spec says (env from the ConfigMap as it is
+//! when the container starts, the claim's own folder as the volume), restarts a container that
+//! exits, and reports the pod's status (Ready by the rendered readiness probe, restart counts,
+//! the last termination message as `FallbackToLogsOnError` writes it). The loop reaches the
+//! members from a network namespace on their bridge (what the pod network gives a controller
+//! pod): its production HTTP client runs there, and the members' Service names are resolved
+//! to their addresses (what cluster DNS does).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_webhook::controller::etcd::{EtcdError, Gateway, Transport};
+use etcd_webhook::controller::{Settings, run_with_etcd};
+use etcd_webhook::metrics::Metrics;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::{ControlPlane, wait_for};
+use crate::common;
+use crate::common::members::{Net, RUN_AS, Release, put_via, run};
+use crate::install::ok;
+
+const NS: &str = "members";
+const NAME: &str = "real";
+/// `--member-join-timeout` of this loop.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The loop's etcd calls, made by the production [`Gateway`] on a thread inside the
+/// controller's network namespace; `NAME-i.NAME.NS.svc` is resolved to member i's address.
+/// One call: endpoint, path, body, where the answer goes.
+type Call = (
+    String,
+    String,
+    Value,
+    tokio::sync::oneshot::Sender<Result<Value, EtcdError>>,
+);
+
+struct InNamespace {
+    calls: tokio::sync::mpsc::UnboundedSender<Call>,
+}
+
+impl InNamespace {
+    fn start(netns: &str, hosts: BTreeMap<String, String>) -> InNamespace {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Call>();
+        let path = std::path::Path::new("/var/run/netns").join(netns);
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let file = std::fs::File::open(path).unwrap();
+            // SAFETY: setns on a valid namespace fd changes only this thread's namespace.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let gateway = Arc::new(Gateway::default());
+                while let Some((endpoint, path, body, reply)) = rx.recv().await {
+                    let url = hosts
+                        .iter()
+                        .fold(endpoint, |url, (name, addr)| url.replace(name, addr));
+                    let gateway = gateway.clone();
+                    tokio::spawn(async move {
+                        let _ = reply.send(gateway.post(&url, &path, body).await);
+                    });
+                }
+            });
+        });
+        InNamespace { calls: tx }
+    }
+}
+
+impl Transport for InNamespace {
+    fn post<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = self
+            .calls
+            .send((endpoint.to_owned(), path.to_owned(), body, tx));
+        Box::pin(async move {
+            sent.map_err(|_| EtcdError::Unreachable {
+                endpoint: endpoint.to_owned(),
+                reason: "the namespace thread is gone".to_owned(),
+            })?;
+            rx.await.map_err(|_| EtcdError::Unreachable {
+                endpoint: endpoint.to_owned(),
+                reason: "no reply".to_owned(),
+            })?
+        })
+    }
+}
+
+async fn client(cp: &ControlPlane) -> Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// Stops the played kubelet and the loop when the scenario ends, passed or failed, so that the
+/// last reference to the [`Net`] goes and its processes and namespaces are removed.
+struct Stopper {
+    kubelet: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    controller: CancellationToken,
+}
+
+impl Drop for Stopper {
+    fn drop(&mut self) {
+        self.kubelet.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.controller.cancel();
+    }
+}
+
+/// What the played kubelet knows of one pod.
+struct Tracked {
+    uid: String,
+    restarts: i32,
+    last_message: Option<String>,
+    reported: Value,
+}
+
+/// One sweep of the played kubelet over the cluster's pods.
+async fn kubelet_sweep(
+    client: &Client,
+    net: &Mutex<Net>,
+    tracked: &mut BTreeMap<usize, Tracked>,
+    claims_dir: &std::path::Path,
+    blocked: &Mutex<std::collections::BTreeSet<usize>>,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let configs: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    let Ok(list) = pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NAME}")))
+        .await
+    else {
+        return;
+    };
+    let mut seen = Vec::new();
+    for pod in list.items {
+        let name = pod.name_any();
+        let Some(i) = name
+            .strip_prefix(&format!("{NAME}-"))
+            .and_then(|o| o.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        seen.push(i);
+        let uid = pod.uid().unwrap_or_default();
+        // What a starting container would get: the ConfigMap as it is now, and its claim.
+        let config = configs
+            .get_opt(&format!("{NAME}-members"))
+            .await
+            .ok()
+            .flatten();
+        let claim = claims
+            .get_opt(&format!("data-{name}"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|c| c.metadata.deletion_timestamp.is_none());
+        let played = {
+            let mut net = net.lock().unwrap();
+            if tracked.get(&i).is_none_or(|t| t.uid != uid) {
+                net.stop(i);
+                let _ = net.exited(i);
+                tracked.insert(
+                    i,
+                    Tracked {
+                        uid: uid.clone(),
+                        restarts: 0,
+                        last_message: None,
+                        reported: Value::Null,
+                    },
+                );
+            }
+            let t = tracked.get_mut(&i).unwrap();
+            // A blocked pod's node is gone: its container stops and nothing starts it.
+            if blocked.lock().unwrap().contains(&i) {
+                net.stop(i);
+                let _ = net.exited(i);
+                None
+            } else if pod.metadata.deletion_timestamp.is_some() {
+                net.stop(i);
+                None
+            } else {
+                let container = pod.spec.as_ref().unwrap().containers[0].clone();
+                // An exited container is restarted (with no back-off here).
+                if let Some(message) = net.exited(i) {
+                    t.restarts += 1;
+                    t.last_message = Some(message);
+                }
+                if !net.running(i) {
+                    // The container starts once its ConfigMap and its claim are there (the kubelet
+                    // waits for them too).
+                    if let (Some(config), Some(claim)) = (config, claim) {
+                        let folder = claims_dir.join(claim.uid().unwrap_or_default());
+                        if !folder.exists() {
+                            std::fs::create_dir_all(&folder).unwrap();
+                            run(Command::new("chown")
+                                .arg(format!("{RUN_AS}:{RUN_AS}"))
+                                .arg(&folder));
+                        }
+                        net.pods[i].data = folder;
+                        net.config = config.data.unwrap_or_default();
+                        net.start(i, &container);
+                    }
+                }
+                let running = net.running(i);
+                let ready = running && net.ready(i, &container);
+                Some((running, ready, container))
+            }
+        };
+        let Some((running, ready, container)) = played else {
+            continue;
+        };
+        let t = tracked.get_mut(&i).unwrap();
+        let flag = |b: bool| if b { "True" } else { "False" };
+        let last = t.last_message.as_ref().map_or(
+            json!({}),
+            |m| json!({"terminated": {"exitCode": 1, "reason": "Error", "message": m}}),
+        );
+        let state = if running {
+            json!({"running": {"startedAt": "2026-12-01T00:00:00Z"}})
+        } else {
+            json!({"waiting": {"reason": "ContainerCreating"}})
+        };
+        let status = json!({"status": {
+            "phase": if running { "Running" } else { "Pending" },
+            "conditions": [
+                {"type": "Ready", "status": flag(ready)},
+                {"type": "ContainersReady", "status": flag(ready)},
+            ],
+            "containerStatuses": [{
+                "name": "etcd", "image": container.image, "imageID": "",
+                "ready": ready, "started": running, "restartCount": t.restarts,
+                "state": state, "lastState": last,
+            }],
+        }});
+        if status != t.reported
+            && pods
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .is_ok()
+        {
+            t.reported = status;
+        }
+    }
+    // Pods gone from the API: their containers stop.
+    let gone: Vec<usize> = tracked
+        .keys()
+        .copied()
+        .filter(|i| !seen.contains(i))
+        .collect();
+    for i in gone {
+        net.lock().unwrap().stop(i);
+        tracked.remove(&i);
+    }
+}
+
+/// Writes a key every 20 ms through the member at `addr` until `writing` is off: (keys
+/// written, failed writes).
+fn writer(
+    ns: String,
+    addr: String,
+    writing: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<String>, u32)> {
+    std::thread::spawn(move || {
+        let (mut ok, mut failed) = (Vec::new(), 0u32);
+        for n in 0..100_000 {
+            if !writing.load(Ordering::Relaxed) {
+                break;
+            }
+            let key = format!("/w/{n}");
+            if put_via(&ns, &addr, &key, &n.to_string()) {
+                ok.push(key);
+            } else {
+                failed += 1;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (ok, failed)
+    })
+}
+
+/// The reasons of the Events in the namespace.
+fn reasons(cp: &ControlPlane) -> Vec<String> {
+    let events = ok(
+        cp.kubectl_output(
+            &["-n", NS, "get", "events.events.k8s.io", "-o", "json"],
+            None,
+        ),
+        "events",
+    );
+    serde_json::from_str::<Value>(&events).unwrap()["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn patch_size(cp: &ControlPlane, size: i32) {
+    ok(
+        cp.kubectl_output(
+            &[
+                "-n",
+                NS,
+                "patch",
+                "etcdclusters.v1.etcd.example.com",
+                NAME,
+                "--type=merge",
+                "-p",
+                &format!(r#"{{"spec":{{"size":{size}}}}}"#),
+            ],
+            None,
+        ),
+        "change the size",
+    );
+}
+
+fn cluster_json(cp: &ControlPlane) -> Value {
+    let out = ok(
+        cp.kubectl_output(
+            &[
+                "-n",
+                NS,
+                "get",
+                "etcdclusters.v1.etcd.example.com",
+                NAME,
+                "-o",
+                "json",
+            ],
+            None,
+        ),
+        "get the EtcdCluster",
+    );
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Waits until the status says Running with `size` healthy voters, every member voting.
+fn wait_running(cp: &ControlPlane, size: i64, within: Duration) -> Value {
+    wait_for(&format!("Running with {size} voters"), within, || {
+        std::thread::sleep(Duration::from_millis(500));
+        let ec = cluster_json(cp);
+        let status = &ec["status"];
+        let voting = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Members" && c["reason"] == "AllVoting");
+        (status["phase"] == "Running" && status["readyReplicas"] == size && voting)
+            .then(|| ec.clone())
+    })
+}
+
+pub fn membership_through_the_apiserver(cp: ControlPlane) {
+    common::install_crypto();
+    // The CRD alone (no webhook here: the objects are written in v1, the storage version).
+    let crd_path = common::root().join("config/crd/bases/etcd.example.com_etcdclusters.yaml");
+    let mut crd: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(crd_path).unwrap()).unwrap();
+    crd["spec"]["conversion"] = json!({"strategy": "None"});
+    ok(
+        cp.kubectl_output(&["apply", "-f", "-"], Some(&crd.to_string())),
+        "apply the CRD",
+    );
+    ok(
+        cp.kubectl_output(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/etcdclusters.etcd.example.com",
+            ],
+            None,
+        ),
+        "the CRD is established",
+    );
+    ok(
+        cp.kubectl_output(&["create", "namespace", NS], None),
+        "create the namespace",
+    );
+
+    let names: Vec<String> = (0..5).map(|i| format!("{NAME}-{i}")).collect();
+    let net = Net::new(NS, NAME, &names, Release::V3_6_4);
+    let hosts: BTreeMap<String, String> = net
+        .pods
+        .iter()
+        .map(|p| (format!("{}.{NAME}.{NS}.svc", p.name), p.addr.clone()))
+        .collect();
+    let transport = InNamespace::start(&net.controller_ns, hosts);
+    let claims_dir: PathBuf = net.tmp.path().join("claims");
+    let net = Arc::new(Mutex::new(net));
+
+    let rt = common::runtime();
+    let kube = rt.block_on(client(&cp));
+    let stop = CancellationToken::new();
+    let settings = Settings {
+        namespace: Some(NS.to_owned()),
+        join_timeout: JOIN_TIMEOUT,
+        ..Default::default()
+    };
+    let controller = rt.spawn(run_with_etcd(
+        kube.clone(),
+        settings,
+        Arc::new(Metrics::new()),
+        stop.clone(),
+        Box::new(transport),
+    ));
+    let kubelet_stop = Arc::new(AtomicBool::new(false));
+    let blocked: Arc<Mutex<std::collections::BTreeSet<usize>>> = Arc::default();
+    let thread = {
+        let (net, kube, stop, dir, blocked) = (
+            net.clone(),
+            kube.clone(),
+            kubelet_stop.clone(),
+            claims_dir.clone(),
+            blocked.clone(),
+        );
+        let handle = rt.handle().clone();
+        std::thread::spawn(move || {
+            let mut tracked = BTreeMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                handle.block_on(kubelet_sweep(&kube, &net, &mut tracked, &dir, &blocked));
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+    };
+    let stopper = Stopper {
+        kubelet: kubelet_stop,
+        thread: Some(thread),
+        controller: stop,
+    };
+
+    let ec = json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {"size": 1, "version": "v3.6.4", "storageClass": "standard", "storageSize": "1Gi"},
+    });
+    ok(
+        cp.kubectl_output(&["create", "-f", "-"], Some(&ec.to_string())),
+        "create the EtcdCluster",
+    );
+    let t = Instant::now();
+    wait_running(&cp, 1, Duration::from_secs(90));
+    eprintln!("    1 member Running in {:.1} s", t.elapsed().as_secs_f64());
+    let sts: Api<StatefulSet> = Api::namespaced(kube.clone(), NS);
+    let revision = |rt: &tokio::runtime::Runtime| {
+        let s = rt.block_on(sts.get(NAME)).unwrap();
+        let st = s.status.unwrap();
+        (st.current_revision, st.update_revision)
+    };
+    let before = revision(&rt);
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), NS);
+    let first_uid = rt.block_on(pods.get(&format!("{NAME}-0"))).unwrap().uid();
+
+    // 1 -> 3 with a write every 20 ms through member 0.
+    let (ns0, addr0) = {
+        let n = net.lock().unwrap();
+        (n.pods[0].ns.clone(), n.pods[0].addr.clone())
+    };
+    let writing = Arc::new(AtomicBool::new(true));
+    let scale_writes = writer(ns0.clone(), addr0.clone(), writing.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    patch_size(&cp, 3);
+    let t = Instant::now();
+    wait_running(&cp, 3, Duration::from_secs(120));
+    let grow_secs = t.elapsed().as_secs_f64();
+    writing.store(false, Ordering::Relaxed);
+    let (keys, failed) = scale_writes.join().unwrap();
+    assert_eq!(failed, 0, "writes failed during the scale-up");
+    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
+    assert_eq!(revision(&rt), before, "the pod template changed");
+    let first = rt.block_on(pods.get(&format!("{NAME}-0"))).unwrap();
+    assert_eq!(first.uid(), first_uid, "member 0 was replaced");
+    let restarts = first.status.unwrap().container_statuses.unwrap()[0].restart_count;
+    assert_eq!(restarts, 0, "member 0 restarted");
+    {
+        let n = net.lock().unwrap();
+        assert_eq!(n.pods[0].starts, 1, "member 0's process started once");
+        for key in keys.iter().step_by(7) {
+            for i in 0..3 {
+                assert_eq!(
+                    n.get(i, key).as_deref(),
+                    Some(key.trim_start_matches("/w/")),
+                    "{key} through member {i}"
+                );
+            }
+        }
+    }
+    let seen = reasons(&cp);
+    for reason in ["AddedLearner", "PromotedMember"] {
+        assert!(seen.iter().any(|r| r == reason), "{reason} in {seen:?}");
+    }
+    eprintln!(
+        "    1 -> 3 through the apiserver in {grow_secs:.1} s: {} writes, 0 failed, member 0 never restarted, template revision unchanged",
+        keys.len()
+    );
+
+    // Member 1's volume is lost: the played node wipes it and restarts the container.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(kube.clone(), NS);
+    let claim_uid = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(claims.get(&format!("data-{NAME}-1")))
+            .unwrap()
+            .uid()
+    };
+    let (old_claim, old_pod) = (
+        claim_uid(&rt),
+        rt.block_on(pods.get(&format!("{NAME}-1"))).unwrap().uid(),
+    );
+    {
+        let mut n = net.lock().unwrap();
+        n.stop(1);
+        let data = n.pods[1].data.join("data");
+        std::fs::remove_dir_all(data).unwrap();
+    }
+    let t = Instant::now();
+    wait_for(
+        "the lost volume is noticed",
+        Duration::from_secs(60),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            reasons(&cp)
+                .iter()
+                .any(|r| r == "MemberVolumeLost")
+                .then_some(())
+        },
+    );
+    wait_running(&cp, 3, Duration::from_secs(120));
+    eprintln!(
+        "    lost volume of member 1: removed, claim and pod replaced, re-added and promoted; Running again after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_ne!(claim_uid(&rt), old_claim, "a new claim for member 1");
+    let new_pod = rt.block_on(pods.get(&format!("{NAME}-1"))).unwrap();
+    assert_ne!(new_pod.uid(), old_pod, "a new pod for member 1");
+    {
+        let n = net.lock().unwrap();
+        for key in keys.iter().step_by(7) {
+            assert_eq!(
+                n.get(1, key).as_deref(),
+                Some(key.trim_start_matches("/w/")),
+                "{key} through the replaced member"
+            );
+        }
+    }
+
+    // 3 -> 5 while member 4's node is gone: member 3 joins; member 4 is added, never starts,
+    // is removed after the join timeout (Warning), added again; once its pod can run, it joins.
+    blocked.lock().unwrap().insert(4);
+    let writing = Arc::new(AtomicBool::new(true));
+    let writes = writer(ns0.clone(), addr0.clone(), writing.clone());
+    patch_size(&cp, 5);
+    let t = Instant::now();
+    wait_for(
+        "the member whose pod never starts is removed",
+        Duration::from_secs(90),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            reasons(&cp)
+                .iter()
+                .any(|r| r == "MemberNeverStarted")
+                .then_some(())
+        },
+    );
+    let removed_after = t.elapsed().as_secs_f64();
+    let list = net.lock().unwrap().members(0);
+    assert!(
+        list.iter().filter(|(name, _)| name.is_empty()).count() <= 1,
+        "one unstarted member at most: {list:?}"
+    );
+    blocked.lock().unwrap().clear();
+    wait_running(&cp, 5, Duration::from_secs(120));
+    writing.store(false, Ordering::Relaxed);
+    let (more, failed) = writes.join().unwrap();
+    assert_eq!(failed, 0, "writes failed while member 4 could not start");
+    assert_eq!(revision(&rt), before, "the pod template changed");
+    eprintln!(
+        "    3 -> 5 with member 4's pod unable to start: removed {removed_after:.1} s after the change (join timeout {JOIN_TIMEOUT:?}), joined once it could run; {} writes, 0 failed",
+        more.len()
+    );
+
+    // Two of five down: the other three keep the quorum; no membership call is made.
+    let membership_events = |cp: &ControlPlane| {
+        reasons(cp)
+            .iter()
+            .filter(|r| r.contains("Learner") || r.contains("Member"))
+            .count()
+    };
+    let calls_before = membership_events(&cp);
+    blocked.lock().unwrap().extend([3, 4]);
+    std::thread::sleep(Duration::from_secs(3));
+    {
+        let n = net.lock().unwrap();
+        for k in 0..20 {
+            assert!(
+                n.put(0, &format!("/down/{k}"), "x"),
+                "write {k} with two down"
+            );
+        }
+    }
+    let unhealthy = wait_for(
+        "the status names the two down",
+        Duration::from_secs(60),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            let ec = cluster_json(&cp);
+            ec["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Members" && c["reason"] == "Unhealthy")
+                .map(|c| c["message"].as_str().unwrap_or_default().to_owned())
+        },
+    );
+    assert!(unhealthy.starts_with("5 voters (3 healthy)"), "{unhealthy}");
+    std::thread::sleep(JOIN_TIMEOUT * 2);
+    assert_eq!(
+        membership_events(&cp),
+        calls_before,
+        "a membership call with two down"
+    );
+    blocked.lock().unwrap().clear();
+    wait_running(&cp, 5, Duration::from_secs(90));
+    eprintln!(
+        "    two of five down: writes went on, status said {unhealthy:?}, no membership call; both back"
+    );
+
+    drop(stopper);
+    let _ = rt.block_on(controller);
+    ok(
+        cp.kubectl_output(&["delete", "namespace", NS, "--wait=false"], None),
+        "clean up",
+    );
+}
