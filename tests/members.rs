@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::members::{Net, RUN_AS, Release, in_netns, put_via, run};
+use common::members::{Net, RUN_AS, Release, in_netns, run, writer};
 use etcd_webhook::api::v1::EtcdCluster;
 use etcd_webhook::controller::etcd::{Etcd, Gateway};
 use etcd_webhook::controller::membership::{self, Memory, Outcome, Step};
@@ -374,27 +374,6 @@ fn formed(name: &str, size: i32, max: i32, release: Release) -> (Net, Loop) {
     (net, lp)
 }
 
-/// Writes through member 0 until stopped: (keys written, failed writes).
-fn writer(net: &Net, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<String>, u32)> {
-    let (ns, addr) = (net.pods[0].ns.clone(), net.pods[0].addr.clone());
-    std::thread::spawn(move || {
-        let (mut ok, mut failed) = (Vec::new(), 0);
-        for n in 0..100_000 {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            let key = format!("/w/{n}");
-            if put_via(&ns, &addr, &key, &n.to_string()) {
-                ok.push(key);
-            } else {
-                failed += 1;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        (ok, failed)
-    })
-}
-
 /// Every key in `keys` reads back (linearizable) through every running member.
 fn all_there(net: &Net, keys: &[String]) {
     for i in (0..net.pods.len()).filter(|&i| net.running(i)) {
@@ -418,12 +397,16 @@ fn grow_with_writes(net: &mut Net, lp: &mut Loop, size: i32) -> u32 {
         .unwrap()
         .template;
     lp.ec.spec.size = size;
-    let stop = Arc::new(AtomicBool::new(false));
-    let writes = writer(net, stop.clone());
+    let writing = Arc::new(AtomicBool::new(true));
+    let writes = writer(
+        net.pods[0].ns.clone(),
+        net.pods[0].addr.clone(),
+        writing.clone(),
+    );
     std::thread::sleep(Duration::from_millis(500));
     lp.settle(net, Duration::from_secs(120));
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
+    writing.store(false, Ordering::Relaxed);
     let (keys, failed) = writes.join().unwrap();
     assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
     all_there(net, &keys);

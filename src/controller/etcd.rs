@@ -135,6 +135,17 @@ impl Transport for Gateway {
     }
 }
 
+impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
+    fn post<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        (**self).post(endpoint, path, body)
+    }
+}
+
 /// The gateway writes uint64 as a JSON string.
 fn id<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     match Value::deserialize(d)? {

@@ -172,14 +172,3 @@ impl Transport for FakeEtcd {
         Box::pin(async move { out })
     }
 }
-
-impl Transport for std::sync::Arc<FakeEtcd> {
-    fn post<'a>(
-        &'a self,
-        endpoint: &'a str,
-        path: &'a str,
-        body: Value,
-    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
-        self.as_ref().post(endpoint, path, body)
-    }
-}

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{ControlPlane, wait_for};
 use crate::common;
-use crate::common::members::{Net, RUN_AS, Release, put_via, run};
+use crate::common::members::{Net, RUN_AS, Release, run, writer};
 use crate::install::ok;
 
 const NS: &str = "members";
@@ -279,31 +279,6 @@ async fn kubelet_sweep(
         net.lock().unwrap().stop(i);
         tracked.remove(&i);
     }
-}
-
-/// Writes a key every 20 ms through the member at `addr` until `writing` is off: (keys
-/// written, failed writes).
-fn writer(
-    ns: String,
-    addr: String,
-    writing: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(Vec<String>, u32)> {
-    std::thread::spawn(move || {
-        let (mut ok, mut failed) = (Vec::new(), 0u32);
-        for n in 0..100_000 {
-            if !writing.load(Ordering::Relaxed) {
-                break;
-            }
-            let key = format!("/w/{n}");
-            if put_via(&ns, &addr, &key, &n.to_string()) {
-                ok.push(key);
-            } else {
-                failed += 1;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        (ok, failed)
-    })
 }
 
 /// The reasons of the Events in the namespace.
