@@ -208,6 +208,13 @@ async fn report(ec: &EtcdCluster, kids: &Children<'_>, outcome: &Outcome) {
     let (type_, reason, note) = match (&outcome.step, &outcome.failed) {
         // Refused until the learner has caught up: the next pass tries again.
         (Step::Promote { .. }, Some(EtcdError::Refused { .. })) => return,
+        // etcd refuses an add for a few seconds after a membership change, until the member
+        // that answers is connected to every peer: the next pass tries again.
+        (Step::AddLearner { .. }, Some(EtcdError::Refused { message, .. }))
+            if message.contains("unhealthy cluster") =>
+        {
+            return;
+        }
         (step, Some(e)) => (
             EventType::Warning,
             "MembershipCallFailed",

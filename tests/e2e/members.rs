@@ -531,6 +531,13 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         t.elapsed().as_secs_f64()
     );
     assert_ne!(claim_uid(&rt), old_claim, "a new claim for member 1");
+    // Voters, and only they, carry the label the client Service selects.
+    let voters = rt
+        .block_on(pods.list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/instance={NAME},etcd.example.com/voter=true"
+        ))))
+        .unwrap();
+    assert_eq!(voters.items.len(), 3, "every voter labelled");
     let new_pod = rt.block_on(pods.get(&format!("{NAME}-1"))).unwrap();
     assert_ne!(new_pod.uid(), old_pod, "a new pod for member 1");
     {
@@ -610,6 +617,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
                 .flatten()
                 .find(|c| c["type"] == "Members" && c["reason"] == "Unhealthy")
                 .map(|c| c["message"].as_str().unwrap_or_default().to_owned())
+                .filter(|m| m.starts_with("5 voters (3 healthy)"))
         },
     );
     assert!(unhealthy.starts_with("5 voters (3 healthy)"), "{unhealthy}");
