@@ -218,6 +218,8 @@ struct Loop {
     memory: Memory,
     /// The next pass dies right after its etcd call (before it writes anything else).
     crash_after_call: bool,
+    /// Every pass that makes an etcd call dies right after it.
+    die_after_calls: bool,
     join_timeout: Duration,
     replicas: i32,
     /// Pods the "kubelet" never starts (unschedulable).
@@ -234,6 +236,7 @@ impl Loop {
             ec,
             memory: Memory::default(),
             crash_after_call: false,
+            die_after_calls: false,
             join_timeout: Duration::from_secs(300),
             replicas,
             blocked: BTreeSet::new(),
@@ -287,7 +290,11 @@ impl Loop {
         }
         // Killed after the call: none of the loop's writes below happen (the StatefulSet
         // controller and the kubelet go on); the next pass starts from the ConfigMap.
-        let killed = std::mem::take(&mut self.crash_after_call);
+        let called = !matches!(
+            outcome.step,
+            Step::Steady | Step::Wait(_) | Step::ReplaceVolume { .. }
+        );
+        let killed = std::mem::take(&mut self.crash_after_call) || (self.die_after_calls && called);
         if let Some(members) = outcome.members.as_ref().filter(|_| !killed) {
             self.memory = outcome.memory.clone();
             // The loop deletes the claim and the pod of a member removed for its lost volume;
@@ -609,6 +616,43 @@ fn a_lost_volume_is_replaced_even_when_the_loop_dies_right_after_the_removal() {
         "lost volume, loop killed after the removal: calls {:?}",
         lp.calls
     );
+}
+
+/// The loop killed right after every etcd call it makes (each next call is made by a fresh
+/// loop that knows only the member list and the ConfigMap): 1 -> 3 with writes, then a lost
+/// volume, converge with no duplicate call, no failed write and no restart.
+#[test]
+fn the_loop_killed_after_every_call_still_converges() {
+    let (mut net, mut lp) = formed("killed", 1, 3, Release::V3_6_4);
+    lp.die_after_calls = true;
+    assert_eq!(grow_with_writes(&mut net, &mut lp, 3), 0, "failed writes");
+    let count = |lp: &Loop, f: fn(&Step) -> bool| lp.calls.iter().filter(|s| f(s)).count();
+    assert_eq!(
+        (
+            count(&lp, |s| matches!(s, Step::AddLearner { .. })),
+            count(&lp, |s| matches!(s, Step::Promote { .. }))
+        ),
+        (2, 2),
+        "{:?}",
+        lp.calls
+    );
+    net.stop(2);
+    std::fs::remove_dir_all(net.pods[2].data.join("data")).unwrap();
+    lp.settle(&mut net, Duration::from_secs(120));
+    let after: Vec<&Step> = lp.calls[4..].iter().collect();
+    assert!(
+        matches!(
+            after[..],
+            [
+                Step::Remove { ordinal: 2, .. },
+                Step::ReplaceVolume { ordinal: 2 },
+                Step::AddLearner { ordinal: 2 },
+                Step::Promote { ordinal: 2, .. }
+            ]
+        ),
+        "{after:?}"
+    );
+    eprintln!("killed after every call: calls {:?}", lp.calls);
 }
 
 /// Two of five members down: the other three keep the quorum, nothing is removed or added,
