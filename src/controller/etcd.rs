@@ -287,26 +287,19 @@ impl Etcd<'_> {
 
     /// `member promote`: the member list after it.
     pub async fn promote(&self, endpoint: &str, id: u64) -> Result<Vec<Member>, EtcdError> {
-        let v = self
-            .transport
-            .post(
-                endpoint,
-                "cluster/member/promote",
-                json!({"ID": id.to_string()}),
-            )
-            .await?;
-        Ok(decode::<Members>(endpoint, v)?.members)
+        self.change(endpoint, "cluster/member/promote", id).await
     }
 
     /// `member remove`: the member list after it.
     pub async fn remove(&self, endpoint: &str, id: u64) -> Result<Vec<Member>, EtcdError> {
+        self.change(endpoint, "cluster/member/remove", id).await
+    }
+
+    /// A membership change of member `id`: the member list after it.
+    async fn change(&self, endpoint: &str, path: &str, id: u64) -> Result<Vec<Member>, EtcdError> {
         let v = self
             .transport
-            .post(
-                endpoint,
-                "cluster/member/remove",
-                json!({"ID": id.to_string()}),
-            )
+            .post(endpoint, path, json!({"ID": id.to_string()}))
             .await?;
         Ok(decode::<Members>(endpoint, v)?.members)
     }
