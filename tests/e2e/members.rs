@@ -298,6 +298,14 @@ fn reasons(cp: &ControlPlane) -> Vec<String> {
         .collect()
 }
 
+/// Waits until an Event with `reason` is in the namespace.
+fn wait_event(cp: &ControlPlane, reason: &str, within: Duration) {
+    wait_for(&format!("an Event {reason}"), within, || {
+        std::thread::sleep(Duration::from_millis(500));
+        reasons(cp).iter().any(|r| r == reason).then_some(())
+    });
+}
+
 fn patch_size(cp: &ControlPlane, size: i32) {
     ok(
         cp.kubectl_output(
@@ -514,17 +522,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         std::fs::remove_dir_all(data).unwrap();
     }
     let t = Instant::now();
-    wait_for(
-        "the lost volume is noticed",
-        Duration::from_secs(60),
-        || {
-            std::thread::sleep(Duration::from_millis(500));
-            reasons(&cp)
-                .iter()
-                .any(|r| r == "MemberVolumeLost")
-                .then_some(())
-        },
-    );
+    wait_event(&cp, "MemberVolumeLost", Duration::from_secs(60));
     wait_running(&cp, 3, Duration::from_secs(120));
     eprintln!(
         "    lost volume of member 1: removed, claim and pod replaced, re-added and promoted; Running again after {:.1} s",
@@ -558,17 +556,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     let writes = writer(ns0.clone(), addr0.clone(), writing.clone());
     patch_size(&cp, 5);
     let t = Instant::now();
-    wait_for(
-        "the member whose pod never starts is removed",
-        Duration::from_secs(90),
-        || {
-            std::thread::sleep(Duration::from_millis(500));
-            reasons(&cp)
-                .iter()
-                .any(|r| r == "MemberNeverStarted")
-                .then_some(())
-        },
-    );
+    wait_event(&cp, "MemberNeverStarted", Duration::from_secs(90));
     let removed_after = t.elapsed().as_secs_f64();
     let list = net.lock().unwrap().members(0);
     assert!(
