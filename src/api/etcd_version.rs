@@ -47,7 +47,58 @@ impl fmt::Display for EtcdVersion {
     }
 }
 
+/// The etcd minor releases (3.x) the loop runs members of: the ones its membership is proven
+/// against on real etcd in tests/members.rs (v3.5.1 and v3.6.4). v3.4 and older lack what the
+/// loop relies on (v3.4 is past its support; v3.3 serves only `/v3beta` and has no learners;
+/// v3.2 has no `--listen-metrics-urls`; a linearizable `member list` exists from v3.5.0).
+pub const SUPPORTED_MINORS: std::ops::RangeInclusive<u64> = 5..=6;
+
+/// etcd's v3.5 -> v3.6 upgrade guide: every member must run v3.5.26 or later first (earlier
+/// patches fail the upgrade, e.g. with "too many learner members").
+pub const MIN_PATCH_BEFORE_NEXT_MINOR: [(u64, u64); 1] = [(5, 26)];
+
 impl EtcdVersion {
+    /// Whether the loop runs members of this release; the reason if not (a sentence that
+    /// completes "spec.version: Invalid value: ...: ").
+    pub fn supported(&self) -> Result<(), String> {
+        if self.major == 3 && SUPPORTED_MINORS.contains(&self.minor) {
+            return Ok(());
+        }
+        Err(format!(
+            "must be a v3.{}.x or v3.{}.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)",
+            SUPPORTED_MINORS.start(),
+            SUPPORTED_MINORS.end()
+        ))
+    }
+
+    /// Whether etcd supports going from `self` to `to` in place; the reason if not.
+    pub fn upgrade_to(&self, to: &EtcdVersion) -> Result<(), String> {
+        if to < self {
+            return Err(format!(
+                "cannot downgrade from {self} to {to}: etcd does not support downgrades"
+            ));
+        }
+        if to.major == self.major && to.minor > self.minor + 1 {
+            return Err(format!(
+                "cannot upgrade from {self} to {to}: etcd upgrades one minor release at a time; go to v{}.{}.x first",
+                self.major,
+                self.minor + 1
+            ));
+        }
+        if to.minor == self.minor + 1
+            && let Some(&(_, min)) = MIN_PATCH_BEFORE_NEXT_MINOR
+                .iter()
+                .find(|(minor, _)| self.major == 3 && *minor == self.minor)
+            && self.patch < min
+        {
+            return Err(format!(
+                "cannot upgrade from {self} to {to}: etcd's v3.{} -> v3.{} upgrade needs every member on v3.{}.{min} or later first; upgrade to the newest v3.{} patch, then to {to}",
+                self.minor, to.minor, self.minor, self.minor
+            ));
+        }
+        Ok(())
+    }
+
     /// The v1alpha1 spelling of a v1 version string: without the `v` (any string maps, so a
     /// conversion never fails on it).
     pub fn alpha_spelling(v1: &str) -> String {
@@ -76,5 +127,40 @@ mod tests {
         assert!(older < v);
         assert_eq!(EtcdVersion::alpha_spelling("v3.5.10"), "3.5.10");
         assert_eq!(EtcdVersion::from_alpha_spelling("3.5.10"), "v3.5.10");
+    }
+
+    fn v(s: &str) -> EtcdVersion {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn supported_releases_and_the_upgrades_etcd_allows() {
+        for ok in ["v3.5.0", "v3.5.1", "v3.5.26", "v3.6.0", "v3.6.4"] {
+            assert!(v(ok).supported().is_ok(), "{ok}");
+        }
+        for bad in ["v3.3.27", "v3.4.30", "v3.7.0", "v2.3.8", "v4.0.0"] {
+            let why = v(bad).supported().unwrap_err();
+            assert!(why.contains("v3.5.x or v3.6.x"), "{bad}: {why}");
+        }
+        assert!(v("v3.5.26").upgrade_to(&v("v3.6.4")).is_ok());
+        assert!(v("v3.5.1").upgrade_to(&v("v3.5.26")).is_ok());
+        assert!(v("v3.6.0").upgrade_to(&v("v3.6.4")).is_ok());
+        let early = v("v3.5.1").upgrade_to(&v("v3.6.4")).unwrap_err();
+        assert!(
+            early.contains("v3.5.26 or later") && early.contains("newest v3.5 patch"),
+            "{early}"
+        );
+        assert!(
+            v("v3.6.4")
+                .upgrade_to(&v("v3.5.26"))
+                .unwrap_err()
+                .contains("downgrade")
+        );
+        assert!(
+            v("v3.4.30")
+                .upgrade_to(&v("v3.6.4"))
+                .unwrap_err()
+                .contains("one minor release at a time")
+        );
     }
 }

@@ -406,7 +406,9 @@ pub fn denials_reach_the_user(env: &Env) {
     assert!(!out.status.success(), "etcd 4 in etcd-system is denied");
     assert!(
         stderr.contains("denied the request")
-            && stderr.contains("spec.version: Invalid value: \"v4.0.0\": must be an etcd 3.x"),
+            && stderr.contains(
+                "spec.version: Invalid value: \"v4.0.0\": must be a v3.5.x or v3.6.x release"
+            ),
         "{stderr}"
     );
 

@@ -551,7 +551,7 @@ mod tests {
         assert_eq!(
             m,
             [
-                r#"spec.version: Invalid value: "v4.0.0": must be an etcd 3.x release (major version 3), like v3.5.10"#
+                r#"spec.version: Invalid value: "v4.0.0": must be a v3.5.x or v3.6.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)"#
             ]
         );
         let m = messages(&create(
@@ -741,13 +741,28 @@ mod tests {
     #[test]
     fn version_goes_up_one_minor_at_a_time() {
         let at = |v: &str| v1(json!({"size": 3, "version": v}));
-        assert!(update(Version::V1, &at("v3.4.9"), &at("v3.5.0")).allowed());
         assert!(update(Version::V1, &at("v3.5.1"), &at("v3.5.10")).allowed());
         assert!(update(Version::V1, &at("v3.5.10"), &at("v3.5.10")).allowed());
+        assert!(update(Version::V1, &at("v3.5.26"), &at("v3.6.4")).allowed());
+        // A cluster admitted on v3.4 before the range narrowed may move up: the range is
+        // ratcheted like every rule (the old value is not judged again), the step is checked.
+        assert!(update(Version::V1, &at("v3.4.9"), &at("v3.5.0")).allowed());
         assert_eq!(
             messages(&update(Version::V1, &at("v3.4.1"), &at("v3.6.0"))),
             [
                 "spec.version: Forbidden: cannot upgrade from v3.4.1 to v3.6.0: etcd upgrades one minor release at a time; go to v3.5.x first"
+            ]
+        );
+        assert_eq!(
+            messages(&update(Version::V1, &at("v3.5.1"), &at("v3.6.4"))),
+            [
+                "spec.version: Forbidden: cannot upgrade from v3.5.1 to v3.6.4: etcd's v3.5 -> v3.6 upgrade needs every member on v3.5.26 or later first; upgrade to the newest v3.5 patch, then to v3.6.4"
+            ]
+        );
+        assert_eq!(
+            messages(&create(Version::V1, &at("v3.3.27"))),
+            [
+                r#"spec.version: Invalid value: "v3.3.27": must be a v3.5.x or v3.6.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)"#
             ]
         );
         assert_eq!(
@@ -758,7 +773,7 @@ mod tests {
         );
         let a = |v: &str| alpha(json!({"replicas": 3, "etcdVersion": v}));
         assert!(
-            messages(&update(Version::V1Alpha1, &a("3.5.0"), &a("3.4.0")))[0]
+            messages(&update(Version::V1Alpha1, &a("3.6.0"), &a("3.5.30")))[0]
                 .starts_with("spec.etcdVersion: Forbidden: cannot downgrade")
         );
     }

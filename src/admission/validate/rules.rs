@@ -89,12 +89,12 @@ pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdic
             spec.version.clone(),
             format!("must be an etcd release like {example}"),
         )),
-        Ok(v) if v.major != 3 => out.violations.push(ctx.invalid(
-            Field::Version,
-            spec.version.clone(),
-            format!("must be an etcd 3.x release (major version 3), like {example}"),
-        )),
-        Ok(_) => {}
+        Ok(v) => {
+            if let Err(why) = v.supported() {
+                out.violations
+                    .push(ctx.invalid(Field::Version, spec.version.clone(), why));
+            }
+        }
     }
 
     if !STORAGE_CLASSES.contains(&spec.storage_class.as_str()) {
@@ -205,26 +205,9 @@ pub(super) fn check_update(
     if let (Ok(o), Ok(n)) = (
         old.version.parse::<EtcdVersion>(),
         new.version.parse::<EtcdVersion>(),
-    ) {
-        if n < o {
-            out.violations.push(ctx.forbidden(
-                Field::Version,
-                format!(
-                    "cannot downgrade from {} to {}: etcd does not support downgrades",
-                    old.version, new.version
-                ),
-            ));
-        } else if n.major == o.major && n.minor > o.minor + 1 {
-            out.violations.push(ctx.forbidden(
-                Field::Version,
-                format!(
-                    "cannot upgrade from {} to {}: etcd upgrades one minor release at a time; go to v{}.{}.x first",
-                    old.version,
-                    new.version,
-                    o.major,
-                    o.minor + 1
-                ),
-            ));
-        }
+    ) && o != n
+        && let Err(why) = o.upgrade_to(&n)
+    {
+        out.violations.push(ctx.forbidden(Field::Version, why));
     }
 }
