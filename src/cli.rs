@@ -339,4 +339,9 @@ pub struct ControllerArgs {
     /// loop removes it again, with a Warning Event.
     #[arg(long, env = "ETCD_WEBHOOK_MEMBER_JOIN_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub member_join_timeout: Duration,
+    /// A learner that has started but not caught up with its leader (so etcd refuses to promote
+    /// it) within this is removed, its volume replaced, and added again (Warning Event
+    /// MemberNeverCaughtUp).
+    #[arg(long, env = "ETCD_WEBHOOK_MEMBER_PROMOTE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub member_promote_timeout: Duration,
 }

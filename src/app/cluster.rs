@@ -153,7 +153,10 @@ pub(super) async fn start_controller(
         resync: args.resync_interval,
         namespace: args.watch_namespace.clone(),
         instance: Some(identity.clone()),
-        join_timeout: args.member_join_timeout,
+        member_timeouts: controller::membership::Timeouts {
+            join: args.member_join_timeout,
+            promote: args.member_promote_timeout,
+        },
     };
     if !args.leader_elect {
         tracing::info!("leader election off: this replica reconciles");

@@ -157,6 +157,17 @@ fn id<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     }
 }
 
+/// A uint64 the gateway may leave out (a zero) or write as a string.
+fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match Value::deserialize(d)? {
+        Value::String(s) => s.parse().map_err(serde::de::Error::custom),
+        Value::Number(n) => n
+            .as_u64()
+            .ok_or_else(|| serde::de::Error::custom("not a u64")),
+        _ => Ok(0),
+    }
+}
+
 fn opt_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     match Value::deserialize(d)? {
         Value::String(s) => s.parse().map_err(serde::de::Error::custom),
@@ -197,6 +208,9 @@ pub struct MemberStatus {
     /// 0 while the member knows no leader.
     #[serde(default, deserialize_with = "id")]
     pub leader: u64,
+    /// The raft log index the member has: a learner far below its leader's has not caught up.
+    #[serde(rename = "raftIndex", default, deserialize_with = "opt_u64")]
+    pub raft_index: u64,
     #[serde(rename = "isLearner", default)]
     pub is_learner: bool,
     #[serde(default)]
@@ -209,10 +223,29 @@ impl MemberStatus {
     }
 }
 
+/// The response header every answer carries: which cluster answered.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+struct Header {
+    #[serde(default, deserialize_with = "opt_u64")]
+    cluster_id: u64,
+}
+
 #[derive(Deserialize)]
 struct Members {
     #[serde(default)]
+    header: Header,
+    #[serde(default)]
     members: Vec<Member>,
+}
+
+/// A `member list` answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The endpoint that answered (writes go there).
+    pub endpoint: String,
+    /// The ID of the cluster that answered (0 if the answer had none).
+    pub cluster_id: u64,
+    pub members: Vec<Member>,
 }
 
 #[derive(Deserialize)]
@@ -241,7 +274,7 @@ impl Etcd<'_> {
     /// `member list` (linearizable: a member cut off from the leader does not answer with a
     /// stale list) from the first endpoint that answers, and which one it was. All endpoints are
     /// asked at once, so a pass waits at most one call's timeout for the list.
-    pub async fn member_list(&self) -> Result<(String, Vec<Member>), EtcdError> {
+    pub async fn member_list(&self) -> Result<Listed, EtcdError> {
         let asks = self.endpoints.iter().map(|endpoint| {
             Box::pin(async move {
                 let v = self
@@ -253,7 +286,11 @@ impl Etcd<'_> {
                     )
                     .await?;
                 let list: Members = decode(endpoint, v)?;
-                Ok::<_, EtcdError>((endpoint.clone(), list.members))
+                Ok::<_, EtcdError>(Listed {
+                    endpoint: endpoint.clone(),
+                    cluster_id: list.header.cluster_id,
+                    members: list.members,
+                })
             })
         });
         if self.endpoints.is_empty() {
@@ -331,6 +368,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(list.members[0].id, 10276657743932975437);
+        assert_eq!(list.header.cluster_id, 1);
         assert!(list.members[0].started() && !list.members[0].is_learner);
         assert!(!list.members[1].started() && list.members[1].is_learner);
         let status: MemberStatus = serde_json::from_value(json!({
@@ -339,6 +377,7 @@ mod tests {
         .unwrap();
         assert!(status.healthy());
         assert_eq!(status.db_size, 20480);
+        assert_eq!(status.raft_index, 9);
         assert!(!MemberStatus::default().healthy());
     }
 }

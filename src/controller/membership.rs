@@ -2,17 +2,28 @@
 //! pass can be repeated or cut short (the controller killed between two calls) without a
 //! duplicate member or a stuck cluster:
 //!
-//! 1. a member whose pod reports a lost volume is removed (if the others keep a quorum); the
-//!    next pass adds it back as a learner and its pod, restarting, joins as `existing`;
-//! 2. a member added but never started is removed after `--member-join-timeout`;
-//! 3. a started learner is promoted (etcd refuses until it has caught up: then we wait);
-//! 4. with every voter healthy and fewer members than `spec.size`, the lowest free ordinal is
+//! 1. a volume recorded for replacement whose member is gone is replaced (claim and pod made
+//!    anew, empty); so is the volume at an ordinal the member list does not have, when its
+//!    pod's etcd stopped by itself (exit 0: etcd does that when its peers say its member ID was
+//!    removed, e.g. by `etcdctl member remove`): that volume names a member that is no more;
+//! 2. a started member whose pod reports a lost volume is removed (if the others keep a
+//!    quorum);
+//! 3. a member added but never started is removed when its pod's etcd stopped by itself after
+//!    the add (its volume names another, removed member), or after `--member-join-timeout`;
+//! 4. a started learner is promoted when every voter is healthy (etcd refuses until it has
+//!    caught up: then we wait), or removed when it has not caught up within
+//!    `--member-promote-timeout`;
+//! 5. with every voter healthy and fewer members than `spec.size`, the lowest free ordinal is
 //!    added **as a learner**; the StatefulSet then runs a pod for it.
 //!
+//! Every removal replaces the member's volume (recorded before the call, so a loop killed
+//! right after it still does): a removed member's data names an ID the cluster no longer has,
+//! and etcd refuses it, so the member always comes back on an empty volume.
+//!
 //! [`plan`] is that decision, a pure function; [`pass`] reads, plans, makes the one call and
-//! says what the StatefulSet and the members' ConfigMap must be. A member at an ordinal the
-//! StatefulSet does not run (a volume of a former, larger cluster) is never touched: it is
-//! reported.
+//! says what the StatefulSet and the members' ConfigMap must be. A member the spec does not run
+//! (an ordinal at or above `spec.size`, or a peer URL of no ordinal: added by hand) is never
+//! touched: it is reported, counted in the quorum when it votes, and kept in the join list.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -27,15 +38,48 @@ use crate::api::v1::EtcdCluster;
 
 /// The default of `--member-join-timeout`.
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);
+/// The default of `--member-promote-timeout`.
+pub const DEFAULT_PROMOTE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Lines of an etcd log that mean its data directory is gone while the cluster still has the
 /// member: bootstrapping anew over a known member, or a raft log that starts from nothing.
 pub const LOST_VOLUME_SIGNS: &[&str] = &["has already been bootstrapped", "[lastIndex(0)]"];
 
 /// Whether a container's last termination message (the tail of its log, with
-/// `terminationMessagePolicy: FallbackToLogsOnError`) says the member lost its volume.
+/// `terminationMessagePolicy: FallbackToLogsOnError`, kept only after an error exit) says the
+/// member lost its volume.
 pub fn lost_volume(message: &str) -> bool {
     LOST_VOLUME_SIGNS.iter().any(|s| message.contains(s))
+}
+
+/// How a member pod's etcd container last ended, as the kubelet reports it
+/// (`state.terminated`, else `lastState.terminated`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i32,
+    /// The termination message (the log's tail after an error exit, else empty).
+    pub message: String,
+    /// When it ended, if the kubelet said.
+    pub at: Option<Timestamp>,
+}
+
+impl Exit {
+    /// The member's data directory is gone while the cluster still has it.
+    pub fn lost_volume(&self) -> bool {
+        lost_volume(&self.message)
+    }
+
+    /// etcd stopped by itself: it exits 0 when its peers tell it that its member ID was
+    /// removed ("the member has been permanently removed from the cluster"), and, as a
+    /// container's PID 1, after a SIGTERM. Read only where the member list has no started
+    /// member for the pod, so either way the volume holds nothing the cluster needs.
+    pub fn clean(&self) -> bool {
+        self.code == 0
+    }
+
+    fn after(&self, since: Timestamp) -> bool {
+        self.at.is_none_or(|at| at >= since)
+    }
 }
 
 /// The ordinal of the StatefulSet pod a member is, from its peer URL (or, unstarted members
@@ -54,6 +98,16 @@ pub enum Removal {
     NeverStarted(Duration),
     /// Its pod lost its data directory.
     LostVolume,
+    /// Added, but its pod's etcd stopped by itself (exit 0) after the add: the volume names a
+    /// member ID that was removed.
+    StaleVolume,
+    /// A learner that started but did not catch up with its leader within the promote timeout.
+    NeverCaughtUp {
+        waited: Duration,
+        /// Its raft index, and its leader's (0: did not answer).
+        index: u64,
+        leader_index: u64,
+    },
 }
 
 /// The one membership call of a pass.
@@ -75,21 +129,39 @@ pub enum Step {
         id: u64,
         why: Removal,
     },
-    /// Not an etcd call: the member at `ordinal` was removed for its lost volume; its claim and
-    /// pod are deleted so that the StatefulSet makes both anew, empty (the old volume names the
-    /// removed member, which etcd refuses). Only then is it added again.
+    /// Not an etcd call: the volume at `ordinal` names no current member (its member was
+    /// removed); its claim and pod are deleted so that the StatefulSet makes both anew, empty.
+    /// Only then is a member added there.
     ReplaceVolume {
         ordinal: i32,
     },
 }
 
 /// What the loop keeps between passes (in the members' ConfigMap): when each non-voter was
-/// first seen, and the ordinals whose volume is to be replaced (recorded before the member is
-/// removed, so a loop killed right after the removal still replaces the volume).
+/// first seen, when each learner was first seen started, and the ordinals whose volume is to
+/// be replaced (recorded before the member is removed, so a loop killed right after the
+/// removal still replaces the volume).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
     pub joining: BTreeMap<u64, Timestamp>,
+    pub started: BTreeMap<u64, Timestamp>,
     pub replacing: BTreeSet<i32>,
+}
+
+/// How long a member may take to start, and a started learner to catch up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    pub join: Duration,
+    pub promote: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            join: DEFAULT_JOIN_TIMEOUT,
+            promote: DEFAULT_PROMOTE_TIMEOUT,
+        }
+    }
 }
 
 /// What a pass knows.
@@ -97,80 +169,136 @@ pub struct View<'a> {
     pub members: &'a [Member],
     /// Health of the started members, by ID (a member that did not answer is absent).
     pub health: &'a BTreeMap<u64, MemberStatus>,
-    /// Ordinals whose pod reports a lost volume ([`lost_volume`]).
-    pub lost_volume: &'a BTreeSet<i32>,
-    /// When each non-voter was first seen.
-    pub joining: &'a BTreeMap<u64, Timestamp>,
-    /// Ordinals whose volume is to be replaced ([`Memory::replacing`]).
-    pub replacing: &'a BTreeSet<i32>,
+    /// How each member pod's etcd last ended, by ordinal (pods being deleted left out).
+    pub exits: &'a BTreeMap<i32, Exit>,
+    pub memory: &'a Memory,
     pub now: Timestamp,
-    pub join_timeout: Duration,
+    pub timeouts: Timeouts,
 }
 
 fn healthy(view: &View, m: &Member) -> bool {
     view.health.get(&m.id).is_some_and(MemberStatus::healthy)
 }
 
+fn waited(view: &View, since: Option<&Timestamp>) -> Duration {
+    let since = since.copied().unwrap_or(view.now);
+    Duration::try_from(view.now.duration_since(since)).unwrap_or_default()
+}
+
+/// Whether voter `m` can be removed: the healthy voters left keep a quorum of the voters left.
+fn quorum_without(view: &View, m: &Member) -> Result<(), String> {
+    let voters: Vec<&Member> = view.members.iter().filter(|v| !v.is_learner).collect();
+    if m.is_learner {
+        return Ok(());
+    }
+    let after = voters.len().saturating_sub(1);
+    let others = voters
+        .iter()
+        .filter(|v| v.id != m.id && healthy(view, v))
+        .count();
+    if after > 0 && others > after / 2 {
+        Ok(())
+    } else {
+        Err(format!(
+            "removing it needs a quorum of the others ({others} of {after} healthy)"
+        ))
+    }
+}
+
 /// The next membership call of `ec` (see the module's order).
 pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
     let want = ec.spec.size;
+    let name = ec.name_any();
     let ours: Vec<(i32, &Member)> = view
         .members
         .iter()
         .filter_map(|m| Some((ordinal(ec, m)?, m)))
         .filter(|(i, _)| *i < want)
         .collect();
-    let voters: Vec<&Member> = ours
-        .iter()
-        .map(|(_, m)| *m)
-        .filter(|m| !m.is_learner)
-        .collect();
+    // Every voter counts for the quorum, strangers included.
+    let voters: Vec<&Member> = view.members.iter().filter(|m| !m.is_learner).collect();
     let healthy_voters = voters.iter().filter(|m| healthy(view, m)).count();
+    let unhealthy: Vec<String> = voters
+        .iter()
+        .filter(|m| !healthy(view, m))
+        .map(|m| describe(ec, m))
+        .collect();
 
     let taken: BTreeSet<i32> = ours.iter().map(|(i, _)| *i).collect();
-    if let Some(&ordinal) = view.replacing.iter().find(|i| !taken.contains(i)) {
+    if let Some(&ordinal) = view.memory.replacing.iter().find(|i| !taken.contains(i)) {
+        return Step::ReplaceVolume { ordinal };
+    }
+    // An ordinal without a member whose pod's etcd stopped by itself: its volume names a
+    // removed member and would be refused; it is made anew before a member is added there.
+    if let Some(ordinal) =
+        (0..want).find(|i| !taken.contains(i) && view.exits.get(i).is_some_and(Exit::clean))
+    {
         return Step::ReplaceVolume { ordinal };
     }
     for &(i, m) in &ours {
-        if view.lost_volume.contains(&i) && m.started() {
-            // Removing a voter leaves `voters - 1`, whose quorum the healthy others must hold.
-            let others = healthy_voters - usize::from(healthy(view, m));
-            let after = voters.len() - usize::from(!m.is_learner);
-            if m.is_learner || (after > 0 && others > after / 2) {
-                return Step::Remove {
+        if m.started() && view.exits.get(&i).is_some_and(Exit::lost_volume) {
+            return match quorum_without(view, m) {
+                Ok(()) => Step::Remove {
                     ordinal: i,
                     id: m.id,
                     why: Removal::LostVolume,
-                };
-            }
-            return Step::Wait(format!(
-                "{} lost its volume; removing it needs a quorum of the others ({others} of {after} healthy)",
-                m.name
-            ));
+                },
+                Err(why) => Step::Wait(format!("{name}-{i} lost its volume; {why}")),
+            };
         }
     }
     for &(i, m) in &ours {
         if m.started() {
             continue;
         }
-        let since = view.joining.get(&m.id).copied().unwrap_or(view.now);
-        let waited = view.now.duration_since(since);
-        let waited = Duration::try_from(waited).unwrap_or_default();
-        if waited >= view.join_timeout {
+        let since = view.memory.joining.get(&m.id).copied().unwrap_or(view.now);
+        let stale = view
+            .exits
+            .get(&i)
+            .is_some_and(|e| e.clean() && e.after(since));
+        let waited = waited(view, Some(&since));
+        let why = if stale {
+            Removal::StaleVolume
+        } else if waited >= view.timeouts.join {
+            Removal::NeverStarted(waited)
+        } else {
+            return Step::Wait(format!(
+                "{name}-{i} was added {}s ago and has not started (removed after {}s)",
+                waited.as_secs(),
+                view.timeouts.join.as_secs()
+            ));
+        };
+        return match quorum_without(view, m) {
+            Ok(()) => Step::Remove {
+                ordinal: i,
+                id: m.id,
+                why,
+            },
+            Err(e) => Step::Wait(format!("{name}-{i} has not started; {e}")),
+        };
+    }
+    if let Some(&(i, m)) = ours.iter().find(|(_, m)| m.is_learner) {
+        let waited = waited(view, view.memory.started.get(&m.id));
+        if waited >= view.timeouts.promote {
+            let index = |id: u64| view.health.get(&id).map_or(0, |s| s.raft_index);
+            let leader = view.health.values().map(|s| s.leader).find(|&l| l != 0);
             return Step::Remove {
                 ordinal: i,
                 id: m.id,
-                why: Removal::NeverStarted(waited),
+                why: Removal::NeverCaughtUp {
+                    waited,
+                    index: index(m.id),
+                    leader_index: leader.map_or(0, index),
+                },
             };
         }
-        return Step::Wait(format!(
-            "{}-{i} was added {}s ago and has not started (removed after {}s)",
-            ec.name_any(),
-            waited.as_secs(),
-            view.join_timeout.as_secs()
-        ));
-    }
-    if let Some(&(i, m)) = ours.iter().find(|(_, m)| m.is_learner) {
+        if healthy_voters < voters.len() {
+            return Step::Wait(format!(
+                "{name}-{i} is promoted when every voter is healthy ({healthy_voters} of {}; not: {})",
+                voters.len(),
+                unhealthy.join(", ")
+            ));
+        }
         return Step::Promote {
             ordinal: i,
             id: m.id,
@@ -179,17 +307,26 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
     if ours.len() < want as usize {
         if healthy_voters < voters.len() {
             return Step::Wait(format!(
-                "{healthy_voters} of {} voters healthy; a member is added when all are",
-                voters.len()
+                "{healthy_voters} of {} voters healthy (not: {}); a member is added when all are",
+                voters.len(),
+                unhealthy.join(", ")
             ));
         }
-        let taken: BTreeSet<i32> = ours.iter().map(|(i, _)| *i).collect();
         let ordinal = (0..want)
             .find(|i| !taken.contains(i))
             .expect("fewer than want");
         return Step::AddLearner { ordinal };
     }
     Step::Steady
+}
+
+/// A member as a person reads it: `NAME-i`, or its name and ID when it has no ordinal.
+pub fn describe(ec: &EtcdCluster, m: &Member) -> String {
+    match ordinal(ec, m) {
+        Some(i) => format!("{}-{i}", ec.name_any()),
+        None if m.started() => format!("{} ({:x})", m.name, m.id),
+        None => format!("unstarted {:x} ({})", m.id, m.peer_urls.join(" ")),
+    }
 }
 
 /// Pods the StatefulSet runs for `members`: up to the highest ordinal with a member.
@@ -202,9 +339,9 @@ pub fn replicas(ec: &EtcdCluster, members: &[Member]) -> i32 {
         .map_or(1, |i| i + 1)
 }
 
-/// Members at ordinals at or above `spec.size`: the membership of a former, larger cluster
-/// whose volumes a re-created cluster found (or members added by hand).
-/// In ordinal order (then by ID), so a status naming them is stable.
+/// Members the spec does not run: at ordinals at or above `spec.size` (the membership of a
+/// former, larger cluster whose volumes a re-created cluster found), or with a peer URL of no
+/// ordinal (added by hand). In ordinal order (then by ID), so a status naming them is stable.
 pub fn strangers<'m>(ec: &EtcdCluster, members: &'m [Member]) -> Vec<&'m Member> {
     let mut out: Vec<&Member> = members
         .iter()
@@ -214,18 +351,29 @@ pub fn strangers<'m>(ec: &EtcdCluster, members: &'m [Member]) -> Vec<&'m Member>
     out
 }
 
-/// `ETCD_INITIAL_CLUSTER` for a pod joining `members`: every member of ours, by ordinal.
+/// `ETCD_INITIAL_CLUSTER` for a pod joining `members`: the member list as it is, each member
+/// under the name its pod runs with (`NAME-i`), a stranger under its own name (or, unstarted,
+/// its ID). etcd refuses a join whose list differs from the cluster's members, so nobody is
+/// left out.
 pub fn initial_cluster(ec: &EtcdCluster, members: &[Member]) -> String {
     let name = ec.name_any();
-    let mut ours: Vec<i32> = members
+    let mut entries: Vec<(Option<i32>, String, &str)> = Vec::new();
+    for m in members {
+        let i = ordinal(ec, m);
+        let label = match i {
+            Some(i) => format!("{name}-{i}"),
+            None if m.started() => m.name.clone(),
+            None => format!("unstarted-{:x}", m.id),
+        };
+        for url in &m.peer_urls {
+            entries.push((i, label.clone(), url));
+        }
+    }
+    entries.sort_by(|a, b| (a.0.unwrap_or(MAX_SIZE), &a.1).cmp(&(b.0.unwrap_or(MAX_SIZE), &b.1)));
+    entries.dedup();
+    entries
         .iter()
-        .filter_map(|m| ordinal(ec, m))
-        .filter(|&i| i < ec.spec.size)
-        .collect();
-    ours.sort_unstable();
-    ours.dedup();
-    ours.iter()
-        .map(|&i| format!("{name}-{i}={}", render::peer_url(ec, i)))
+        .map(|(_, n, url)| format!("{n}={url}"))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -233,8 +381,11 @@ pub fn initial_cluster(ec: &EtcdCluster, members: &[Member]) -> String {
 /// What one pass found and did.
 #[derive(Debug)]
 pub struct Outcome {
-    /// The member list after the pass's call (`None`: no member answered).
+    /// The member list after the pass's call (`None`: no member answered, or the answer came
+    /// from another cluster).
     pub members: Option<Vec<Member>>,
+    /// The ID of the cluster that answered.
+    pub cluster_id: Option<u64>,
     pub health: BTreeMap<u64, MemberStatus>,
     /// What to keep for the next pass (in the members' ConfigMap).
     pub memory: Memory,
@@ -243,40 +394,74 @@ pub struct Outcome {
     pub failed: Option<EtcdError>,
     /// Why the member list could not be read.
     pub unreachable: Option<EtcdError>,
+    /// The member list came from a cluster whose ID is not the one recorded: nothing was done.
+    pub foreign: Option<String>,
+}
+
+/// What a pass starts from besides etcd.
+pub struct Inputs<'a> {
+    pub exits: &'a BTreeMap<i32, Exit>,
+    pub before: &'a Memory,
+    /// The cluster ID recorded when the loop first read this cluster's member list.
+    pub cluster_id: Option<u64>,
+    pub now: Timestamp,
+    pub timeouts: Timeouts,
 }
 
 /// Reads the member list and each started member's status, plans, and makes at most one call.
-/// `etcd.endpoints` are the members' client URLs by ordinal. Before a member is removed for its
-/// lost volume, `record` must keep the memory with that ordinal in `replacing` (an error there
-/// cancels the removal).
-pub async fn pass<R>(
-    ec: &EtcdCluster,
-    etcd: &Etcd<'_>,
-    lost: &BTreeSet<i32>,
-    before: &Memory,
-    now: Timestamp,
-    join_timeout: Duration,
-    record: R,
-) -> Outcome
+/// `etcd.endpoints` are the members' client URLs by ordinal (a member of no ordinal is asked
+/// at its own client URL). Before a member is removed, `record` must keep the memory with its
+/// ordinal in `replacing` (an error there cancels the removal).
+pub async fn pass<R>(ec: &EtcdCluster, etcd: &Etcd<'_>, input: Inputs<'_>, record: R) -> Outcome
 where
     R: AsyncFnOnce(&Memory) -> Result<(), String>,
 {
-    let (endpoint, mut members) = match etcd.member_list().await {
+    let Inputs {
+        exits,
+        before,
+        cluster_id,
+        now,
+        timeouts,
+    } = input;
+    let nothing = |step: Step| Outcome {
+        members: None,
+        cluster_id: None,
+        health: BTreeMap::new(),
+        memory: before.clone(),
+        step,
+        failed: None,
+        unreachable: None,
+        foreign: None,
+    };
+    let listed = match etcd.member_list().await {
         Ok(found) => found,
         Err(e) => {
             return Outcome {
-                members: None,
-                health: BTreeMap::new(),
-                memory: before.clone(),
-                step: Step::Wait(format!("no member answered member list: {e}")),
-                failed: None,
-                unreachable: Some(e),
+                unreachable: Some(e.clone()),
+                ..nothing(Step::Wait(format!("no member answered member list: {e}")))
             };
         }
     };
+    if let Some(want) = cluster_id.filter(|&c| c != 0 && listed.cluster_id != 0)
+        && want != listed.cluster_id
+    {
+        let why = format!(
+            "{} answered for etcd cluster {:x}, not {want:x} (the cluster this EtcdCluster formed): a former cluster's volumes? nothing is changed",
+            listed.endpoint, listed.cluster_id
+        );
+        return Outcome {
+            foreign: Some(why.clone()),
+            cluster_id: Some(listed.cluster_id),
+            ..nothing(Step::Wait(why))
+        };
+    }
+    let (endpoint, mut members) = (listed.endpoint, listed.members);
     // Every started member's status, at once.
     let asks = members.iter().filter(|m| m.started()).filter_map(|m| {
-        let url = ordinal(ec, m).and_then(|i| etcd.endpoints.get(i as usize))?;
+        let url = match ordinal(ec, m) {
+            Some(i) => etcd.endpoints.get(i as usize)?,
+            None => m.client_urls.first()?,
+        };
         Some(async move { (m.id, etcd.status(url).await) })
     });
     let health: BTreeMap<u64, MemberStatus> = futures_util::future::join_all(asks)
@@ -286,6 +471,7 @@ where
         .collect();
     let mut memory = Memory {
         joining: joining_of(&members, &before.joining, now),
+        started: started_of(&members, &before.started, now),
         replacing: before.replacing.clone(),
     };
     let mut step = plan(
@@ -293,19 +479,13 @@ where
         &View {
             members: &members,
             health: &health,
-            lost_volume: lost,
-            joining: &memory.joining,
-            replacing: &memory.replacing,
+            exits,
+            memory: &memory,
             now,
-            join_timeout,
+            timeouts,
         },
     );
-    if let Step::Remove {
-        ordinal,
-        why: Removal::LostVolume,
-        ..
-    } = step
-    {
+    if let Step::Remove { ordinal, .. } = step {
         memory.replacing.insert(ordinal);
         if let Err(e) = record(&memory).await {
             memory.replacing.remove(&ordinal);
@@ -328,33 +508,30 @@ where
         Ok(after) => {
             members = after;
             memory.joining = joining_of(&members, &memory.joining, now);
+            memory.started = started_of(&members, &memory.started, now);
             None
         }
         Err(e) => Some(e),
     };
     Outcome {
         members: Some(members),
+        cluster_id: Some(listed.cluster_id),
         health,
         memory,
         step,
         failed,
         unreachable: None,
+        foreign: None,
     }
 }
 
 /// The ordinal whose claim and pod are to be deleted after this pass: a member just removed
-/// for its lost volume, or one recorded as such by a pass that did not get that far.
+/// (its volume names a member that is no more), or a volume [`plan`] found to replace.
 pub fn volume_to_replace(outcome: &Outcome) -> Option<i32> {
     match (&outcome.step, &outcome.failed) {
-        (
-            Step::Remove {
-                ordinal,
-                why: Removal::LostVolume,
-                ..
-            },
-            None,
-        )
-        | (Step::ReplaceVolume { ordinal }, _) => Some(*ordinal),
+        (Step::Remove { ordinal, .. }, None) | (Step::ReplaceVolume { ordinal }, _) => {
+            Some(*ordinal)
+        }
         _ => None,
     }
 }
@@ -372,35 +549,124 @@ fn joining_of(
         .collect()
 }
 
-/// The ConfigMap annotation that keeps [`Outcome::joining`]: `ID=RFC3339,...`.
-pub fn joining_annotation(joining: &BTreeMap<u64, Timestamp>) -> String {
-    joining
+/// When each current started learner was first seen started: as before, or now.
+fn started_of(
+    members: &[Member],
+    before: &BTreeMap<u64, Timestamp>,
+    now: Timestamp,
+) -> BTreeMap<u64, Timestamp> {
+    members
+        .iter()
+        .filter(|m| m.is_learner && m.started())
+        .map(|m| (m.id, before.get(&m.id).copied().unwrap_or(now)))
+        .collect()
+}
+
+fn times_annotation(times: &BTreeMap<u64, Timestamp>) -> String {
+    times
         .iter()
         .map(|(id, at)| format!("{id:x}={at}"))
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// The ConfigMap annotation that keeps [`Memory::replacing`]: `1,3`.
-pub fn replacing_annotation(replacing: &BTreeSet<i32>) -> String {
-    replacing
-        .iter()
-        .map(i32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+/// A malformed entry of one of the loop's ConfigMap annotations.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("annotation {annotation}: entry {entry:?} is not {expected}; it is ignored")]
+pub struct BadEntry {
+    pub annotation: &'static str,
+    pub entry: String,
+    pub expected: &'static str,
 }
 
-pub fn parse_replacing(text: &str) -> BTreeSet<i32> {
-    text.split(',').filter_map(|i| i.parse().ok()).collect()
+fn parse_times(
+    annotation: &'static str,
+    text: &str,
+    bad: &mut Vec<BadEntry>,
+) -> BTreeMap<u64, Timestamp> {
+    let mut out = BTreeMap::new();
+    for kv in text.split(',').filter(|kv| !kv.trim().is_empty()) {
+        let parsed = kv
+            .split_once('=')
+            .and_then(|(id, at)| Some((u64::from_str_radix(id, 16).ok()?, at.parse().ok()?)));
+        match parsed {
+            Some((id, at)) => {
+                out.insert(id, at);
+            }
+            None => bad.push(BadEntry {
+                annotation,
+                entry: kv.to_owned(),
+                expected: "HEXID=RFC3339",
+            }),
+        }
+    }
+    out
 }
 
-pub fn parse_joining(text: &str) -> BTreeMap<u64, Timestamp> {
-    text.split(',')
-        .filter_map(|kv| {
-            let (id, at) = kv.split_once('=')?;
-            Some((u64::from_str_radix(id, 16).ok()?, at.parse().ok()?))
-        })
-        .collect()
+impl Memory {
+    /// The ConfigMap annotations that keep it, always all three (empty or not), so that a
+    /// change to any is a change to apply.
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (
+                render::JOINING_ANNOTATION.to_owned(),
+                times_annotation(&self.joining),
+            ),
+            (
+                render::STARTED_ANNOTATION.to_owned(),
+                times_annotation(&self.started),
+            ),
+            (
+                render::REPLACING_ANNOTATION.to_owned(),
+                self.replacing
+                    .iter()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ])
+    }
+
+    /// The memory kept in `annotations`, and the entries that could not be read (each an error
+    /// for the log and the status: a hand edit, or a newer loop's format).
+    pub fn parse(annotations: &BTreeMap<String, String>) -> (Memory, Vec<BadEntry>) {
+        let get = |k: &str| annotations.get(k).map(String::as_str).unwrap_or_default();
+        let mut bad = Vec::new();
+        let joining = parse_times(
+            render::JOINING_ANNOTATION,
+            get(render::JOINING_ANNOTATION),
+            &mut bad,
+        );
+        let started = parse_times(
+            render::STARTED_ANNOTATION,
+            get(render::STARTED_ANNOTATION),
+            &mut bad,
+        );
+        let mut replacing = BTreeSet::new();
+        for entry in get(render::REPLACING_ANNOTATION)
+            .split(',')
+            .filter(|e| !e.trim().is_empty())
+        {
+            match entry.parse::<i32>() {
+                Ok(i) if (0..MAX_SIZE).contains(&i) => {
+                    replacing.insert(i);
+                }
+                _ => bad.push(BadEntry {
+                    annotation: render::REPLACING_ANNOTATION,
+                    entry: entry.to_owned(),
+                    expected: "an ordinal",
+                }),
+            }
+        }
+        (
+            Memory {
+                joining,
+                started,
+                replacing,
+            },
+            bad,
+        )
+    }
 }
 
 #[cfg(test)]
@@ -431,6 +697,7 @@ mod tests {
                     m.id,
                     MemberStatus {
                         leader: 100,
+                        raft_index: 50,
                         ..Default::default()
                     },
                 )
@@ -442,25 +709,59 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
 
-    fn decide(ec: &EtcdCluster, members: &[Member], lost: &[i32], since: i64, now: i64) -> Step {
-        let health = healthy_all(members);
-        let joining = members
-            .iter()
-            .filter(|m| m.is_learner || !m.started())
-            .map(|m| (m.id, at(since)))
-            .collect();
+    /// Non-voters joined at `since`, started learners started at `since`.
+    fn memory_since(members: &[Member], since: i64) -> Memory {
+        Memory {
+            joining: joining_of(members, &BTreeMap::new(), at(since)),
+            started: started_of(members, &BTreeMap::new(), at(since)),
+            replacing: BTreeSet::new(),
+        }
+    }
+
+    fn view_plan(
+        ec: &EtcdCluster,
+        members: &[Member],
+        health: &BTreeMap<u64, MemberStatus>,
+        exits: &BTreeMap<i32, Exit>,
+        since: i64,
+        now: i64,
+    ) -> Step {
         plan(
             ec,
             &View {
                 members,
-                health: &health,
-                lost_volume: &lost.iter().copied().collect(),
-                joining: &joining,
-                replacing: &BTreeSet::new(),
+                health,
+                exits,
+                memory: &memory_since(members, since),
                 now: at(now),
-                join_timeout: Duration::from_secs(300),
+                timeouts: Timeouts::default(),
             },
         )
+    }
+
+    fn decide(ec: &EtcdCluster, members: &[Member], lost: &[i32], since: i64, now: i64) -> Step {
+        let exits = lost
+            .iter()
+            .map(|&i| {
+                (
+                    i,
+                    Exit {
+                        code: 2,
+                        message: "panic: tocommit(9) is out of range [lastIndex(0)]".to_owned(),
+                        at: Some(at(since)),
+                    },
+                )
+            })
+            .collect();
+        view_plan(ec, members, &healthy_all(members), &exits, since, now)
+    }
+
+    fn clean_exit(secs: i64) -> Exit {
+        Exit {
+            code: 0,
+            message: String::new(),
+            at: Some(at(secs)),
+        }
     }
 
     #[test]
@@ -518,20 +819,9 @@ mod tests {
         let members: Vec<Member> = (0..3).map(|i| member(&ec, i, true, false)).collect();
         let mut health = healthy_all(&members);
         health.remove(&102);
-        let step = plan(
-            &ec,
-            &View {
-                members: &members,
-                health: &health,
-                lost_volume: &BTreeSet::new(),
-                joining: &BTreeMap::new(),
-                replacing: &BTreeSet::new(),
-                now: at(0),
-                join_timeout: DEFAULT_JOIN_TIMEOUT,
-            },
-        );
+        let step = view_plan(&ec, &members, &health, &BTreeMap::new(), 0, 0);
         assert!(
-            matches!(step, Step::Wait(ref m) if m.contains("2 of 3 voters")),
+            matches!(step, Step::Wait(ref m) if m.contains("2 of 3 voters") && m.contains("etcd-2")),
             "{step:?}"
         );
     }
@@ -542,22 +832,16 @@ mod tests {
         let mut members: Vec<Member> = (0..3).map(|i| member(&ec, i, true, false)).collect();
         let mut health = healthy_all(&members);
         health.remove(&101);
-        let view = |members: &[Member], health: &BTreeMap<u64, MemberStatus>| {
-            plan(
-                &ec,
-                &View {
-                    members,
-                    health,
-                    lost_volume: &BTreeSet::from([1]),
-                    joining: &BTreeMap::new(),
-                    replacing: &BTreeSet::new(),
-                    now: at(0),
-                    join_timeout: DEFAULT_JOIN_TIMEOUT,
-                },
-            )
-        };
+        let lost = BTreeMap::from([(
+            1,
+            Exit {
+                code: 1,
+                message: "member 65 has already been bootstrapped".to_owned(),
+                at: Some(at(0)),
+            },
+        )]);
         assert_eq!(
-            view(&members, &health),
+            view_plan(&ec, &members, &health, &lost, 0, 0),
             Step::Remove {
                 ordinal: 1,
                 id: 101,
@@ -566,7 +850,10 @@ mod tests {
         );
         // Without a quorum of the others (only 1 of the 2 left healthy): wait.
         health.remove(&102);
-        assert!(matches!(view(&members, &health), Step::Wait(_)));
+        assert!(matches!(
+            view_plan(&ec, &members, &health, &lost, 0, 0),
+            Step::Wait(_)
+        ));
         // Removed: the hole is filled first, at the same ordinal; the pod keeps its place.
         members.remove(1);
         assert_eq!(replicas(&ec, &members), 3);
@@ -578,6 +865,128 @@ mod tests {
         let one = cluster("solo", 1, None);
         let m = vec![member(&one, 0, true, false)];
         assert!(matches!(decide(&one, &m, &[0], 0, 0), Step::Wait(_)));
+    }
+
+    #[test]
+    fn a_healthy_learner_with_a_lost_volume_sign_and_no_healthy_voter_does_not_underflow() {
+        let ec = cluster("etcd", 3, None);
+        let members = vec![member(&ec, 0, true, false), member(&ec, 1, true, true)];
+        let mut health = healthy_all(&members);
+        health.remove(&100);
+        let lost = BTreeMap::from([(
+            1,
+            Exit {
+                code: 2,
+                message: "[lastIndex(0)]".to_owned(),
+                at: None,
+            },
+        )]);
+        assert_eq!(
+            view_plan(&ec, &members, &health, &lost, 0, 0),
+            Step::Remove {
+                ordinal: 1,
+                id: 101,
+                why: Removal::LostVolume
+            }
+        );
+    }
+
+    /// A member removed by hand (`etcdctl member remove`): its etcd stops with exit 0 and its
+    /// volume names the removed ID. The volume is replaced before the member is added back,
+    /// and a learner added before the exit was seen is removed once its pod stops that way.
+    #[test]
+    fn a_volume_that_names_a_removed_member_is_replaced_not_rejoined() {
+        let ec = cluster("etcd", 3, None);
+        let members = vec![member(&ec, 0, true, false), member(&ec, 2, true, false)];
+        let health = healthy_all(&members);
+        let exits = BTreeMap::from([(1, clean_exit(5))]);
+        assert_eq!(
+            view_plan(&ec, &members, &health, &exits, 0, 10),
+            Step::ReplaceVolume { ordinal: 1 }
+        );
+        // An error exit of a member that is not there (a fresh volume finding no member by
+        // its name) is no reason: the member is added.
+        let error = BTreeMap::from([(
+            1,
+            Exit {
+                code: 1,
+                ..clean_exit(5)
+            },
+        )]);
+        assert_eq!(
+            view_plan(&ec, &members, &health, &error, 0, 10),
+            Step::AddLearner { ordinal: 1 }
+        );
+        // Added as a learner at 20; its pod stopped by itself at 25: the volume is stale.
+        let mut added = members.clone();
+        added.insert(1, member(&ec, 1, false, true));
+        let health = healthy_all(&added);
+        assert_eq!(
+            view_plan(
+                &ec,
+                &added,
+                &health,
+                &BTreeMap::from([(1, clean_exit(25))]),
+                20,
+                30
+            ),
+            Step::Remove {
+                ordinal: 1,
+                id: 101,
+                why: Removal::StaleVolume
+            }
+        );
+        // The exit came before the add: not this member's doing; wait for the pod.
+        assert!(matches!(
+            view_plan(&ec, &added, &health, &exits, 20, 30),
+            Step::Wait(_)
+        ));
+        // A started voter's clean exit (a SIGTERM to PID 1) says nothing about its volume.
+        let three: Vec<Member> = (0..3).map(|i| member(&ec, i, true, false)).collect();
+        assert_eq!(
+            view_plan(&ec, &three, &healthy_all(&three), &exits, 0, 10),
+            Step::Steady
+        );
+    }
+
+    #[test]
+    fn a_started_learner_that_never_catches_up_is_removed_after_the_promote_timeout() {
+        let ec = cluster("etcd", 3, None);
+        let members = vec![
+            member(&ec, 0, true, false),
+            member(&ec, 1, true, false),
+            member(&ec, 2, true, true),
+        ];
+        let mut health = healthy_all(&members);
+        health.get_mut(&100).unwrap().raft_index = 9000;
+        health.get_mut(&102).unwrap().raft_index = 12;
+        let none = BTreeMap::new();
+        assert_eq!(
+            view_plan(&ec, &members, &health, &none, 0, 299),
+            Step::Promote {
+                ordinal: 2,
+                id: 102
+            }
+        );
+        assert_eq!(
+            view_plan(&ec, &members, &health, &none, 0, 300),
+            Step::Remove {
+                ordinal: 2,
+                id: 102,
+                why: Removal::NeverCaughtUp {
+                    waited: Duration::from_secs(300),
+                    index: 12,
+                    leader_index: 9000
+                }
+            }
+        );
+        // Promote waits for every voter to be healthy, and names who is not.
+        health.remove(&101);
+        let step = view_plan(&ec, &members, &health, &none, 0, 10);
+        assert!(
+            matches!(step, Step::Wait(ref m) if m.contains("etcd-1") && m.contains("promoted")),
+            "{step:?}"
+        );
     }
 
     #[test]
@@ -593,8 +1002,75 @@ mod tests {
         assert_eq!(replicas(&ec, &members), 3);
     }
 
+    /// A member added by hand (no ordinal): kept in every join list (etcd refuses a join whose
+    /// list is not the member list), counted in the quorum, never touched.
     #[test]
-    fn lost_volume_signs_and_the_joining_annotation() {
+    fn a_stranger_is_in_the_join_list_and_in_the_quorum() {
+        let ec = cluster("etcd", 5, None);
+        let mut members: Vec<Member> = (0..3).map(|i| member(&ec, i, true, false)).collect();
+        members.push(Member {
+            id: 0xabc,
+            name: "stray".to_owned(),
+            peer_urls: vec!["http://10.0.0.9:2380".to_owned()],
+            client_urls: vec!["http://10.0.0.9:2379".to_owned()],
+            is_learner: false,
+        });
+        members.push(Member {
+            id: 0xdef,
+            name: String::new(),
+            peer_urls: vec!["http://10.0.0.10:2380".to_owned()],
+            client_urls: vec![],
+            is_learner: true,
+        });
+        assert_eq!(
+            initial_cluster(&ec, &members),
+            "etcd-0=http://etcd-0.etcd.prod.svc:2380,etcd-1=http://etcd-1.etcd.prod.svc:2380,etcd-2=http://etcd-2.etcd.prod.svc:2380,stray=http://10.0.0.9:2380,unstarted-def=http://10.0.0.10:2380"
+        );
+        let mut health = healthy_all(&members);
+        assert_eq!(
+            view_plan(&ec, &members, &health, &BTreeMap::new(), 0, 0),
+            Step::AddLearner { ordinal: 3 }
+        );
+        health.remove(&0xabc);
+        let step = view_plan(&ec, &members, &health, &BTreeMap::new(), 0, 0);
+        assert!(
+            matches!(step, Step::Wait(ref m) if m.contains("3 of 4 voters") && m.contains("stray (abc)")),
+            "{step:?}"
+        );
+        let named: Vec<String> = strangers(&ec, &members)
+            .iter()
+            .map(|m| describe(&ec, m))
+            .collect();
+        assert_eq!(
+            named,
+            ["stray (abc)", "unstarted def (http://10.0.0.10:2380)"]
+        );
+    }
+
+    #[test]
+    fn the_memory_round_trips_and_a_malformed_entry_is_an_error() {
+        let memory = Memory {
+            joining: BTreeMap::from([(0xabcu64, at(5)), (7, at(9))]),
+            started: BTreeMap::from([(7, at(11))]),
+            replacing: BTreeSet::from([1, 3]),
+        };
+        assert_eq!(Memory::parse(&memory.annotations()), (memory, vec![]));
+        assert_eq!(Memory::parse(&BTreeMap::new()), (Memory::default(), vec![]));
+        let mut hand = Memory::default().annotations();
+        hand.insert(render::REPLACING_ANNOTATION.to_owned(), "1,x,99".to_owned());
+        hand.insert(
+            render::JOINING_ANNOTATION.to_owned(),
+            "abc=yesterday".to_owned(),
+        );
+        let (read, bad) = Memory::parse(&hand);
+        assert_eq!(read.replacing, BTreeSet::from([1]));
+        let entries: Vec<&str> = bad.iter().map(|b| b.entry.as_str()).collect();
+        assert_eq!(entries, ["abc=yesterday", "x", "99"]);
+        assert!(bad[0].to_string().contains(render::JOINING_ANNOTATION));
+    }
+
+    #[test]
+    fn lost_volume_signs() {
         assert!(lost_volume(
             "panic: tocommit(105) is out of range [lastIndex(0)]. Was the raft log corrupted, truncated, or lost?"
         ));
@@ -604,14 +1080,5 @@ mod tests {
         assert!(!lost_volume(
             "the member has been permanently removed from the cluster"
         ));
-        let joining = BTreeMap::from([(0xabcu64, at(5)), (7, at(9))]);
-        assert_eq!(parse_joining(&joining_annotation(&joining)), joining);
-        assert!(parse_joining("").is_empty());
-        let replacing = BTreeSet::from([1, 3]);
-        assert_eq!(
-            parse_replacing(&replacing_annotation(&replacing)),
-            replacing
-        );
-        assert!(parse_replacing("").is_empty());
     }
 }

@@ -103,8 +103,9 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// This replica's name in Events (`reportingInstance`).
     pub instance: Option<String>,
-    /// How long a member added to etcd may stay unstarted before it is removed.
-    pub join_timeout: Duration,
+    /// How long a member added to etcd may stay unstarted, and a started learner behind its
+    /// leader, before it is removed.
+    pub member_timeouts: membership::Timeouts,
 }
 
 impl Default for Settings {
@@ -115,7 +116,7 @@ impl Default for Settings {
             resync: Duration::from_secs(30),
             namespace: None,
             instance: None,
-            join_timeout: membership::DEFAULT_JOIN_TIMEOUT,
+            member_timeouts: membership::Timeouts::default(),
         }
     }
 }

@@ -77,7 +77,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
     let observed = kids.read::<StatefulSet>(&name).await?;
     let mut apply_set = true;
     // Members the StatefulSet runs after this pass (below spec.size while growing).
-    let mut members = ec.spec.size;
+    let mut members;
     if let Some(current) = &observed {
         seen.ready = current
             .status
@@ -115,7 +115,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             members = scale::converge(ec, &kids, replicas, ready, &mut seen).await?;
         }
     } else {
-        scale::bootstrap(ec, &kids).await?;
+        members = scale::bootstrap(ec, &kids).await?;
     }
     if apply_set {
         let desired = render::stateful_set(ec, members, opts);
@@ -164,7 +164,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
         }
     }
 
-    kids.ensure(&render::pod_disruption_budget(ec, members))
+    kids.ensure(&render::pod_disruption_budget(ec, seen.voters))
         .await?;
 
     backup::schedule(ec, &kids, &mut seen).await?;

@@ -3,7 +3,7 @@
 //! ConfigMap (before the StatefulSet grows), the voters' pod label, Events and what the status
 //! says about the members.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
@@ -14,7 +14,7 @@ use serde_json::json;
 use super::children::Children;
 use super::etcd::{Etcd, EtcdError};
 use super::finalizer::initial_size_recorded;
-use super::membership::{self, Memory, Outcome, Removal, Step};
+use super::membership::{self, Exit, Inputs, Memory, Outcome, Removal, Step};
 use super::status::{Activity, Membership, Observation};
 use super::{Error, render};
 use crate::api::v1::EtcdCluster;
@@ -42,26 +42,39 @@ async fn member_pods(
         .collect())
 }
 
-/// Ordinals whose etcd container last ended saying its data directory is gone.
-fn lost_volumes(ec: &EtcdCluster, pods: &[std::sync::Arc<Pod>]) -> BTreeSet<i32> {
+/// How each member pod's etcd container last ended (its current state if it is terminated,
+/// else its last state), by ordinal. A pod being deleted is left out: what it says is about a
+/// volume that is already being replaced.
+fn exits(ec: &EtcdCluster, pods: &[std::sync::Arc<Pod>]) -> BTreeMap<i32, Exit> {
     pods.iter()
-        .filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let c = p
+                .status
+                .as_ref()?
+                .container_statuses
+                .as_ref()?
+                .iter()
+                .find(|c| c.name == "etcd")?;
+            let ended = [c.state.as_ref(), c.last_state.as_ref()]
                 .into_iter()
                 .flatten()
-                .filter(|c| c.name == "etcd")
-                .any(|c| {
-                    [c.last_state.as_ref(), c.state.as_ref()]
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|s| s.terminated.as_ref()?.message.as_deref())
-                        .any(membership::lost_volume)
-                })
+                .find_map(|s| s.terminated.as_ref())?;
+            let exit = Exit {
+                code: ended.exit_code,
+                message: ended.message.clone().unwrap_or_default(),
+                at: ended.finished_at.as_ref().map(|t| t.0),
+            };
+            Some((pod_ordinal(ec, p)?, exit))
         })
-        .filter_map(|p| pod_ordinal(ec, p))
         .collect()
+}
+
+/// The etcd cluster ID the loop recorded on the EtcdCluster.
+fn recorded_cluster_id(ec: &EtcdCluster) -> Option<u64> {
+    ec.annotations()
+        .get(render::CLUSTER_ID_ANNOTATION)
+        .and_then(|id| u64::from_str_radix(id, 16).ok())
 }
 
 /// One membership pass for a cluster whose StatefulSet exists; returns the pods the
@@ -77,18 +90,24 @@ pub(super) async fn converge(
     let ctx = kids.ctx;
     let config_name = render::members_config_name(ec);
     let config = kids.read::<ConfigMap>(&config_name).await?;
-    let note = |key: &str| {
+    let (before, bad) = Memory::parse(
         config
             .as_ref()
-            .and_then(|c| c.annotations().get(key).cloned())
-            .unwrap_or_default()
-    };
-    let before = Memory {
-        joining: membership::parse_joining(&note(render::JOINING_ANNOTATION)),
-        replacing: membership::parse_replacing(&note(render::REPLACING_ANNOTATION)),
-    };
+            .and_then(|c| c.metadata.annotations.as_ref())
+            .unwrap_or(&BTreeMap::new()),
+    );
+    for e in &bad {
+        tracing::error!(cluster = %ec.name_any(), configmap = %config_name, error = %e, "the loop's memory has an entry it cannot read");
+    }
+    let bad_note = (!bad.is_empty()).then(|| {
+        bad.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
     let pods = member_pods(ec, kids).await?;
-    let lost = lost_volumes(ec, &pods);
+    let exits = exits(ec, &pods);
+    let recorded = recorded_cluster_id(ec);
     // No member ready: nothing answers `member list` with a leader (a cluster being created,
     // or one without a quorum), and no membership change could be made. Not asked.
     let outcome = if ready == 0 {
@@ -98,36 +117,42 @@ pub(super) async fn converge(
             transport: ctx.etcd.as_ref(),
             endpoints: render::endpoints(ec, ec.spec.size.max(replicas)),
         };
-        // Recorded before a member is removed for its lost volume.
+        // Recorded before a member is removed (its volume is replaced after).
         let record = async |memory: &Memory| {
-            let patch = json!({"metadata": {"annotations": {
-                render::REPLACING_ANNOTATION: membership::replacing_annotation(&memory.replacing),
-            }}});
+            let patch = json!({"metadata": {"annotations": memory.annotations()}});
             kids.api::<ConfigMap>()
                 .patch(&config_name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         };
-        let outcome = membership::pass(
-            ec,
-            &etcd,
-            &lost,
-            &before,
-            k8s_openapi::jiff::Timestamp::now(),
-            ctx.settings.join_timeout,
-            record,
-        )
-        .await;
+        let input = Inputs {
+            exits: &exits,
+            before: &before,
+            cluster_id: recorded,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            timeouts: ctx.settings.member_timeouts,
+        };
+        let outcome = membership::pass(ec, &etcd, input, record).await;
         if let Some(e) = &outcome.unreachable {
             tracing::warn!(cluster = %ec.name_any(), error = %e, "no member answered member list");
         }
-        Some(outcome).filter(|o| o.members.is_some())
+        if let Some(why) = &outcome.foreign {
+            tracing::error!(cluster = %ec.name_any(), "{why}");
+            ctx.event(ec, EventType::Warning, "ForeignMembers", why.clone())
+                .await;
+        }
+        Some(outcome)
+    };
+    let (outcome, foreign) = match outcome {
+        Some(o) if o.members.is_some() => (Some(o), None),
+        Some(o) => (None, o.foreign),
+        None => (None, None),
     };
     let Some(outcome) = outcome else {
         if config.is_none() {
             let size = initial_size_recorded(ec).unwrap_or(replicas);
-            kids.ensure_created(&render::bootstrap_config(ec, size))
+            kids.ensure_created(&render::bootstrap_config(ec, size, recorded.is_some()))
                 .await?;
         }
         if replicas < ec.spec.size {
@@ -137,18 +162,24 @@ pub(super) async fn converge(
         }
         // The reason stays out of the status (it would flap between a refused connection and a
         // timeout); the log has it.
-        let note = if ready == 0 {
-            "no member is ready"
-        } else {
-            "no member answered (the loop's log has the error; can it reach port 2379?)"
+        let note = match foreign {
+            Some(why) => why,
+            None if ready == 0 => "no member is ready".to_owned(),
+            None => "no member answered (the loop's log has the error; can it reach port 2379?)"
+                .to_owned(),
         };
         seen.membership = Some(Membership {
-            note: Some(note.to_owned()),
+            note: Some(note),
             ..Default::default()
         });
         return Ok(replicas);
     };
     let members = outcome.members.as_ref().expect("filtered on members");
+    if recorded.is_none()
+        && let Some(id) = outcome.cluster_id.filter(|&id| id != 0)
+    {
+        record_cluster_id(ec, kids, id).await?;
+    }
     report(ec, kids, &outcome).await;
     let mut memory = outcome.memory.clone();
     if let Some(ordinal) = membership::volume_to_replace(&outcome) {
@@ -179,17 +210,25 @@ pub(super) async fn converge(
                     ec.name_any(),
                     render::member_claim(ec, i)
                 ),
-                None => format!("{} {:x}", m.name, m.id),
+                None => membership::describe(ec, m),
             })
             .collect(),
-        note: match (&outcome.step, &outcome.failed) {
-            (_, Some(e)) => Some(e.to_string()),
-            (Step::Wait(why), None) => Some(why.clone()),
-            _ => None,
-        },
+        note: [
+            match (&outcome.step, &outcome.failed) {
+                (_, Some(e)) => Some(e.to_string()),
+                (Step::Wait(why), None) => Some(why.clone()),
+                _ => None,
+            },
+            bad_note,
+        ]
+        .into_iter()
+        .flatten()
+        .reduce(|a, b| format!("{a}; {b}")),
     };
     seen.ready = state.healthy_voters;
-    if !state.settled(ec.spec.size) {
+    seen.voters = Some(state.voters);
+    // Strangers alone bring no quicker look: nothing the loop does changes them.
+    if !state.converged(ec.spec.size) {
         seen.activity = Some(Activity::AddingMembers);
         seen.settle = true;
     }
@@ -197,28 +236,55 @@ pub(super) async fn converge(
     Ok(membership::replicas(ec, members))
 }
 
+/// Records the etcd cluster ID on the EtcdCluster (first answer only): every later member list
+/// must come from the same cluster.
+async fn record_cluster_id(ec: &EtcdCluster, kids: &Children<'_>, id: u64) -> Result<(), Error> {
+    let patch =
+        json!({"metadata": {"annotations": {render::CLUSTER_ID_ANNOTATION: format!("{id:x}")}}});
+    let api: kube::Api<EtcdCluster> =
+        kube::Api::namespaced(kids.ctx.client.clone(), &ec.namespace().unwrap_or_default());
+    api.patch(
+        &ec.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| Error::kube("annotate", "EtcdCluster", &ec.name_any(), e))
+}
+
 fn count(members: &[super::etcd::Member], f: impl Fn(&super::etcd::Member) -> bool) -> i32 {
     members.iter().filter(|m| f(m)).count() as i32
 }
 
-/// The Events of a pass's call.
+/// The Events of a pass's call; each names its member, so a repeat for another member is a
+/// new Event, not a count on the last one.
 async fn report(ec: &EtcdCluster, kids: &Children<'_>, outcome: &Outcome) {
     let ctx = kids.ctx;
     let member = |i: &i32| format!("{}-{i}", ec.name_any());
     let (type_, reason, note) = match (&outcome.step, &outcome.failed) {
-        // Refused until the learner has caught up: the next pass tries again.
-        (Step::Promote { .. }, Some(EtcdError::Refused { .. })) => return,
+        // Refused until the learner has caught up: the next pass tries again (the promote
+        // timeout removes a learner that never does).
+        (Step::Promote { ordinal, .. }, Some(EtcdError::Refused { message, .. })) => {
+            tracing::info!(cluster = %ec.name_any(), member = %member(ordinal), reason = %message, "etcd refused the promote; trying again next pass");
+            return;
+        }
         // etcd refuses an add for a few seconds after a membership change, until the member
         // that answers is connected to every peer: the next pass tries again.
-        (Step::AddLearner { .. }, Some(EtcdError::Refused { message, .. }))
+        (Step::AddLearner { ordinal }, Some(EtcdError::Refused { message, .. }))
             if message.contains("unhealthy cluster") =>
         {
+            tracing::info!(cluster = %ec.name_any(), member = %member(ordinal), reason = %message, "etcd refused the add; trying again next pass");
             return;
         }
         (step, Some(e)) => (
             EventType::Warning,
             "MembershipCallFailed",
-            format!("{step:?}: {e}; the next pass decides again from the member list"),
+            format!(
+                "{} of {}: {e}; the next pass decides again from the member list",
+                step_name(step),
+                step_member(ec, step)
+            ),
         ),
         (Step::AddLearner { ordinal }, None) => (
             EventType::Normal,
@@ -233,41 +299,75 @@ async fn report(ec: &EtcdCluster, kids: &Children<'_>, outcome: &Outcome) {
             "PromotedMember",
             format!("{} caught up and is a voter", member(ordinal)),
         ),
-        (
-            Step::Remove {
-                ordinal,
-                why: Removal::NeverStarted(after),
-                ..
-            },
-            None,
-        ) => (
+        (Step::Remove { ordinal, why, .. }, None) => {
+            let claim = render::member_claim(ec, *ordinal);
+            let (reason, why) = match why {
+                Removal::NeverStarted(after) => (
+                    "MemberNeverStarted",
+                    format!(
+                        "was added {}s ago and never started (see its pod's events)",
+                        after.as_secs()
+                    ),
+                ),
+                Removal::LostVolume => ("MemberVolumeLost", "lost its data".to_owned()),
+                Removal::StaleVolume => (
+                    "MemberVolumeStale",
+                    "stopped by itself after it was added: its volume names a member ID the cluster removed".to_owned(),
+                ),
+                Removal::NeverCaughtUp {
+                    waited,
+                    index,
+                    leader_index,
+                } => (
+                    "MemberNeverCaughtUp",
+                    format!(
+                        "started as a learner {}s ago and has not caught up with its leader (raft index {index} of {leader_index})",
+                        waited.as_secs()
+                    ),
+                ),
+            };
+            (
+                EventType::Warning,
+                reason,
+                format!(
+                    "{} {why}; removed from the membership, its volume {claim} and pod are made anew and it joins again as a learner",
+                    member(ordinal)
+                ),
+            )
+        }
+        (Step::ReplaceVolume { ordinal }, None) => (
             EventType::Warning,
-            "MemberNeverStarted",
+            "MemberVolumeReplaced",
             format!(
-                "{} was added {}s ago and never started (see its pod's events); removed from the membership, it is added again next",
-                member(ordinal),
-                after.as_secs()
-            ),
-        ),
-        (
-            Step::Remove {
-                ordinal,
-                why: Removal::LostVolume,
-                ..
-            },
-            None,
-        ) => (
-            EventType::Warning,
-            "MemberVolumeLost",
-            format!(
-                "{} lost its data (volume {}); removed from the membership, its claim and pod are made anew and it joins again as a learner",
+                "{}: volume {} named a member that is no longer in the cluster; claim and pod are made anew, empty, and the member joins again as a learner",
                 member(ordinal),
                 render::member_claim(ec, *ordinal)
             ),
         ),
-        (Step::Steady | Step::Wait(_) | Step::ReplaceVolume { .. }, None) => return,
+        (Step::Steady | Step::Wait(_), None) => return,
     };
     ctx.event(ec, type_, reason, note).await;
+}
+
+fn step_name(step: &Step) -> &'static str {
+    match step {
+        Step::Steady => "nothing",
+        Step::Wait(_) => "a wait",
+        Step::AddLearner { .. } => "the add",
+        Step::Promote { .. } => "the promote",
+        Step::Remove { .. } => "the removal",
+        Step::ReplaceVolume { .. } => "the volume replacement",
+    }
+}
+
+fn step_member(ec: &EtcdCluster, step: &Step) -> String {
+    match step {
+        Step::AddLearner { ordinal }
+        | Step::Promote { ordinal, .. }
+        | Step::Remove { ordinal, .. }
+        | Step::ReplaceVolume { ordinal } => format!("{}-{ordinal}", ec.name_any()),
+        Step::Steady | Step::Wait(_) => ec.name_any(),
+    }
 }
 
 /// A member removed for its lost volume starts again on a new, empty one: its claim and pod
@@ -328,9 +428,37 @@ async fn label_voters(
     Ok(())
 }
 
-/// The members' ConfigMap of a cluster about to be created: the members it bootstraps with.
-pub(super) async fn bootstrap(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), Error> {
-    kids.ensure_created(&render::bootstrap_config(ec, ec.spec.size))
-        .await
-        .map(|_| ())
+/// The members' ConfigMap of a cluster whose StatefulSet is about to be created, and the pods
+/// that StatefulSet runs: a new cluster bootstraps with `spec.size` members; one whose
+/// StatefulSet is made again (after a storage growth) runs the members its ConfigMap lists,
+/// never more (a growth under way goes on one learner at a time).
+pub(super) async fn bootstrap(ec: &EtcdCluster, kids: &Children<'_>) -> Result<i32, Error> {
+    let formed = recorded_cluster_id(ec).is_some();
+    let (_, config) = kids
+        .ensure_created(&render::bootstrap_config(ec, ec.spec.size, formed))
+        .await?;
+    Ok(listed_replicas(ec, &config).unwrap_or(ec.spec.size))
+}
+
+/// The pods a StatefulSet runs for the members a joined (`existing`) ConfigMap lists: up to the
+/// highest ordinal below `spec.size`.
+fn listed_replicas(ec: &EtcdCluster, config: &ConfigMap) -> Option<i32> {
+    let data = config.data.as_ref()?;
+    if data.get("ETCD_INITIAL_CLUSTER_STATE").map(String::as_str) != Some("existing") {
+        return None;
+    }
+    let prefix = format!("{}-", ec.name_any());
+    data.get("ETCD_INITIAL_CLUSTER")?
+        .split(',')
+        .filter_map(|entry| {
+            entry
+                .split_once('=')?
+                .0
+                .strip_prefix(&prefix)?
+                .parse::<i32>()
+                .ok()
+        })
+        .filter(|&i| i < ec.spec.size)
+        .max()
+        .map(|i| i + 1)
 }

@@ -24,6 +24,8 @@ pub struct Observation {
     pub membership: Option<Membership>,
     /// Something moves that no watch reports (etcd's membership): look again soon.
     pub settle: bool,
+    /// The voters etcd reported this pass (the disruption budget keeps a quorum of them).
+    pub voters: Option<i32>,
 }
 
 /// The members by state, from `member list` and each member's `status`.
@@ -50,6 +52,16 @@ impl Membership {
             && self.learners == 0
             && self.unstarted == 0
             && self.strangers.is_empty()
+    }
+
+    /// Every member of the spec is a healthy voter; strangers aside (nothing the loop does
+    /// changes them, so they bring no quicker look).
+    pub fn converged(&self, size: i32) -> bool {
+        let strangers = self.strangers.len() as i32;
+        self.reachable
+            && self.voters >= size
+            && self.healthy_voters >= size
+            && self.learners + self.unstarted <= strangers
     }
 
     fn condition(&self, size: i32) -> (bool, &'static str, String) {

@@ -397,7 +397,8 @@ async fn scaling_adds_one_learner_at_a_time_promotes_it_and_never_touches_the_te
         template,
         "no member restarts"
     );
-    assert_eq!(api.get(PDB).unwrap()["spec"]["maxUnavailable"], 2);
+    // The budget keeps a quorum of the 5 voters etcd reports.
+    assert_eq!(api.get(PDB).unwrap()["spec"]["minAvailable"], 3);
     let ec = cluster_json(&api);
     assert_eq!(ec["status"]["phase"], "Running", "{}", ec["status"]);
     assert_eq!(ec["status"]["readyReplicas"], 5);
@@ -410,7 +411,10 @@ async fn scaling_adds_one_learner_at_a_time_promotes_it_and_never_touches_the_te
 async fn a_member_that_never_starts_is_removed_with_a_warning_and_the_set_shrinks_back() {
     // A join timeout of 0: the pass after the add finds it past due.
     let (api, ctx) = running_three_with(Settings {
-        join_timeout: Duration::ZERO,
+        member_timeouts: crate::controller::membership::Timeouts {
+            join: Duration::ZERO,
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await;
@@ -428,6 +432,91 @@ async fn a_member_that_never_starts_is_removed_with_a_warning_and_the_set_shrink
     );
     assert_eq!(etcd.members().len(), 3);
     assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 3);
+}
+
+/// The first member list's cluster ID is recorded on the EtcdCluster; a member list from
+/// another cluster (a former cluster's volumes answering) is never acted on, and says so.
+#[tokio::test]
+async fn a_member_list_from_another_cluster_is_never_acted_on() {
+    let (api, ctx) = running_three().await;
+    assert_eq!(
+        cluster_json(&api)["metadata"]["annotations"]["etcd.example.com/cluster-id"],
+        "5eed"
+    );
+    let etcd = etcd_of(&ctx);
+    etcd.set_cluster_id(0xbad);
+    api.set(EC, "/spec/size", json!(5));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(etcd.members().len(), 3, "no member added");
+    assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 3);
+    assert!(
+        events(&api.calls()).contains(&("Warning".to_owned(), "ForeignMembers".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    let ec = cluster_json(&api);
+    let message = ec["status"]["conditions"][2]["message"].as_str().unwrap();
+    assert!(message.contains("not 5eed"), "{message}");
+}
+
+/// A learner that starts but never catches up (etcd refuses its promote) is removed after the
+/// promote timeout with a Warning that names it and its raft index against the leader's; its
+/// volume is replaced and it is added again.
+#[tokio::test]
+async fn a_learner_that_never_catches_up_is_removed_after_the_promote_timeout() {
+    let (api, ctx) = running_three_with(Settings {
+        member_timeouts: crate::controller::membership::Timeouts {
+            promote: Duration::ZERO,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let etcd = etcd_of(&ctx);
+    api.set(EC, "/spec/size", json!(5));
+    pass(&api, &ctx).await.unwrap();
+    etcd.start("etcd-3", false);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    let warning = calls
+        .iter()
+        .filter(|c| c.resource() == "events" && c.method == "POST")
+        .filter_map(|c| c.body.clone())
+        .find(|b| b["reason"] == "MemberNeverCaughtUp")
+        .unwrap_or_else(|| panic!("{:?}", events(&calls)));
+    let note = warning["note"].as_str().unwrap();
+    assert!(
+        note.contains("etcd-3") && note.contains("raft index 3 of 100"),
+        "{note}"
+    );
+    assert_eq!(etcd.members().len(), 3, "removed");
+    assert!(
+        calls.iter().any(
+            |c| c.method == "DELETE" && c.path.ends_with("/persistentvolumeclaims/data-etcd-3")
+        ),
+        "its volume is replaced: {:?}",
+        describe(&writes(&calls))
+    );
+}
+
+/// A hand-edited annotation the loop cannot read is an error in the status, not a silent drop.
+#[tokio::test]
+async fn a_malformed_memory_entry_is_named_in_the_status() {
+    let (api, ctx) = running_three().await;
+    api.set(
+        CONFIG,
+        "/metadata/annotations",
+        json!({"etcd.example.com/replacing": "one"}),
+    );
+    pass(&api, &ctx).await.unwrap();
+    let ec = cluster_json(&api);
+    let message = ec["status"]["conditions"][2]["message"].as_str().unwrap();
+    assert!(
+        message.contains("etcd.example.com/replacing") && message.contains("\"one\""),
+        "{message}"
+    );
 }
 
 #[tokio::test]

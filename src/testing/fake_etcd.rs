@@ -17,6 +17,10 @@ struct State {
     members: Vec<(u64, String, String, bool, bool)>,
     next: u64,
     down: bool,
+    /// The ID of the cluster every answer's header names (0: the default, `0x5eed`).
+    cluster_id: u64,
+    /// Pods whose member does not answer `status` (down, or cut off).
+    unhealthy: std::collections::BTreeSet<String>,
 }
 
 #[derive(Default)]
@@ -63,6 +67,21 @@ impl FakeEtcd {
         self.state.lock().unwrap().down = down;
     }
 
+    /// The member of pod `pod` stops answering `status` (`false`: answers again).
+    pub fn set_unhealthy(&self, pod: &str, unhealthy: bool) {
+        let mut s = self.state.lock().unwrap();
+        if unhealthy {
+            s.unhealthy.insert(pod.to_owned());
+        } else {
+            s.unhealthy.remove(pod);
+        }
+    }
+
+    /// The cluster ID the answers carry (another cluster's volumes answering).
+    pub fn set_cluster_id(&self, id: u64) {
+        self.state.lock().unwrap().cluster_id = id;
+    }
+
     /// (name or "", learner) per member, in order.
     pub fn members(&self) -> Vec<(String, bool)> {
         let s = self.state.lock().unwrap();
@@ -81,7 +100,12 @@ impl FakeEtcd {
                 m
             })
             .collect();
-        json!({"header": {}, "members": members})
+        let cluster = if s.cluster_id == 0 {
+            0x5eed
+        } else {
+            s.cluster_id
+        };
+        json!({"header": {"cluster_id": cluster.to_string()}, "members": members})
     }
 
     fn answer(&self, endpoint: &str, path: &str, body: &Value) -> Result<Value, EtcdError> {
@@ -112,6 +136,10 @@ impl FakeEtcd {
                 s.next += 1;
                 let id = 0x1000 + s.next;
                 let learner = body["isLearner"].as_bool().unwrap_or(false);
+                // etcd's default --max-learners is 1.
+                if learner && s.members.iter().any(|m| m.3) {
+                    return Err(refused("etcdserver: too many learner members in cluster"));
+                }
                 s.members
                     .push((id, String::new(), url.clone(), learner, false));
                 let mut out = Self::list(&s);
@@ -148,8 +176,15 @@ impl FakeEtcd {
             }
             "maintenance/status" => {
                 let pod = host_name(endpoint);
-                match s.members.iter().find(|m| m.1 == pod) {
-                    Some(m) => Ok(json!({"dbSize": "20480", "leader": "4097", "isLearner": m.3})),
+                match s
+                    .members
+                    .iter()
+                    .find(|m| m.1 == pod && !s.unhealthy.contains(pod))
+                {
+                    Some(m) => Ok(json!({
+                        "dbSize": "20480", "leader": "4097", "isLearner": m.3,
+                        "raftIndex": if m.4 { "100" } else { "3" },
+                    })),
                     None => Err(EtcdError::Unreachable {
                         endpoint: endpoint.to_owned(),
                         reason: "connection refused".to_owned(),

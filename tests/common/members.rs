@@ -20,6 +20,8 @@ use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
+pub use etcd_webhook::controller::membership::Exit;
+
 /// The rendered volume's mount path, bound to each member's own folder.
 pub const MOUNT: &str = "/var/lib/etcd";
 pub const RUN_AS: &str = "65532";
@@ -563,27 +565,122 @@ impl Net {
             .collect()
     }
 
-    /// Whether pod `i`'s process has exited (then its termination message: the last 80 lines,
-    /// at most 2 KiB, of the run's log).
-    pub fn exited(&mut self, i: usize) -> Option<String> {
+    /// Whether pod `i`'s process has exited: then how, as the kubelet reports it (the exit
+    /// code as the process gave it, 128 + the signal for one killed by a signal; with
+    /// `FallbackToLogsOnError` the termination message is the last 80 lines, at most 2 KiB, of
+    /// the run's log, and only after an error exit).
+    pub fn exited(&mut self, i: usize) -> Option<Exit> {
+        use std::os::unix::process::ExitStatusExt;
         let pod = &mut self.pods[i];
         let child = pod.proc.as_mut()?;
-        child.try_wait().ok().flatten()?;
+        let status = child.try_wait().ok().flatten()?;
         pod.proc = None;
+        let code = status
+            .code()
+            .or_else(|| status.signal().map(|s| 128 + s))
+            .unwrap_or(255);
+        let message = if code == 0 {
+            String::new()
+        } else {
+            log_tail(&pod.log, pod.log_from)
+        };
+        Some(Exit {
+            code,
+            message,
+            at: Some(k8s_openapi::jiff::Timestamp::now()),
+        })
+    }
+
+    /// The whole log of pod `i`'s current (or last) run.
+    pub fn run_log(&self, i: usize) -> String {
+        let pod = &self.pods[i];
         let text = std::fs::read(&pod.log).unwrap_or_default();
-        let run =
-            String::from_utf8_lossy(&text[(pod.log_from as usize).min(text.len())..]).into_owned();
-        let lines: Vec<&str> = run.lines().collect();
-        let tail = lines[lines.len().saturating_sub(80)..].join("\n");
-        let mut cut = tail.len().saturating_sub(2048);
-        while !tail.is_char_boundary(cut) {
-            cut += 1;
-        }
-        Some(tail[cut..].to_owned())
+        String::from_utf8_lossy(&text[(pod.log_from as usize).min(text.len())..]).into_owned()
     }
 
     pub fn running(&self, i: usize) -> bool {
         self.pods[i].proc.is_some()
+    }
+}
+
+/// The kubelet's termination message from a log: its last 80 lines, at most 2 KiB.
+fn log_tail(log: &Path, from: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let run = String::from_utf8_lossy(&text[(from as usize).min(text.len())..]).into_owned();
+    let lines: Vec<&str> = run.lines().collect();
+    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+    let mut cut = tail.len().saturating_sub(2048);
+    while !tail.is_char_boundary(cut) {
+        cut += 1;
+    }
+    tail[cut..].to_owned()
+}
+
+/// The kubelet's restart back-off for one container (`restartPolicy: Always`): the first
+/// restart after an exit is immediate, each later one waits twice as long as the one before,
+/// from 10 s up to 5 min, and a container that ran 10 min without exiting starts over from
+/// 10 s (kubelet's `CrashLoopBackOff`). `scale` divides every one of those times, so a test
+/// can run the same rules faster.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    scale: u32,
+    /// The wait before the next restart; zero before the first.
+    delay: Duration,
+    /// When the container last exited, and when it last started.
+    exited: Option<Instant>,
+    started: Option<Instant>,
+}
+
+impl Backoff {
+    pub const BASE: Duration = Duration::from_secs(10);
+    pub const CAP: Duration = Duration::from_secs(300);
+    pub const RESET_AFTER: Duration = Duration::from_secs(600);
+
+    pub fn new(scale: u32) -> Backoff {
+        Backoff {
+            scale: scale.max(1),
+            delay: Duration::ZERO,
+            exited: None,
+            started: None,
+        }
+    }
+
+    pub fn started(&mut self) {
+        self.started = Some(Instant::now());
+        self.exited = None;
+    }
+
+    /// The container exited: the next restart waits [`Self::delay`].
+    pub fn exited(&mut self) {
+        let now = Instant::now();
+        if self
+            .started
+            .is_some_and(|s| now - s >= Self::RESET_AFTER / self.scale)
+        {
+            self.delay = Duration::ZERO;
+        }
+        self.exited = Some(now);
+    }
+
+    /// Whether the container may start now (then the wait doubles for the exit after).
+    pub fn may_start(&mut self) -> bool {
+        let Some(at) = self.exited else {
+            return true;
+        };
+        if at.elapsed() < self.delay {
+            return false;
+        }
+        self.delay = if self.delay.is_zero() {
+            Self::BASE / self.scale
+        } else {
+            (self.delay * 2).min(Self::CAP / self.scale)
+        };
+        true
+    }
+
+    /// Waiting to restart (the kubelet's `waiting: CrashLoopBackOff`).
+    pub fn backing_off(&self) -> bool {
+        self.exited.is_some_and(|at| at.elapsed() < self.delay)
     }
 }
 

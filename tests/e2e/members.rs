@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{ControlPlane, wait_for};
 use crate::common;
-use crate::common::members::{Net, RUN_AS, Release, run, writer};
+use crate::common::members::{Backoff, Exit, Net, RUN_AS, Release, run, writer};
 use crate::install::ok;
 
 const NS: &str = "members";
@@ -138,9 +138,15 @@ impl Drop for Stopper {
 struct Tracked {
     uid: String,
     restarts: i32,
-    last_message: Option<String>,
+    /// How the container last ended (`lastState.terminated`).
+    last: Option<Exit>,
+    backoff: Backoff,
     reported: Value,
 }
+
+/// The played kubelet's back-off runs ten times faster than a real one (1 s doubling to 30 s),
+/// with the kubelet's rules.
+const BACKOFF_SCALE: u32 = 10;
 
 /// One sweep of the played kubelet over the cluster's pods.
 async fn kubelet_sweep(
@@ -192,7 +198,8 @@ async fn kubelet_sweep(
                     Tracked {
                         uid: uid.clone(),
                         restarts: 0,
-                        last_message: None,
+                        last: None,
+                        backoff: Backoff::new(BACKOFF_SCALE),
                         reported: Value::Null,
                     },
                 );
@@ -208,12 +215,12 @@ async fn kubelet_sweep(
                 None
             } else {
                 let container = pod.spec.as_ref().unwrap().containers[0].clone();
-                // An exited container is restarted (with no back-off here).
-                if let Some(message) = net.exited(i) {
-                    t.restarts += 1;
-                    t.last_message = Some(message);
+                // An exited container is restarted after the kubelet's back-off.
+                if let Some(exit) = net.exited(i) {
+                    t.backoff.exited();
+                    t.last = Some(exit);
                 }
-                if !net.running(i) {
+                if !net.running(i) && t.backoff.may_start() {
                     // The container starts once its ConfigMap and its claim are there (the kubelet
                     // waits for them too).
                     if let (Some(config), Some(claim)) = (config, claim) {
@@ -227,24 +234,41 @@ async fn kubelet_sweep(
                         net.pods[i].data = folder;
                         net.config = config.data.unwrap_or_default();
                         net.start(i, &container);
+                        if t.last.is_some() {
+                            t.restarts += 1;
+                        }
+                        t.backoff.started();
                     }
                 }
                 let running = net.running(i);
                 let ready = running && net.ready(i, &container);
-                Some((running, ready, container))
+                Some((running, ready, t.backoff.backing_off(), container))
             }
         };
-        let Some((running, ready, container)) = played else {
+        let Some((running, ready, backing_off, container)) = played else {
             continue;
         };
         let t = tracked.get_mut(&i).unwrap();
         let flag = |b: bool| if b { "True" } else { "False" };
-        let last = t.last_message.as_ref().map_or(
-            json!({}),
-            |m| json!({"terminated": {"exitCode": 1, "reason": "Error", "message": m}}),
-        );
+        // The kubelet's lastState: the exit code as the process gave it, reason Completed
+        // for 0 and Error otherwise, and (FallbackToLogsOnError) the log's tail only after an
+        // error exit.
+        let last = t.last.as_ref().map_or(json!({}), |e| {
+            let mut ended = json!({
+                "exitCode": e.code,
+                "reason": if e.code == 0 { "Completed" } else { "Error" },
+                "startedAt": "2026-12-01T00:00:00Z",
+                "finishedAt": e.at.map(|at| at.to_string()),
+            });
+            if !e.message.is_empty() {
+                ended["message"] = json!(e.message);
+            }
+            json!({"terminated": ended})
+        });
         let state = if running {
             json!({"running": {"startedAt": "2026-12-01T00:00:00Z"}})
+        } else if backing_off {
+            json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container etcd"}})
         } else {
             json!({"waiting": {"reason": "ContainerCreating"}})
         };
@@ -404,7 +428,10 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     let stop = CancellationToken::new();
     let settings = Settings {
         namespace: Some(NS.to_owned()),
-        join_timeout: JOIN_TIMEOUT,
+        member_timeouts: etcd_webhook::controller::membership::Timeouts {
+            join: JOIN_TIMEOUT,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let controller = rt.spawn(run_with_etcd(

@@ -89,15 +89,20 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
     );
     assert_eq!(pod["metadata"]["ownerReferences"][0]["kind"], "StatefulSet");
     assert_eq!(pod["status"]["phase"], "Pending");
-    // The disruption controller computes the budget's status.
-    wait_for(
+    // The disruption controller computes the budget's status: it covers the voters' pods
+    // (none yet: no member answers here), so nothing may be evicted.
+    let pdb = wait_for(
         "the PDB's status from the disruption controller",
         Duration::from_secs(60),
         || {
             let pdb = get_opt(env, ns, "poddisruptionbudget", name)?;
-            pdb["status"]["expectedPods"].as_i64().filter(|n| *n >= 1)
+            pdb["status"]["observedGeneration"]
+                .as_i64()
+                .filter(|n| *n >= 1)
+                .map(|_| pdb)
         },
     );
+    assert_eq!(pdb["status"]["disruptionsAllowed"], 0, "{}", pdb["status"]);
 
     // Status and Events.
     let status = wait_for("the EtcdCluster's status", Duration::from_secs(30), || {

@@ -1,5 +1,5 @@
-//! The members: the StatefulSet (with its probes and volumes), the PodDisruptionBudget and the
-//! member-add Job of a scale-up.
+//! The members: the StatefulSet (with its probes and volumes), the members' ConfigMap and the
+//! PodDisruptionBudget.
 
 use std::collections::BTreeMap;
 
@@ -141,27 +141,16 @@ pub(super) fn storage(size: &str) -> BTreeMap<String, Quantity> {
 /// each member pod (`envFrom`) when its container starts. A pod that joins reads the
 /// membership as it is when it starts; a member that has a data directory ignores both. So a
 /// scale-up changes this ConfigMap and never the pod template: no member restarts.
-/// `memory` is what the loop keeps between passes: [`JOINING_ANNOTATION`] and
-/// [`REPLACING_ANNOTATION`] (see `membership::Memory`), always written, empty or not, so that
-/// a change to either is a change to apply.
+/// `memory` is what the loop keeps between passes (`membership::Memory::annotations`), always
+/// written, empty or not, so that a change to any is a change to apply.
 pub fn members_config(
     ec: &EtcdCluster,
     initial_cluster: &str,
     state: &str,
     memory: &crate::controller::membership::Memory,
 ) -> ConfigMap {
-    use crate::controller::membership::{joining_annotation, replacing_annotation};
     let mut metadata = meta(ec, members_config_name(ec), "member");
-    metadata.annotations = Some(BTreeMap::from([
-        (
-            JOINING_ANNOTATION.to_owned(),
-            joining_annotation(&memory.joining),
-        ),
-        (
-            REPLACING_ANNOTATION.to_owned(),
-            replacing_annotation(&memory.replacing),
-        ),
-    ]));
+    metadata.annotations = Some(memory.annotations());
     ConfigMap {
         metadata,
         data: Some(BTreeMap::from([
@@ -175,10 +164,13 @@ pub fn members_config(
     }
 }
 
-/// The ConfigMap of a cluster that has never answered `member list` yet: the `size` members it
-/// bootstraps with, state `new`.
-pub fn bootstrap_config(ec: &EtcdCluster, size: i32) -> ConfigMap {
-    members_config(ec, &initial_cluster(ec, size), "new", &Default::default())
+/// The ConfigMap of a cluster whose member list the loop has not read: the `size` members it
+/// bootstraps with, state `new`, or, for a cluster that has formed (its ID is recorded) and
+/// lost the ConfigMap, `existing`: a pod with an empty volume then asks the members instead of
+/// forming a cluster of its own.
+pub fn bootstrap_config(ec: &EtcdCluster, size: i32, formed: bool) -> ConfigMap {
+    let state = if formed { "existing" } else { "new" };
+    members_config(ec, &initial_cluster(ec, size), state, &Default::default())
 }
 
 pub fn members_config_name(ec: &EtcdCluster) -> String {
@@ -305,17 +297,20 @@ pub fn member_claim(ec: &EtcdCluster, ordinal: i32) -> String {
     format!("data-{}-{ordinal}", ec.name_any())
 }
 
-/// PodDisruptionBudget `NAME`: voluntary disruptions may take at most (members-1)/2 members,
-/// so a quorum always stays. A single member gets 0: it cannot be evicted without losing the
-/// cluster. `members` is what the StatefulSet runs (it lags `spec.size` while new members are
-/// being added).
-pub fn pod_disruption_budget(ec: &EtcdCluster, members: i32) -> PodDisruptionBudget {
+/// PodDisruptionBudget `NAME` over the voters' pods (the loop labels them from `member list`):
+/// at least a quorum of the `voters` etcd reports stays available, so an eviction never leaves
+/// fewer (with 5 voters of which 3 run, none may go). Before etcd has answered, `voters` is
+/// `spec.size`. A single voter gets 1: it cannot be evicted without losing the cluster.
+pub fn pod_disruption_budget(ec: &EtcdCluster, voters: Option<i32>) -> PodDisruptionBudget {
+    let voters = voters.unwrap_or(ec.spec.size).max(1);
+    let mut selector = member_selector(ec);
+    selector.insert(VOTER_LABEL.to_owned(), "true".to_owned());
     PodDisruptionBudget {
         metadata: meta(ec, ec.name_any(), "member"),
         spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int((members.max(1) - 1) / 2)),
+            min_available: Some(IntOrString::Int(voters / 2 + 1)),
             selector: Some(LabelSelector {
-                match_labels: Some(member_selector(ec)),
+                match_labels: Some(selector),
                 ..Default::default()
             }),
             ..Default::default()

@@ -32,6 +32,12 @@ pub const INITIAL_SIZE_ANNOTATION: &str = "etcd.example.com/initial-size";
 /// On the members' ConfigMap: when each non-voter was first seen (`ID=RFC3339,...`), for the
 /// join timeout.
 pub const JOINING_ANNOTATION: &str = "etcd.example.com/joining-since";
+/// On the members' ConfigMap: when each started learner was first seen started
+/// (`ID=RFC3339,...`), for the promote timeout.
+pub const STARTED_ANNOTATION: &str = "etcd.example.com/learner-started";
+/// EtcdCluster annotation the loop writes the first time it reads the cluster's member list:
+/// the etcd cluster ID (hex). A member list from another cluster is never acted on.
+pub const CLUSTER_ID_ANNOTATION: &str = "etcd.example.com/cluster-id";
 /// On the members' ConfigMap: ordinals whose lost volume is to be replaced (`1,3`), written
 /// before the member is removed.
 pub const REPLACING_ANNOTATION: &str = "etcd.example.com/replacing";
@@ -260,12 +266,13 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
     let mut out = vec![
         json(serde_json::to_value(headless_service(ec))),
         json(serde_json::to_value(client_service(ec))),
-        json(serde_json::to_value(bootstrap_config(ec, ec.spec.size))),
-        json(serde_json::to_value(stateful_set(ec, ec.spec.size, opts))),
-        json(serde_json::to_value(pod_disruption_budget(
+        json(serde_json::to_value(bootstrap_config(
             ec,
             ec.spec.size,
+            false,
         ))),
+        json(serde_json::to_value(stateful_set(ec, ec.spec.size, opts))),
+        json(serde_json::to_value(pod_disruption_budget(ec, None))),
     ];
     if let Some(Ok(target)) = backup_target(ec) {
         if target == BackupTarget::Volume {
@@ -376,15 +383,22 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn quorum_safe_disruption_budget() {
-        for (size, max) in [(1, 0), (3, 1), (5, 2), (7, 3)] {
-            let pdb = pod_disruption_budget(&cluster("e", size, None), size);
+    fn quorum_safe_disruption_budget_from_the_voters_etcd_reports() {
+        for (size, min) in [(1, 1), (3, 2), (5, 3), (7, 4)] {
+            let pdb = pod_disruption_budget(&cluster("e", size, None), None);
+            let spec = pdb.spec.unwrap();
             assert_eq!(
-                pdb.spec.unwrap().max_unavailable,
-                Some(IntOrString::Int(max)),
+                spec.min_available,
+                Some(IntOrString::Int(min)),
                 "size {size}"
             );
+            assert_eq!(spec.max_unavailable, None);
+            let selector = spec.selector.unwrap().match_labels.unwrap();
+            assert_eq!(selector[VOTER_LABEL], "true", "voters' pods only");
         }
+        // 5 voters, of which 3 run: the budget keeps all 3 (3 healthy - 3 = 0 disruptions).
+        let pdb = pod_disruption_budget(&cluster("e", 7, None), Some(5));
+        assert_eq!(pdb.spec.unwrap().min_available, Some(IntOrString::Int(3)));
     }
 
     #[test]
@@ -418,13 +432,18 @@ pub(crate) mod tests {
             etcd.termination_message_policy.as_deref(),
             Some("FallbackToLogsOnError")
         );
-        let boot = bootstrap_config(&ec, 5).data.unwrap();
+        let boot = bootstrap_config(&ec, 5, false).data.unwrap();
         assert_eq!(boot["ETCD_INITIAL_CLUSTER_STATE"], "new");
+        // Rebuilt for a cluster that formed: never `new` (a pod with an empty volume would
+        // form a cluster of its own).
+        let rebuilt = bootstrap_config(&ec, 5, true).data.unwrap();
+        assert_eq!(rebuilt["ETCD_INITIAL_CLUSTER_STATE"], "existing");
         assert_eq!(boot["ETCD_INITIAL_CLUSTER"].split(',').count(), 5);
         assert!(boot["ETCD_INITIAL_CLUSTER"].contains("etcd-4=http://etcd-4.etcd.prod.svc:2380"));
         let memory = crate::controller::membership::Memory {
             joining: BTreeMap::from([(0x65, "2026-12-01T00:00:00Z".parse().unwrap())]),
             replacing: [1].into(),
+            ..Default::default()
         };
         let joined = members_config(&ec, "etcd-0=http://x:2380", "existing", &memory);
         let notes = joined.metadata.annotations.unwrap();
@@ -546,7 +565,7 @@ pub(crate) mod tests {
             headless_service(&ec).metadata,
             client_service(&ec).metadata,
             stateful_set(&ec, 3, &opts).metadata,
-            pod_disruption_budget(&ec, 3).metadata,
+            pod_disruption_budget(&ec, Some(3)).metadata,
             backup_cron_job(&ec, &BackupTarget::Volume, &opts).metadata,
             final_snapshot_job(&ec, &BackupTarget::Volume, &opts).metadata,
             members_config(&ec, "", "new", &Default::default()).metadata,
