@@ -8,7 +8,7 @@ use kube::runtime::events::EventType;
 
 use super::children::{Applied, Children};
 use super::status::{Activity, Observation};
-use super::{Context, Error, backup, render, scale, storage};
+use super::{Context, Error, backup, render, scale, storage, upgrade};
 use crate::api::v1::EtcdCluster;
 
 fn template_image(sts: &StatefulSet) -> Option<String> {
@@ -161,6 +161,17 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             if rolling && seen.activity.is_none() {
                 seen.activity = Some(Activity::Upgrading);
             }
+        }
+        if observed.is_some() {
+            let health = upgrade::Health {
+                settled: seen
+                    .membership
+                    .as_ref()
+                    .is_some_and(|m| m.converged(ec.spec.size) && m.healthy_voters == m.voters),
+                leader: seen.leader,
+            };
+            let pods = scale::member_pods(ec, &kids).await?;
+            upgrade::roll(ec, &kids, &set, &pods, health, &mut seen).await?;
         }
     }
 

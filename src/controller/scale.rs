@@ -28,7 +28,7 @@ fn pod_ordinal(ec: &EtcdCluster, pod: &Pod) -> Option<i32> {
 }
 
 /// The member pods of `ec` from the pods cache.
-async fn member_pods(
+pub(super) async fn member_pods(
     ec: &EtcdCluster,
     kids: &Children<'_>,
 ) -> Result<Vec<std::sync::Arc<Pod>>, Error> {
@@ -227,6 +227,13 @@ pub(super) async fn converge(
     };
     seen.ready = state.healthy_voters;
     seen.voters = Some(state.voters);
+    seen.leader = outcome
+        .health
+        .values()
+        .map(|h| h.leader)
+        .find(|&l| l != 0)
+        .and_then(|id| members.iter().find(|m| m.id == id))
+        .and_then(|m| membership::ordinal(ec, m));
     // Strangers alone bring no quicker look: nothing the loop does changes them.
     if !state.converged(ec.spec.size) {
         seen.activity = Some(Activity::AddingMembers);

@@ -26,6 +26,10 @@ pub struct Observation {
     pub settle: bool,
     /// The voters etcd reported this pass (the disruption budget keeps a quorum of them).
     pub voters: Option<i32>,
+    /// The ordinal of the leader etcd reported this pass.
+    pub leader: Option<i32>,
+    /// What the change under way is doing now (appended to the Progressing message).
+    pub progress: Option<String>,
 }
 
 /// The members by state, from `member list` and each member's `status`.
@@ -223,7 +227,10 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
             "Progressing",
             true,
             a.reason(),
-            format!("{}: {}/{size} members ready", a.reason(), seen.ready),
+            match &seen.progress {
+                Some(p) => format!("{}: {}/{size} members ready; {p}", a.reason(), seen.ready),
+                None => format!("{}: {}/{size} members ready", a.reason(), seen.ready),
+            },
         ),
         (None, false) => cond(
             "Progressing",

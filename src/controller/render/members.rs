@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource,
@@ -240,6 +241,12 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
             replicas: Some(replicas),
             service_name: Some(name),
             pod_management_policy: Some("Parallel".to_owned()),
+            // The loop restarts members itself, one at a time, followers first and the leader
+            // last, each only while every voter is healthy (`controller::upgrade`).
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("OnDelete".to_owned()),
+                ..Default::default()
+            }),
             selector: LabelSelector {
                 match_labels: Some(member_selector(ec)),
                 ..Default::default()

@@ -1,0 +1,266 @@
+//! Rolling upgrades the way etcd wants them: the StatefulSet's `updateStrategy` is `OnDelete`, so
+//! a changed template (a new `spec.version`) restarts nobody by itself; the loop restarts one
+//! member at a time by deleting its pod, and only when every member pod is ready on its volume
+//! and every voter is healthy: the followers first, in ordinal order, the leader last (one
+//! leader election per upgrade, not one per member). A member that does not come back ready
+//! stops the upgrade where it is: nothing else restarts until it does.
+//!
+//! [`plan`] is that decision, a pure function; [`roll`] reads the pods and the StatefulSet's
+//! update revision, plans, and deletes the one pod.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::DeleteParams;
+
+use super::Error;
+use super::children::Children;
+use super::status::Observation;
+use crate::api::v1::EtcdCluster;
+
+/// The label the StatefulSet controller puts on each pod: the revision of the template it was
+/// made from.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+/// A member pod as the upgrade sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberPod {
+    pub ordinal: i32,
+    /// The template revision it runs.
+    pub revision: String,
+    pub ready: bool,
+    pub deleting: bool,
+}
+
+/// What etcd said this pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Every voter healthy and the membership as the spec wants it (no learner joining).
+    pub settled: bool,
+    /// The ordinal of the leader, if etcd named one.
+    pub leader: Option<i32>,
+}
+
+/// The next upgrade step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Every pod runs the update revision.
+    Done,
+    /// Some pods are outdated, but none may restart now (the reason).
+    Wait(String),
+    /// Delete this pod: the StatefulSet makes it again from the new template.
+    Restart {
+        ordinal: i32,
+        leader: bool,
+        /// Pods on the update revision already, of all.
+        done: usize,
+        of: usize,
+    },
+}
+
+/// The next pod to restart onto `update` (see the module).
+pub fn plan(name: &str, pods: &[MemberPod], update: &str, health: Health) -> Step {
+    let outdated: Vec<&MemberPod> = pods.iter().filter(|p| p.revision != update).collect();
+    if outdated.is_empty() {
+        return Step::Done;
+    }
+    if let Some(p) = pods.iter().find(|p| p.deleting || !p.ready) {
+        return Step::Wait(format!(
+            "{name}-{} is not ready yet; the next member restarts when it is",
+            p.ordinal
+        ));
+    }
+    if !health.settled {
+        return Step::Wait(
+            "a member restarts only while every voter is healthy and no member is joining"
+                .to_owned(),
+        );
+    }
+    let next = outdated
+        .iter()
+        .filter(|p| Some(p.ordinal) != health.leader)
+        .min_by_key(|p| p.ordinal)
+        .or_else(|| outdated.first())
+        .expect("outdated is not empty");
+    Step::Restart {
+        ordinal: next.ordinal,
+        leader: Some(next.ordinal) == health.leader,
+        done: pods.len() - outdated.len(),
+        of: pods.len(),
+    }
+}
+
+fn member_pod(ec: &EtcdCluster, pod: &Pod) -> Option<MemberPod> {
+    let ordinal = pod
+        .name_any()
+        .strip_prefix(&format!("{}-", ec.name_any()))?
+        .parse()
+        .ok()?;
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    Some(MemberPod {
+        ordinal,
+        revision: pod
+            .labels()
+            .get(REVISION_LABEL)
+            .cloned()
+            .unwrap_or_default(),
+        ready,
+        deleting: pod.metadata.deletion_timestamp.is_some(),
+    })
+}
+
+/// One upgrade step for the StatefulSet `set` as it is after this pass's apply.
+pub(super) async fn roll(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    set: &StatefulSet,
+    pods: &[Arc<Pod>],
+    health: Health,
+    seen: &mut Observation,
+) -> Result<(), Error> {
+    let Some(update) = set.status.as_ref().and_then(|s| s.update_revision.clone()) else {
+        return Ok(());
+    };
+    let pods: Vec<MemberPod> = pods.iter().filter_map(|p| member_pod(ec, p)).collect();
+    let name = ec.name_any();
+    match plan(&name, &pods, &update, health) {
+        Step::Done => Ok(()),
+        Step::Wait(why) => {
+            seen.activity = Some(super::status::Activity::Upgrading);
+            seen.progress = Some(format!("upgrading to {}: {why}", ec.spec.version));
+            Ok(())
+        }
+        Step::Restart {
+            ordinal,
+            leader,
+            done,
+            of,
+        } => {
+            let pod = format!("{name}-{ordinal}");
+            let role = if leader {
+                "the leader, last"
+            } else {
+                "a follower"
+            };
+            match kids
+                .api::<Pod>()
+                .delete(&pod, &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::kube("delete", "Pod", &pod, e)),
+            }
+            tracing::info!(cluster = %name, %pod, leader, "restarting a member on the new version");
+            seen.activity = Some(super::status::Activity::Upgrading);
+            seen.progress = Some(format!(
+                "upgrading to {}: restarting {pod} ({role}); {done} of {of} members on it",
+                ec.spec.version
+            ));
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pods(revisions: &[&str]) -> Vec<MemberPod> {
+        revisions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| MemberPod {
+                ordinal: i as i32,
+                revision: (*r).to_owned(),
+                ready: true,
+                deleting: false,
+            })
+            .collect()
+    }
+
+    const OK: Health = Health {
+        settled: true,
+        leader: Some(0),
+    };
+
+    #[test]
+    fn followers_first_in_order_then_the_leader() {
+        let step = |revs: &[&str], h| plan("e", &pods(revs), "new", h);
+        assert_eq!(
+            step(&["old", "old", "old"], OK),
+            Step::Restart {
+                ordinal: 1,
+                leader: false,
+                done: 0,
+                of: 3
+            }
+        );
+        assert_eq!(
+            step(&["old", "new", "old"], OK),
+            Step::Restart {
+                ordinal: 2,
+                leader: false,
+                done: 1,
+                of: 3
+            }
+        );
+        assert_eq!(
+            step(&["old", "new", "new"], OK),
+            Step::Restart {
+                ordinal: 0,
+                leader: true,
+                done: 2,
+                of: 3
+            }
+        );
+        assert_eq!(step(&["new", "new", "new"], OK), Step::Done);
+    }
+
+    #[test]
+    fn nothing_restarts_while_a_member_is_down_or_the_cluster_unsettled() {
+        let mut p = pods(&["new", "old", "old"]);
+        p[0].ready = false;
+        assert!(matches!(
+            plan("e", &p, "new", OK),
+            Step::Wait(ref w) if w.contains("e-0 is not ready")
+        ));
+        p[0].ready = true;
+        p[0].deleting = true;
+        assert!(matches!(plan("e", &p, "new", OK), Step::Wait(_)));
+        let p = pods(&["old", "old", "old"]);
+        assert!(matches!(
+            plan(
+                "e",
+                &p,
+                "new",
+                Health {
+                    settled: false,
+                    leader: Some(0)
+                }
+            ),
+            Step::Wait(_)
+        ));
+        // No leader known (it is being elected): any follower order still holds.
+        assert!(matches!(
+            plan(
+                "e",
+                &p,
+                "new",
+                Health {
+                    settled: true,
+                    leader: None
+                }
+            ),
+            Step::Restart { ordinal: 0, .. }
+        ));
+    }
+}
