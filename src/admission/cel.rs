@@ -1,12 +1,14 @@
 //! The rules that hold without the webhook: `x-kubernetes-validations` (CEL) in the generated
 //! CRD for the webhook's rules that CEL can say on one field: the size is odd, the size and the
-//! storage never shrink, the storage class never changes. The apiserver checks them on every
+//! storage never shrink, the storage class never changes, the release is one the loop runs,
+//! and v3.5 -> v3.6 only from v3.5.26 (the facts from `api::etcd_version`). The apiserver checks them on every
 //! write before any validating webhook is called, so they hold with `failurePolicy: Ignore`, while
 //! the webhook is down and before it is installed. They use the webhook's own words, so a user
 //! sees the same message whichever of the two refuses; the end-to-end test
 //! `cel_rules_agree_with_the_webhook` holds both to the same answers on the real apiserver.
 //!
-//! Everything else (version steps, cron, destinations, names) stays in `/validate` only.
+//! Everything else (downgrades and minor skips, cron, destinations, names) stays in `/validate`
+//! only.
 //! The apiserver ratchets CEL rules the way [`super::validate`] ratchets its own (KEP-4008): an
 //! unchanged field that breaks a rule does not fail an update.
 
@@ -33,6 +35,66 @@ fn rule(rule: &str, message_expression: &str, fallback: &str, reason: &str) -> V
         reason: Some(reason.to_owned()),
         ..ValidationRule::default()
     }
+}
+
+/// A regular expression for the numbers below `n` (< 100), as CEL's RE2 reads them.
+fn below(n: u64) -> String {
+    let mut alternatives = Vec::new();
+    if n > 0 {
+        alternatives.push(format!("[0-{}]", n.min(10) - 1));
+    }
+    for tens in 1..n / 10 {
+        alternatives.push(format!("{tens}[0-9]"));
+    }
+    if n >= 10 && !n.is_multiple_of(10) {
+        alternatives.push(format!("{}[0-{}]", n / 10, n % 10 - 1));
+    }
+    format!("0*({})", alternatives.join("|"))
+}
+
+/// The version rules: a well-formed release outside the supported minors is refused (a
+/// malformed one is the schema pattern's), and so is a step to the next minor from a patch
+/// below the one etcd's upgrade guide asks for.
+fn version_rules(version: Version) -> Vec<ValidationRule> {
+    use crate::api::etcd_version::{EtcdVersion, MIN_PATCH_BEFORE_NEXT_MINOR, SUPPORTED_MINORS};
+    let v = match version {
+        Version::V1Alpha1 => "",
+        Version::V1Beta1 | Version::V1 => "v",
+    };
+    let minors = SUPPORTED_MINORS
+        .map(|m| m.to_string())
+        .collect::<Vec<_>>()
+        .join("|");
+    let unsupported = EtcdVersion::unsupported();
+    let mut out = vec![ValidationRule {
+        rule: format!(
+            "!self.matches('^{v}[0-9]+[.][0-9]+[.][0-9]+$') || self.matches('^{v}0*3[.]0*({minors})[.][0-9]+$')"
+        ),
+        message: Some(unsupported),
+        reason: Some(INVALID.to_owned()),
+        ..ValidationRule::default()
+    }];
+    for (minor, min) in MIN_PATCH_BEFORE_NEXT_MINOR {
+        // Inside a single-quoted CEL string, a quote is escaped.
+        let words =
+            EtcdVersion::too_early_for_next_minor("%s", "%s", minor, min).replace('\'', "\\'");
+        // The webhook names the releases as v1 spells them.
+        let (old, new) = match version {
+            Version::V1Alpha1 => ("'v' + oldSelf", "'v' + self"),
+            Version::V1Beta1 | Version::V1 => ("oldSelf", "self"),
+        };
+        out.push(rule(
+            &format!(
+                "!(oldSelf.matches('^{v}0*3[.]0*{minor}[.]{}$') && self.matches('^{v}0*3[.]0*{}[.][0-9]+$'))",
+                below(min),
+                minor + 1
+            ),
+            &format!("'{words}'.format([{old}, {new}, {new}])"),
+            &EtcdVersion::too_early_for_next_minor("the current release", "the next minor", minor, min),
+            FORBIDDEN,
+        ));
+    }
+    out
 }
 
 /// The rules of `version`, each on the field it checks.
@@ -82,6 +144,9 @@ pub fn rules(version: Version) -> Vec<(Field, ValidationRule)> {
             ),
         ),
     ]
+    .into_iter()
+    .chain(version_rules(version).into_iter().map(|r| (Field::Version, r)))
+    .collect()
 }
 
 /// Adds every version's rules to the CRD's schemas.
@@ -147,7 +212,30 @@ mod tests {
             assert_eq!(at(Field::Size), 2, "{version}");
             assert_eq!(at(Field::StorageSize), 1, "{version}");
             assert_eq!(at(Field::StorageClass), 1, "{version}");
+            assert_eq!(at(Field::Version), 2, "{version}");
         }
+    }
+
+    #[test]
+    fn below_matches_exactly_the_smaller_numbers() {
+        for n in [1, 5, 10, 26, 30, 99] {
+            let re = format!("^{}$", below(n));
+            // A tiny RE2 subset check by hand: expand the alternatives we emit.
+            for k in 0..100u64 {
+                let s = k.to_string();
+                let inner = re.trim_start_matches("^0*(").trim_end_matches(")$");
+                let hit = inner.split('|').any(|alt| {
+                    let (head, class) = alt.split_once('[').unwrap();
+                    let (lo, hi) = class.trim_end_matches(']').split_once('-').unwrap();
+                    let (lo, hi) = (lo.as_bytes()[0], hi.as_bytes()[0]);
+                    s.len() == head.len() + 1
+                        && s.starts_with(head)
+                        && (lo..=hi).contains(&s.as_bytes()[head.len()])
+                });
+                assert_eq!(hit, k < n, "{re} on {k}");
+            }
+        }
+        assert_eq!(below(26), "0*([0-9]|1[0-9]|2[0-5])");
     }
 
     #[test]

@@ -64,11 +64,25 @@ impl EtcdVersion {
         if self.major == 3 && SUPPORTED_MINORS.contains(&self.minor) {
             return Ok(());
         }
-        Err(format!(
+        Err(Self::unsupported())
+    }
+
+    /// Why a release the loop does not run is refused (the CRD's CEL rule says the same).
+    pub fn unsupported() -> String {
+        format!(
             "must be a v3.{}.x or v3.{}.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)",
             SUPPORTED_MINORS.start(),
             SUPPORTED_MINORS.end()
-        ))
+        )
+    }
+
+    /// Why `from` -> `to` is refused when `from` is a patch of v3.`minor` below `min` and `to`
+    /// the next minor (the CRD's CEL rule builds the same words around its two values).
+    pub fn too_early_for_next_minor(from: &str, to: &str, minor: u64, min: u64) -> String {
+        format!(
+            "cannot upgrade from {from} to {to}: etcd's v3.{minor} -> v3.{} upgrade needs every member on v3.{minor}.{min} or later first; upgrade to the newest v3.{minor} patch, then to {to}",
+            minor + 1
+        )
     }
 
     /// Whether etcd supports going from `self` to `to` in place; the reason if not.
@@ -91,9 +105,11 @@ impl EtcdVersion {
                 .find(|(minor, _)| self.major == 3 && *minor == self.minor)
             && self.patch < min
         {
-            return Err(format!(
-                "cannot upgrade from {self} to {to}: etcd's v3.{} -> v3.{} upgrade needs every member on v3.{}.{min} or later first; upgrade to the newest v3.{} patch, then to {to}",
-                self.minor, to.minor, self.minor, self.minor
+            return Err(Self::too_early_for_next_minor(
+                &self.to_string(),
+                &to.to_string(),
+                self.minor,
+                min,
             ));
         }
         Ok(())

@@ -36,7 +36,7 @@ pub struct EtcdClusterSpec {
     pub size: i32,
     /// etcd release, e.g. v3.5.10.
     #[serde(default = "defaults::version")]
-    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"))]
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"), length(max = 32))]
     pub version: String,
     /// Storage class of the members' volumes.
     #[serde(default = "defaults::storage_class")]

@@ -32,7 +32,7 @@ pub struct EtcdClusterSpec {
     #[schemars(range(min = 1, max = super::MAX_SIZE))]
     pub replicas: i32,
     #[serde(default = "defaults::version_without_v")]
-    #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+\.[0-9]+$"))]
+    #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+\.[0-9]+$"), length(max = 32))]
     pub etcd_version: String,
     #[serde(default = "defaults::storage_class")]
     #[schemars(extend("enum" = super::STORAGE_CLASSES), length(max = 32))]

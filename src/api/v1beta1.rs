@@ -32,7 +32,7 @@ pub struct EtcdClusterSpec {
     #[schemars(range(min = 1, max = super::MAX_SIZE))]
     pub size: i32,
     #[serde(default = "defaults::version")]
-    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"))]
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"), length(max = 32))]
     pub version: String,
     #[serde(default)]
     pub storage: Storage,

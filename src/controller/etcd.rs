@@ -215,6 +215,10 @@ pub struct MemberStatus {
     pub is_learner: bool,
     #[serde(default)]
     pub errors: Vec<String>,
+    /// Who answered: the member ID and cluster ID the answering process runs as (from its
+    /// data directory).
+    #[serde(default)]
+    pub header: Header,
 }
 
 impl MemberStatus {
@@ -223,11 +227,13 @@ impl MemberStatus {
     }
 }
 
-/// The response header every answer carries: which cluster answered.
+/// The response header every answer carries: which cluster, and which member, answered.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-struct Header {
+pub struct Header {
     #[serde(default, deserialize_with = "opt_u64")]
-    cluster_id: u64,
+    pub cluster_id: u64,
+    #[serde(default, deserialize_with = "opt_u64")]
+    pub member_id: u64,
 }
 
 #[derive(Deserialize)]
@@ -372,12 +378,14 @@ mod tests {
         assert!(list.members[0].started() && !list.members[0].is_learner);
         assert!(!list.members[1].started() && list.members[1].is_learner);
         let status: MemberStatus = serde_json::from_value(json!({
+            "header": {"cluster_id": "7", "member_id": "42"},
             "dbSize": "20480", "leader": "10276657743932975437", "raftIndex": "9"
         }))
         .unwrap();
         assert!(status.healthy());
         assert_eq!(status.db_size, 20480);
         assert_eq!(status.raft_index, 9);
+        assert_eq!((status.header.cluster_id, status.header.member_id), (7, 42));
         assert!(!MemberStatus::default().healthy());
     }
 }

@@ -4,8 +4,9 @@
 //!
 //! 1. a volume recorded for replacement whose member is gone is replaced (claim and pod made
 //!    anew, empty); so is the volume at an ordinal the member list does not have, when its
-//!    pod's etcd stopped by itself (exit 0: etcd does that when its peers say its member ID was
-//!    removed, e.g. by `etcdctl member remove`): that volume names a member that is no more;
+//!    pod's etcd still answers as a member ID the list does not have, or stopped by itself
+//!    (exit 0: etcd does that when its peers say its member ID was removed, e.g. by `etcdctl
+//!    member remove`): that volume names a member that is no more;
 //! 2. a started member whose pod reports a lost volume is removed (if the others keep a
 //!    quorum);
 //! 3. a member added but never started is removed when its pod's etcd stopped by itself after
@@ -171,6 +172,9 @@ pub struct View<'a> {
     pub health: &'a BTreeMap<u64, MemberStatus>,
     /// How each member pod's etcd last ended, by ordinal (pods being deleted left out).
     pub exits: &'a BTreeMap<i32, Exit>,
+    /// Ordinals without a member whose pod still answers as a member ID the list does not
+    /// have (a removed member that has not stopped yet).
+    pub removed_running: &'a BTreeSet<i32>,
     pub memory: &'a Memory,
     pub now: Timestamp,
     pub timeouts: Timeouts,
@@ -230,9 +234,10 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
     }
     // An ordinal without a member whose pod's etcd stopped by itself: its volume names a
     // removed member and would be refused; it is made anew before a member is added there.
-    if let Some(ordinal) =
-        (0..want).find(|i| !taken.contains(i) && view.exits.get(i).is_some_and(Exit::clean))
-    {
+    if let Some(ordinal) = (0..want).find(|i| {
+        !taken.contains(i)
+            && (view.exits.get(i).is_some_and(Exit::clean) || view.removed_running.contains(i))
+    }) {
         return Step::ReplaceVolume { ordinal };
     }
     for &(i, m) in &ours {
@@ -469,6 +474,22 @@ where
         .into_iter()
         .filter_map(|(id, status)| Some((id, status.ok()?)))
         .collect();
+    // The ordinals below the size that have no member, asked too: one that answers runs as a
+    // member the list no longer has (removed, and not yet stopped by its peers).
+    let taken: BTreeSet<i32> = members.iter().filter_map(|m| ordinal(ec, m)).collect();
+    let known: BTreeSet<u64> = members.iter().map(|m| m.id).collect();
+    let holes = (0..ec.spec.size)
+        .filter(|i| !taken.contains(i))
+        .filter_map(|i| Some((i, etcd.endpoints.get(i as usize)?)))
+        .map(|(i, url)| async move { (i, etcd.status(url).await) });
+    let removed_running: BTreeSet<i32> = futures_util::future::join_all(holes)
+        .await
+        .into_iter()
+        .filter_map(|(i, status)| {
+            let id = status.ok()?.header.member_id;
+            (id != 0 && !known.contains(&id)).then_some(i)
+        })
+        .collect();
     let mut memory = Memory {
         joining: joining_of(&members, &before.joining, now),
         started: started_of(&members, &before.started, now),
@@ -480,6 +501,7 @@ where
             members: &members,
             health: &health,
             exits,
+            removed_running: &removed_running,
             memory: &memory,
             now,
             timeouts,
@@ -732,6 +754,7 @@ mod tests {
                 members,
                 health,
                 exits,
+                removed_running: &BTreeSet::new(),
                 memory: &memory_since(members, since),
                 now: at(now),
                 timeouts: Timeouts::default(),
@@ -902,6 +925,23 @@ mod tests {
         let exits = BTreeMap::from([(1, clean_exit(5))]);
         assert_eq!(
             view_plan(&ec, &members, &health, &exits, 0, 10),
+            Step::ReplaceVolume { ordinal: 1 }
+        );
+        // Still running as the removed member (its peers have not stopped it yet): replaced
+        // too, before any add.
+        assert_eq!(
+            plan(
+                &ec,
+                &View {
+                    members: &members,
+                    health: &health,
+                    exits: &BTreeMap::new(),
+                    removed_running: &BTreeSet::from([1]),
+                    memory: &Memory::default(),
+                    now: at(10),
+                    timeouts: Timeouts::default(),
+                },
+            ),
             Step::ReplaceVolume { ordinal: 1 }
         );
         // An error exit of a member that is not there (a fresh volume finding no member by

@@ -167,12 +167,42 @@ impl Context {
 
     /// Publishes an Event about `ec`; a failure to publish is logged, never fatal.
     async fn event(&self, ec: &EtcdCluster, type_: EventType, reason: &str, note: String) {
+        self.event_about(ec, None, type_, reason, note).await;
+    }
+
+    /// Publishes an Event about `ec` and, as its `related` object, the member pod `member`: the
+    /// recorder folds a repeat into an existing Event only for the same related object, so the
+    /// same reason for another member is an Event of its own. The note is cut to the 1 KiB the
+    /// apiserver accepts.
+    async fn event_about(
+        &self,
+        ec: &EtcdCluster,
+        member: Option<&str>,
+        type_: EventType,
+        reason: &str,
+        mut note: String,
+    ) {
+        const NOTE_MAX: usize = 1024;
+        if note.len() > NOTE_MAX {
+            let mut cut = NOTE_MAX - 3;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
         let ev = Event {
             type_,
             reason: reason.to_owned(),
             note: Some(note),
             action: reason.to_owned(),
-            secondary: None,
+            secondary: member.map(|pod| k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Pod".to_owned()),
+                name: Some(pod.to_owned()),
+                namespace: ec.namespace(),
+                ..Default::default()
+            }),
         };
         if let Err(error) = self.recorder.publish(&ev, &ec.object_ref(&())).await {
             tracing::warn!(%error, cluster = %key(ec), reason, "cannot publish event");

@@ -153,14 +153,13 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             }
             _ => {}
         }
-        if let Some(s) = set.status.as_ref() {
-            if seen.membership.as_ref().is_none_or(|m| m.voters == 0) {
-                seen.ready = s.ready_replicas.unwrap_or(0);
-            }
-            let rolling = s.update_revision.is_some() && s.update_revision != s.current_revision;
-            if rolling && seen.activity.is_none() {
-                seen.activity = Some(Activity::Upgrading);
-            }
+        // No "updateRevision != currentRevision" check for an upgrade under way: with OnDelete
+        // the StatefulSet controller never moves currentRevision, so it is what
+        // `upgrade::roll` finds in the pods' revisions.
+        if let Some(s) = set.status.as_ref()
+            && seen.membership.as_ref().is_none_or(|m| m.voters == 0)
+        {
+            seen.ready = s.ready_replicas.unwrap_or(0);
         }
         if observed.is_some() {
             let health = upgrade::Health {

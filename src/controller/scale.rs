@@ -353,7 +353,8 @@ async fn report(ec: &EtcdCluster, kids: &Children<'_>, outcome: &Outcome) {
         ),
         (Step::Steady | Step::Wait(_), None) => return,
     };
-    ctx.event(ec, type_, reason, note).await;
+    let pod = step_member(ec, &outcome.step);
+    ctx.event_about(ec, Some(&pod), type_, reason, note).await;
 }
 
 fn step_name(step: &Step) -> &'static str {

@@ -624,6 +624,10 @@ async fn an_upgrade_restarts_followers_first_and_the_leader_last_one_at_a_time()
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert!(deleted(&api).is_empty(), "done");
+    // Done although the StatefulSet still says currentRevision r1: with OnDelete its
+    // controller never moves it, so the pods' revisions decide.
+    let progressing = &cluster_json(&api)["status"]["conditions"][1];
+    assert_eq!(progressing["reason"], "Stable", "{progressing}");
 }
 
 /// The apiserver stores `1024Gi` as `1Ti` (the fake does too): an unchanged 1024Gi cluster is

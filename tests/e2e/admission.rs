@@ -308,10 +308,36 @@ pub fn denials_reach_the_user(env: &Env) {
             cel: true,
         },
         Denial {
-            name: "upgrade over two minors",
-            old: Some(v1("upgrade", with(json!({"version": "v3.4.30"})))),
-            new: v1("upgrade", with(json!({"version": "v3.6.4"}))),
+            name: "a downgrade",
+            old: Some(v1("downgrade", with(json!({"version": "v3.6.4"})))),
+            new: v1("downgrade", with(json!({"version": "v3.5.35"}))),
             cel: false,
+        },
+        Denial {
+            name: "a release the loop does not run",
+            old: None,
+            new: v1("old-release", with(json!({"version": "v3.4.30"}))),
+            cel: true,
+        },
+        Denial {
+            name: "v3.5 -> v3.6 from before v3.5.26",
+            old: Some(v1("early", with(json!({"version": "v3.5.1"})))),
+            new: v1("early", with(json!({"version": "v3.6.4"}))),
+            cel: true,
+        },
+        Denial {
+            name: "v3.5 -> v3.6 from before v3.5.26 in v1alpha1",
+            old: Some(cluster(
+                "v1alpha1",
+                "early-alpha",
+                json!({"replicas": 3, "etcdVersion": "3.5.9", "storageSizeGi": 10}),
+            )),
+            new: cluster(
+                "v1alpha1",
+                "early-alpha",
+                json!({"replicas": 3, "etcdVersion": "3.6.0", "storageSizeGi": 10}),
+            ),
+            cel: true,
         },
         Denial {
             name: "a name that is no Service name",
@@ -399,16 +425,14 @@ pub fn denials_reach_the_user(env: &Env) {
         }
     }
     // The webhook's own namespace is checked like any other (with a rule only the webhook has).
-    let mut own = v1("own", with(json!({"version": "v4.0.0"})));
+    let mut own = v1("1own", base.clone());
     own["metadata"]["namespace"] = json!(crate::install::NAMESPACE);
     let out = env.kubectl_in(&["create", "-f", "-"], &own.to_string());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "etcd 4 in etcd-system is denied");
+    assert!(!out.status.success(), "a bad name in etcd-system is denied");
     assert!(
         stderr.contains("denied the request")
-            && stderr.contains(
-                "spec.version: Invalid value: \"v4.0.0\": must be a v3.5.x or v3.6.x release"
-            ),
+            && stderr.contains("metadata.name: Invalid value: \"1own\""),
         "{stderr}"
     );
 

@@ -353,12 +353,12 @@ impl Env {
     }
 
     /// Waits until the apiserver calls the webhook (configurations take effect asynchronously):
-    /// a server-side dry run of an etcd 4 cluster is denied by /validate (a rule the CRD's own
-    /// CEL rules do not have, so only the webhook can deny it).
+    /// a server-side dry run of a cluster whose name is no DNS-1035 label is denied by /validate
+    /// (a rule the CRD's own CEL rules do not have, so only the webhook can deny it).
     pub fn wait_webhook_called(&self) {
         let probe = r#"{"apiVersion":"etcd.example.com/v1","kind":"EtcdCluster",
-            "metadata":{"name":"probe","namespace":"default"},
-            "spec":{"size":3,"version":"v4.0.0","storageSize":"1Gi"}}"#;
+            "metadata":{"name":"1probe","namespace":"default"},
+            "spec":{"size":3,"version":"v3.5.10","storageSize":"1Gi"}}"#;
         wait_for(
             "the apiserver to call /validate",
             Duration::from_secs(60),
