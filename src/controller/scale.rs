@@ -327,10 +327,16 @@ async fn report(ec: &EtcdCluster, kids: &Children<'_>, outcome: &Outcome) {
                     leader_index,
                 } => (
                     "MemberNeverCaughtUp",
-                    format!(
-                        "started as a learner {}s ago and has not caught up with its leader (raft index {index} of {leader_index})",
-                        waited.as_secs()
-                    ),
+                    match index {
+                        0 => format!(
+                            "started as a learner {}s ago and has not caught up with its leader (it does not answer; the leader is at raft index {leader_index})",
+                            waited.as_secs()
+                        ),
+                        _ => format!(
+                            "started as a learner {}s ago and has not caught up with its leader (raft index {index} of {leader_index})",
+                            waited.as_secs()
+                        ),
+                    },
                 ),
             };
             (
