@@ -901,6 +901,30 @@ fn a_member_removed_by_hand_rejoins_once_on_a_fresh_volume() {
         "{}",
         net.logs()
     );
+    // The kubelet restarts an exited container at once the first time: the run on the same
+    // volume fails, and its exit is what the pod's last state then shows.
+    net.start(k, &lp.container);
+    lp.backoff[k].started();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lp.crashes.iter().filter(|(i, _)| *i == k).count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the restart on the old volume kept running\n{}",
+            net.logs()
+        );
+        lp.observe(&mut net);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let again = lp.exits[&(k as i32)].clone();
+    eprintln!(
+        "the restart on the removed member's volume: exit {}, {:?}",
+        again.code,
+        again.message.lines().last()
+    );
+    assert!(
+        again.removed(),
+        "the restart's exit says removed: {again:?}"
+    );
     lp.settle(&mut net, Duration::from_secs(120));
     std::thread::sleep(Duration::from_millis(500));
     writing.store(false, Ordering::Relaxed);

@@ -81,7 +81,7 @@ impl EtcdVersion {
     pub fn too_early_for_next_minor(from: &str, to: &str, minor: u64, min: u64) -> String {
         format!(
             "cannot upgrade from {from} to {to}: etcd's v3.{minor} -> v3.{} upgrade needs every member on v3.{minor}.{min} or later first; upgrade to the newest v3.{minor} patch, then to {to}",
-            minor + 1
+            minor.saturating_add(1)
         )
     }
 
@@ -92,14 +92,14 @@ impl EtcdVersion {
                 "cannot downgrade from {self} to {to}: etcd does not support downgrades"
             ));
         }
-        if to.major == self.major && to.minor > self.minor + 1 {
+        if to.major == self.major && to.minor > self.minor.saturating_add(1) {
             return Err(format!(
                 "cannot upgrade from {self} to {to}: etcd upgrades one minor release at a time; go to v{}.{}.x first",
                 self.major,
-                self.minor + 1
+                self.minor.saturating_add(1)
             ));
         }
-        if to.minor == self.minor + 1
+        if Some(to.minor) == self.minor.checked_add(1)
             && let Some(&(_, min)) = MIN_PATCH_BEFORE_NEXT_MINOR
                 .iter()
                 .find(|(minor, _)| self.major == 3 && *minor == self.minor)
@@ -159,6 +159,10 @@ mod tests {
             assert!(why.contains("v3.5.x or v3.6.x"), "{bad}: {why}");
         }
         assert!(v("v3.5.26").upgrade_to(&v("v3.6.4")).is_ok());
+        // The largest numbers a version may spell do not overflow.
+        let max = format!("v3.{}.0", u64::MAX);
+        assert!(v(&max).upgrade_to(&v("v3.5.0")).is_err());
+        assert!(v("v3.5.0").upgrade_to(&v(&max)).is_err());
         assert!(v("v3.5.1").upgrade_to(&v("v3.5.26")).is_ok());
         assert!(v("v3.6.0").upgrade_to(&v("v3.6.4")).is_ok());
         let early = v("v3.5.1").upgrade_to(&v("v3.6.4")).unwrap_err();

@@ -46,6 +46,12 @@ pub const DEFAULT_PROMOTE_TIMEOUT: Duration = Duration::from_secs(300);
 /// member: bootstrapping anew over a known member, or a raft log that starts from nothing.
 pub const LOST_VOLUME_SIGNS: &[&str] = &["has already been bootstrapped", "[lastIndex(0)]"];
 
+/// Words of an etcd log that mean its member ID was removed from the cluster. The run that
+/// learns it stops with exit 0 (no termination message; a run started again on that volume
+/// does the same, measured on v3.5.35 and v3.6.4); should a run end with an error after
+/// saying so, the kubelet keeps the log's tail and this still reads it.
+pub const REMOVED_SIGNS: &[&str] = &["permanently removed"];
+
 /// Whether a container's last termination message (the tail of its log, with
 /// `terminationMessagePolicy: FallbackToLogsOnError`, kept only after an error exit) says the
 /// member lost its volume.
@@ -76,6 +82,12 @@ impl Exit {
     /// member for the pod, so either way the volume holds nothing the cluster needs.
     pub fn clean(&self) -> bool {
         self.code == 0
+    }
+
+    /// The volume names a member ID the cluster removed: a clean exit, or an error exit whose
+    /// log says so (the kubelet restarts the first at once, and the run after it fails).
+    pub fn removed(&self) -> bool {
+        self.clean() || REMOVED_SIGNS.iter().any(|s| self.message.contains(s))
     }
 
     fn after(&self, since: Timestamp) -> bool {
@@ -236,7 +248,7 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
     // removed member and would be refused; it is made anew before a member is added there.
     if let Some(ordinal) = (0..want).find(|i| {
         !taken.contains(i)
-            && (view.exits.get(i).is_some_and(Exit::clean) || view.removed_running.contains(i))
+            && (view.exits.get(i).is_some_and(Exit::removed) || view.removed_running.contains(i))
     }) {
         return Step::ReplaceVolume { ordinal };
     }
@@ -260,7 +272,7 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
         let stale = view
             .exits
             .get(&i)
-            .is_some_and(|e| e.clean() && e.after(since));
+            .is_some_and(|e| e.removed() && e.after(since));
         let waited = waited(view, Some(&since));
         let why = if stale {
             Removal::StaleVolume
@@ -925,6 +937,21 @@ mod tests {
         let exits = BTreeMap::from([(1, clean_exit(5))]);
         assert_eq!(
             view_plan(&ec, &members, &health, &exits, 0, 10),
+            Step::ReplaceVolume { ordinal: 1 }
+        );
+        // The kubelet's immediate restart on that volume failed (an error exit whose log says
+        // the member was removed): the same.
+        let again = BTreeMap::from([(
+            1,
+            Exit {
+                code: 1,
+                message: "etcdserver: the member has been permanently removed from the cluster"
+                    .to_owned(),
+                at: Some(at(6)),
+            },
+        )]);
+        assert_eq!(
+            view_plan(&ec, &members, &health, &again, 0, 10),
             Step::ReplaceVolume { ordinal: 1 }
         );
         // Still running as the removed member (its peers have not stopped it yet): replaced

@@ -476,3 +476,26 @@ fn listed_replicas(ec: &EtcdCluster, config: &ConfigMap) -> Option<i32> {
         .max()
         .map(|i| i + 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::render::tests::cluster;
+
+    /// A StatefulSet made again after a storage growth runs the members the ConfigMap lists,
+    /// never `spec.size` (a growth under way goes on one learner at a time); a new cluster's
+    /// ConfigMap (`new`) says nothing of the kind.
+    #[test]
+    fn a_remade_stateful_set_runs_the_listed_members_only() {
+        let ec = cluster("etcd", 5, None);
+        let listed = render::members_config(
+            &ec,
+            "etcd-0=http://etcd-0.etcd.prod.svc:2380,etcd-1=http://etcd-1.etcd.prod.svc:2380,etcd-2=http://etcd-2.etcd.prod.svc:2380,stray=http://10.0.0.9:2380",
+            "existing",
+            &Memory::default(),
+        );
+        assert_eq!(listed_replicas(&ec, &listed), Some(3));
+        let fresh = render::bootstrap_config(&ec, 5, false);
+        assert_eq!(listed_replicas(&ec, &fresh), None);
+    }
+}

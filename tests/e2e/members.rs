@@ -308,6 +308,31 @@ async fn kubelet_sweep(
     }
 }
 
+/// The Events whose related object is pod `pod`: reason -> how many times (the series count
+/// of a folded repeat, else 1).
+fn member_events(cp: &ControlPlane, pod: &str) -> BTreeMap<String, i64> {
+    let out = ok(
+        cp.kubectl_output(
+            &["-n", NS, "get", "events.events.k8s.io", "-o", "json"],
+            None,
+        ),
+        "events",
+    );
+    let mut counts = BTreeMap::new();
+    for e in serde_json::from_str::<Value>(&out).unwrap()["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["related"]["name"] == pod)
+    {
+        let n = e["series"]["count"].as_i64().unwrap_or(1);
+        *counts
+            .entry(e["reason"].as_str().unwrap_or_default().to_owned())
+            .or_insert(0) += n;
+    }
+    counts
+}
+
 /// The reasons of the Events in the namespace.
 fn reasons(cp: &ControlPlane) -> Vec<String> {
     let events = ok(
@@ -683,6 +708,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
 
     // `etcdctl member remove` of member 2 by hand, its volume left as it is: etcd stops it with
     // exit 0 (no termination message); the loop replaces the volume and adds it back once.
+    let before = member_events(&cp, &format!("{NAME}-2"));
     let old_claim = rt
         .block_on(claims.get(&format!("data-{NAME}-2")))
         .unwrap()
@@ -710,6 +736,51 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         id
     };
     let t = Instant::now();
+    // What the loop could see of member 2 in the seconds after the removal (printed: how the
+    // pod's last state and the member list move).
+    let mut trace: Vec<String> = Vec::new();
+    for _ in 0..30 {
+        let pod = rt.block_on(pods.get(&format!("{NAME}-2"))).ok();
+        let seen = pod
+            .and_then(|p| p.status?.container_statuses?.into_iter().next())
+            .map(|c| {
+                let last = c.last_state.and_then(|s| s.terminated);
+                format!(
+                    "restarts {} last exit {:?} at {:?}",
+                    c.restart_count,
+                    last.as_ref().map(|t| t.exit_code),
+                    last.and_then(|t| t.finished_at).map(|f| f.0.to_string())
+                )
+            })
+            .unwrap_or_default();
+        let list = net.lock().unwrap().v3(0, "cluster/member/list", json!({}));
+        let two = list
+            .and_then(|l| {
+                l["members"]
+                    .as_array()?
+                    .iter()
+                    .find(|m| {
+                        m["peerURLs"][0]
+                            .as_str()
+                            .is_some_and(|u| u.contains(&format!("{NAME}-2.")))
+                    })
+                    .map(|m| format!("member 2: name {:?} learner {}", m["name"], m["isLearner"]))
+            })
+            .unwrap_or_else(|| "member 2: not listed".to_owned());
+        let line = format!("{seen}; {two}");
+        if trace
+            .last()
+            .map(|l| l.split_once(" @ ").map_or("", |x| x.1))
+            != Some(line.as_str())
+        {
+            trace.push(format!("{:.1}s @ {line}", t.elapsed().as_secs_f64()));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    eprintln!(
+        "    after the removal by hand:\n      {}",
+        trace.join("\n      ")
+    );
     // Member 2 comes back on a fresh volume: its volume replaced before the add (the loop saw
     // the removed member answer as its old ID, or its clean exit), removed again as stale, or,
     // failing both, removed through the join timeout with its volume replaced; never a cycle.
@@ -761,17 +832,14 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
             "{list}"
         );
     }
-    let how: Vec<String> = [
-        "MemberVolumeReplaced",
-        "MemberVolumeStale",
-        "MemberNeverStarted",
-    ]
-    .iter()
-    .filter(|r| reasons(&cp).iter().any(|x| x == *r))
-    .map(|r| r.to_string())
-    .collect();
+    let after = member_events(&cp, &format!("{NAME}-2"));
+    let how: Vec<&String> = after
+        .iter()
+        .filter(|(reason, n)| before.get(*reason).is_none_or(|b| b < *n))
+        .map(|(reason, _)| reason)
+        .collect();
     eprintln!(
-        "    member 2 removed by hand: back on a fresh volume, Running with 5 voters after {back:.1} s (Events seen: {how:?})"
+        "    member 2 removed by hand: back on a fresh volume, Running with 5 voters after {back:.1} s (new Events about it: {how:?})"
     );
 
     // The upgrade v3.5.35 -> v3.6.4 (OnDelete, the loop restarts the members: followers
