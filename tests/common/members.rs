@@ -753,20 +753,5 @@ pub fn writer(
     addr: String,
     writing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<(Vec<String>, u32)> {
-    std::thread::spawn(move || {
-        let (mut ok, mut failed) = (Vec::new(), 0u32);
-        for n in 0..100_000 {
-            if !writing.load(Ordering::Relaxed) {
-                break;
-            }
-            let key = format!("/w/{n}");
-            if put_via(&ns, &addr, &key, &n.to_string()) {
-                ok.push(key);
-            } else {
-                failed += 1;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        (ok, failed)
-    })
+    writer_any(ns, vec![addr], writing)
 }

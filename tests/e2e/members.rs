@@ -358,7 +358,9 @@ fn wait_event(cp: &ControlPlane, reason: &str, within: Duration) {
     });
 }
 
-fn patch_size(cp: &ControlPlane, size: i32) {
+/// A merge patch of the cluster's spec, as `kubectl patch` sends it.
+fn patch_spec(cp: &ControlPlane, spec: Value, what: &str) {
+    let patch = json!({ "spec": spec }).to_string();
     ok(
         cp.kubectl_output(
             &[
@@ -369,12 +371,16 @@ fn patch_size(cp: &ControlPlane, size: i32) {
                 NAME,
                 "--type=merge",
                 "-p",
-                &format!(r#"{{"spec":{{"size":{size}}}}}"#),
+                &patch,
             ],
             None,
         ),
-        "change the size",
+        what,
     );
+}
+
+fn patch_size(cp: &ControlPlane, size: i32) {
+    patch_spec(cp, json!({ "size": size }), "change the size");
 }
 
 fn cluster_json(cp: &ControlPlane) -> Value {
@@ -854,22 +860,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     let writing = Arc::new(AtomicBool::new(true));
     let writes = writer_any(ns0.clone(), addrs, writing.clone());
     std::thread::sleep(Duration::from_millis(500));
-    ok(
-        cp.kubectl_output(
-            &[
-                "-n",
-                NS,
-                "patch",
-                "etcdclusters.v1.etcd.example.com",
-                NAME,
-                "--type=merge",
-                "-p",
-                r#"{"spec":{"version":"v3.6.4"}}"#,
-            ],
-            None,
-        ),
-        "upgrade to v3.6.4",
-    );
+    patch_spec(&cp, json!({ "version": "v3.6.4" }), "upgrade to v3.6.4");
     let t = Instant::now();
     let mut said: Vec<String> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(240);
