@@ -54,7 +54,7 @@ impl Readiness {
         }
         match self.certs.info() {
             None => Err("no serving certificate"),
-            Some(info) if info.not_after <= crate::metrics::now() => {
+            Some(info) if info.not_after <= crate::tls::now() => {
                 Err("serving certificate has expired")
             }
             Some(_) => Ok(()),

@@ -7,7 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::tls::CertInfo;
+use crate::tls::{self, CertInfo};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -241,8 +241,17 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Records a newly served certificate.
-    pub fn cert_loaded(&self, info: &CertInfo, now: i64) {
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+impl tls::Report for Metrics {
+    fn cert_loaded(&self, info: &CertInfo) {
         self.cert_not_after.set(info.not_after);
         self.cert_info.clear();
         self.cert_info
@@ -254,30 +263,33 @@ impl Metrics {
         self.cert_reloads
             .get_or_create(&ResultLabel { result: "success" })
             .inc();
-        self.cert_last_reload.set(now);
+        self.cert_last_reload.set(tls::now());
         self.cert_files_rejected.set(0);
     }
 
-    pub fn cert_rejected(&self) {
+    fn cert_rejected(&self) {
         self.cert_reloads
             .get_or_create(&ResultLabel { result: "failure" })
             .inc();
         self.cert_files_rejected.set(1);
     }
 
-    /// The OpenMetrics text of every metric.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
+    fn client_ca_reloaded(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.client_ca_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
-}
 
-/// Seconds since the Unix epoch.
-pub fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    fn secret_watch_failing(&self, failing: bool) {
+        self.cert_secret_watch_failing.set(i64::from(failing));
+    }
+
+    fn cabundle_mismatch(&self, object: &str, mismatch: bool) {
+        self.cabundle_mismatch
+            .get_or_create(&ObjectLabel {
+                object: object.to_owned(),
+            })
+            .set(i64::from(mismatch));
+    }
 }

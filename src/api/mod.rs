@@ -1,9 +1,11 @@
 //! The EtcdCluster API: one module per version, the CRD assembled from them, and the
 //! conversion between them.
 
+pub mod cel;
 pub mod convert;
 pub mod defaults;
 pub mod etcd_version;
+mod field;
 pub mod quantity;
 pub mod v1;
 pub mod v1alpha1;
@@ -31,6 +33,7 @@ pub const STORAGE_CLASSES: [&str; 3] = ["standard", "ssd", "nvme"];
 pub const MAX_SIZE: i32 = 7;
 
 pub use etcd_version::EtcdVersion;
+pub use field::Field;
 pub use quantity::StorageSize;
 
 /// Annotation that carries, on an older version, the v1 fields that version cannot express.
@@ -179,7 +182,7 @@ pub fn crd() -> CustomResourceDefinition {
     crd.spec
         .versions
         .sort_by_key(|v| Version::from_version(&v.name));
-    crate::admission::cel::apply(&mut crd);
+    cel::apply(&mut crd);
     crd.metadata.annotations = Some(
         [(
             "cert-manager.io/inject-ca-from".to_owned(),

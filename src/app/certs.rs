@@ -16,7 +16,7 @@ pub(super) fn dev_cert_dir() -> Result<PathBuf, Error> {
     let dir = PathBuf::from("certs/dev");
     let provider = rustls::crypto::ring::default_provider();
     let usable = tls::load_pair(&dir, &provider)
-        .map(|p| p.info.not_after > crate::metrics::now() + 86_400)
+        .map(|p| p.info.not_after > crate::tls::now() + 86_400)
         .unwrap_or(false);
     if !usable || !dir.join(tls::CA_FILE).exists() {
         let ips = [

@@ -29,7 +29,6 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_util::sync::CancellationToken;
 
 use super::CertStore;
-use crate::metrics::Metrics;
 
 /// Why the apiserver would not trust what is served.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -262,7 +261,7 @@ pub async fn run(
     store: Arc<CertStore>,
     targets: Vec<Target>,
     interval: Duration,
-    metrics: Arc<Metrics>,
+    report: Arc<dyn super::Report>,
     instance: Option<String>,
     shutdown: CancellationToken,
 ) {
@@ -306,12 +305,7 @@ pub async fn run(
                     })
                     .find(Result::is_err)
                     .unwrap_or(Ok(()));
-                metrics
-                    .cabundle_mismatch
-                    .get_or_create(&crate::metrics::ObjectLabel {
-                        object: object.clone(),
-                    })
-                    .set(i64::from(outcome.is_err()));
+                report.cabundle_mismatch(&object, outcome.is_err());
                 if last.as_ref() != Some(&outcome) {
                     match &outcome {
                         Ok(()) => {

@@ -56,6 +56,29 @@ pub enum CertError {
     Deleted { origin: PathBuf },
 }
 
+/// What the certificate code tells the rest of the process, as it happens: `tls` owns the
+/// interface and the metrics registry implements it, so `tls` never reaches up into `metrics`.
+pub trait Report: Send + Sync {
+    /// A new serving certificate is in use.
+    fn cert_loaded(&self, info: &CertInfo);
+    /// A pair was rejected while the previous one keeps serving.
+    fn cert_rejected(&self);
+    /// The client CA bundle was reloaded (`ok`) or rejected.
+    fn client_ca_reloaded(&self, ok: bool);
+    /// The watch of the certificate Secret is failing, or works again.
+    fn secret_watch_failing(&self, failing: bool);
+    /// Whether `object`'s caBundle fails to verify the served certificate.
+    fn cabundle_mismatch(&self, object: &str, mismatch: bool);
+}
+
+/// Seconds since the Unix epoch.
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
 /// What the metrics and logs say about a serving certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertInfo {

@@ -19,7 +19,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::watch::Reloader;
 use super::{CERT_FILE, CertError, KEY_FILE};
-use crate::metrics::Metrics;
 
 /// `NAMESPACE/NAME`, or `NAME` in the pod's own namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -113,7 +112,7 @@ pub async fn run(
     api: Api<Secret>,
     secret: SecretRef,
     reloader: Arc<Reloader>,
-    metrics: Arc<Metrics>,
+    report: Arc<dyn super::Report>,
     shutdown: CancellationToken,
 ) {
     let fields = format!("metadata.name={}", secret.name);
@@ -144,14 +143,14 @@ pub async fn run(
                     }
                     last_error = Some(text);
                 }
-                metrics.cert_secret_watch_failing.set(1);
+                report.secret_watch_failing(true);
                 continue;
             }
         };
         if last_error.take().is_some() {
             tracing::info!(%secret, "watch of the certificate Secret resumed");
         }
-        metrics.cert_secret_watch_failing.set(0);
+        report.secret_watch_failing(false);
         match event {
             Event::Init => seen_in_list = false,
             Event::InitApply(s) | Event::Apply(s) => {

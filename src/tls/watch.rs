@@ -15,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::client_auth::ReloadingVerifier;
 use super::{CertError, CertStore, parse_pair, read_pair_bytes};
-use crate::metrics::{self, Metrics, ResultLabel};
 
 /// Where the serving pair comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +59,7 @@ pub struct Reloader {
     options: WatchOptions,
     store: Arc<CertStore>,
     client_ca: Option<Arc<ReloadingVerifier>>,
-    metrics: Arc<Metrics>,
+    report: Arc<dyn super::Report>,
     provider: Arc<CryptoProvider>,
     /// The bytes last rejected (or, for a pair that could not be read, the error), so a broken
     /// file is reported once, not at every poll.
@@ -75,14 +74,14 @@ impl Reloader {
         options: WatchOptions,
         store: Arc<CertStore>,
         client_ca: Option<Arc<ReloadingVerifier>>,
-        metrics: Arc<Metrics>,
+        report: Arc<dyn super::Report>,
         provider: Arc<CryptoProvider>,
     ) -> Arc<Self> {
         Arc::new(Self {
             options,
             store,
             client_ca,
-            metrics,
+            report,
             provider,
             rejected: Default::default(),
             ca_error: Default::default(),
@@ -123,7 +122,7 @@ impl Reloader {
             from = %dir.display(),
             "serving certificate loaded"
         );
-        self.metrics.cert_loaded(&pair.info, metrics::now());
+        self.report.cert_loaded(&pair.info);
         self.store.store(pair);
         *self.rejected.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Outcome::Loaded
@@ -144,7 +143,7 @@ impl Reloader {
                 } else {
                     tracing::error!(%error, "certificate files rejected; the previous certificate keeps serving");
                 }
-                self.metrics.cert_rejected();
+                self.report.cert_rejected();
             } else {
                 tracing::warn!(%error, "waiting for a usable serving certificate");
             }
@@ -162,20 +161,14 @@ impl Reloader {
             Ok(false) => {}
             Ok(true) => {
                 tracing::info!(path = %path.display(), "client CA bundle reloaded");
-                self.metrics
-                    .client_ca_reloads
-                    .get_or_create(&ResultLabel { result: "success" })
-                    .inc();
+                self.report.client_ca_reloaded(true);
                 *last = None;
             }
             Err(e) => {
                 let text = e.to_string();
                 if last.as_deref() != Some(text.as_str()) {
                     tracing::error!(error = %text, "client CA bundle rejected; the previous one stays in force");
-                    self.metrics
-                        .client_ca_reloads
-                        .get_or_create(&ResultLabel { result: "failure" })
-                        .inc();
+                    self.report.client_ca_reloaded(false);
                     *last = Some(text);
                 }
             }
@@ -187,7 +180,7 @@ impl Reloader {
         let Some(info) = self.store.info() else {
             return;
         };
-        let left = info.not_after - metrics::now();
+        let left = info.not_after - super::now();
         if left > self.options.expiry_warning.as_secs() as i64 {
             return;
         }
@@ -320,10 +313,25 @@ impl DirWatches {
 mod tests {
     use super::*;
     use crate::tls::dev;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Counts rejections, as the metrics registry does.
+    #[derive(Default)]
+    struct Rejections(AtomicU64);
+
+    impl crate::tls::Report for Rejections {
+        fn cert_loaded(&self, _: &crate::tls::CertInfo) {}
+        fn cert_rejected(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn client_ca_reloaded(&self, _: bool) {}
+        fn secret_watch_failing(&self, _: bool) {}
+        fn cabundle_mismatch(&self, _: &str, _: bool) {}
+    }
 
     #[test]
     fn each_new_reason_a_pair_cannot_be_used_is_reported_once() {
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Rejections::default());
         let store = CertStore::new();
         let reloader = Reloader::new(
             WatchOptions {
@@ -343,12 +351,7 @@ mod tests {
             reloader.offer(pair.cert.as_bytes(), pair.key.as_bytes()),
             Outcome::Loaded
         ));
-        let failures = || {
-            metrics
-                .cert_reloads
-                .get_or_create(&ResultLabel { result: "failure" })
-                .get()
-        };
+        let failures = || metrics.0.load(Ordering::SeqCst);
         let deleted = || CertError::Deleted {
             origin: "secret ns/tls".into(),
         };

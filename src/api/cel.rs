@@ -1,5 +1,5 @@
 //! The rules that hold without the webhook: `x-kubernetes-validations` (CEL) in the generated
-//! CRD for the webhook's rules that CEL can say on one field: the size is odd, the size and the
+//! CRD for the webhook's rules (`admission::validate`) that CEL can say on one field: the size is odd, the size and the
 //! storage never shrink, the storage class never changes, the release is one the loop runs,
 //! and v3.5 -> v3.6 only from v3.5.26 (the facts from `api::etcd_version`). The apiserver checks them on every
 //! write before any validating webhook is called, so they hold with `failurePolicy: Ignore`, while
@@ -9,15 +9,14 @@
 //!
 //! Everything else (downgrades and minor skips, cron, destinations, names) stays in `/validate`
 //! only.
-//! The apiserver ratchets CEL rules the way [`super::validate`] ratchets its own (KEP-4008): an
+//! The apiserver ratchets CEL rules the way `admission::validate` ratchets its own (KEP-4008): an
 //! unchanged field that breaks a rule does not fail an update.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, ValidationRule,
 };
 
-use super::Field;
-use crate::api::Version;
+use super::{Field, Version};
 
 /// How the apiserver words a failed rule (the `reason` of its field error).
 const INVALID: &str = "FieldValueInvalid";
@@ -56,7 +55,7 @@ fn below(n: u64) -> String {
 /// malformed one is the schema pattern's), and so is a step to the next minor from a patch
 /// below the one etcd's upgrade guide asks for.
 fn version_rules(version: Version) -> Vec<ValidationRule> {
-    use crate::api::etcd_version::{EtcdVersion, MIN_PATCH_BEFORE_NEXT_MINOR, SUPPORTED_MINORS};
+    use super::etcd_version::{EtcdVersion, MIN_PATCH_BEFORE_NEXT_MINOR, SUPPORTED_MINORS};
     let v = match version {
         Version::V1Alpha1 => "",
         Version::V1Beta1 | Version::V1 => "v",
