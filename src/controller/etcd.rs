@@ -168,16 +168,6 @@ fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     }
 }
 
-fn opt_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-    match Value::deserialize(d)? {
-        Value::String(s) => s.parse().map_err(serde::de::Error::custom),
-        Value::Number(n) => n
-            .as_i64()
-            .ok_or_else(|| serde::de::Error::custom("not an i64")),
-        _ => Ok(0),
-    }
-}
-
 /// One entry of `member list`. A member that was added but has never started has no name.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct Member {
@@ -203,16 +193,12 @@ impl Member {
 /// What `status` says about the member that answers.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct MemberStatus {
-    #[serde(rename = "dbSize", default, deserialize_with = "opt_i64")]
-    pub db_size: i64,
     /// 0 while the member knows no leader.
     #[serde(default, deserialize_with = "id")]
     pub leader: u64,
     /// The raft log index the member has: a learner far below its leader's has not caught up.
     #[serde(rename = "raftIndex", default, deserialize_with = "opt_u64")]
     pub raft_index: u64,
-    #[serde(rename = "isLearner", default)]
-    pub is_learner: bool,
     #[serde(default)]
     pub errors: Vec<String>,
     /// Who answered: the member ID and cluster ID the answering process runs as (from its
@@ -383,7 +369,6 @@ mod tests {
         }))
         .unwrap();
         assert!(status.healthy());
-        assert_eq!(status.db_size, 20480);
         assert_eq!(status.raft_index, 9);
         assert_eq!((status.header.cluster_id, status.header.member_id), (7, 42));
         assert!(!MemberStatus::default().healthy());

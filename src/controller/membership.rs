@@ -388,11 +388,7 @@ pub fn initial_cluster(ec: &EtcdCluster, members: &[Member]) -> String {
     }
     entries.sort_by(|a, b| (a.0.unwrap_or(MAX_SIZE), &a.1).cmp(&(b.0.unwrap_or(MAX_SIZE), &b.1)));
     entries.dedup();
-    entries
-        .iter()
-        .map(|(_, n, url)| format!("{n}={url}"))
-        .collect::<Vec<_>>()
-        .join(",")
+    render::cluster_list(entries.into_iter().map(|(_, n, url)| (n, url)))
 }
 
 /// What one pass found and did.

@@ -164,8 +164,17 @@ pub fn peer_url(ec: &EtcdCluster, ordinal: i32) -> String {
 /// `--initial-cluster`: every member of a cluster of `size`.
 pub fn initial_cluster(ec: &EtcdCluster, size: i32) -> String {
     let name = ec.name_any();
-    (0..size)
-        .map(|i| format!("{name}-{i}={}", peer_url(ec, i)))
+    cluster_list((0..size).map(|i| (format!("{name}-{i}"), peer_url(ec, i))))
+}
+
+/// The format of `--initial-cluster`: `name=peerURL` entries, comma-separated, in the order
+/// given (the one place that spells it).
+pub fn cluster_list<N: AsRef<str>, U: AsRef<str>>(
+    entries: impl IntoIterator<Item = (N, U)>,
+) -> String {
+    entries
+        .into_iter()
+        .map(|(n, url)| format!("{}={}", n.as_ref(), url.as_ref()))
         .collect::<Vec<_>>()
         .join(",")
 }
