@@ -428,17 +428,18 @@ fn a_request_slower_than_the_limit_gets_503() {
     });
 }
 
-/// README's rotation rehearsal ("Rehearse a rotation locally"), run as written with the built
-/// binary on PATH: it must print two successful loads (at start, and after the swap).
+/// docs/certificates.md's rotation rehearsal ("Rehearse a rotation locally"), run as written
+/// with the built binary on PATH: it must print two successful loads (at start, and after the
+/// swap).
 #[test]
 fn readme_rotation_rehearsal_runs_as_written() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let block = readme
+    let page = std::fs::read_to_string(root().join("docs/certificates.md")).unwrap();
+    let block = page
         .split("Rehearse a rotation locally")
         .nth(1)
         .and_then(|rest| rest.split("```sh\n").nth(1))
         .and_then(|b| b.split("\n```").next())
-        .expect("README has the rehearsal block");
+        .expect("docs/certificates.md has the rehearsal block");
     let bin_dir = std::path::Path::new(BIN).parent().unwrap();
     let path = format!(
         "{}:{}",

@@ -74,20 +74,21 @@ pub fn kustomize(dir: &str) -> Vec<Value> {
     yaml_docs(&rendered)
 }
 
-/// The first ```sh block of README's section `heading` (`## Title` or `### Title`), as written.
-pub fn readme_block(heading: &str) -> String {
-    let readme = std::fs::read_to_string(common::root().join("README.md")).unwrap();
-    let section = readme
+/// The first ```sh block of the section `heading` (`## Title` or `### Title`) of the page `path`
+/// (relative to the repository root, e.g. `docs/versions.md`), as written.
+pub fn doc_block(path: &str, heading: &str) -> String {
+    let page = std::fs::read_to_string(common::root().join(path)).unwrap();
+    let section = page
         .split(&format!("\n{heading}\n"))
         .nth(1)
-        .unwrap_or_else(|| panic!("README has a section {heading:?}"));
+        .unwrap_or_else(|| panic!("{path} has a section {heading:?}"));
     let section = section.split("\n## ").next().unwrap();
     let section = section.split("\n### ").next().unwrap();
     section
         .split("```sh\n")
         .nth(1)
         .and_then(|b| b.split("\n```").next())
-        .unwrap_or_else(|| panic!("README's {heading:?} has a ```sh block"))
+        .unwrap_or_else(|| panic!("{path}'s {heading:?} has a ```sh block"))
         .to_owned()
 }
 

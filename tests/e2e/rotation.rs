@@ -560,12 +560,12 @@ pub fn ca_rotation_under_load(env: &Env) {
     the_served_certificate_is_what_the_apiserver_trusts_now(env, Delivery::Volume);
 }
 
-/// Runs README's "Rotating the CA" block as written, as a cluster admin, under load
-/// (`RELOAD_WAIT` = `wait`): not one request may fail, and afterwards each caBundle holds the
-/// serving Secret's (new) CA alone, still 3 s later, with the inject annotation back.
+/// Runs docs/certificates.md's "Rotating the CA" block as written, as a cluster admin, under
+/// load (`RELOAD_WAIT` = `wait`): not one request may fail, and afterwards each caBundle holds
+/// the serving Secret's (new) CA alone, still 3 s later, with the inject annotation back.
 fn readme_rotation(env: &Env, what: &str, wait: Duration) {
     use base64::Engine;
-    let block = crate::install::readme_block("### Rotating the CA");
+    let block = crate::install::doc_block("docs/certificates.md", "## Rotating the CA");
     let path = format!(
         "{}:{}",
         common::k8s_tools().display(),
@@ -588,7 +588,7 @@ fn readme_rotation(env: &Env, what: &str, wait: Duration) {
     );
     assert!(
         out.status.success(),
-        "README's rotation block failed:\n{block}\n{}{}",
+        "docs/certificates.md's rotation block failed:\n{block}\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

@@ -1,8 +1,8 @@
 //! Retiring v1alpha1 and v1beta1 on a cluster of its own: the seed's operator (v1alpha1 only,
 //! stored as v1alpha1) with 500 EtcdClusters, this project installed over it, `migrate-storage`
 //! (rehearsed, killed halfway, run again under concurrent writes, as a ServiceAccount holding only
-//! config/storage-migration's ClusterRole), then README's "Retiring v1alpha1 and v1beta1" run as
-//! written. What etcd holds is read from etcd itself, not through the apiserver.
+//! config/storage-migration's ClusterRole), then docs/versions.md's "Retiring v1alpha1 and
+//! v1beta1" run as written. What etcd holds is read from etcd itself, not through the apiserver.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -470,8 +470,8 @@ pub fn retiring_old_versions(cp: ControlPlane) {
         assert_eq!(kept(&after[id]), want, "{id}");
     }
 
-    // 4. README's commands as written, as a cluster admin.
-    let block = crate::install::readme_block("## Retiring v1alpha1 and v1beta1");
+    // 4. docs/versions.md's commands as written, as a cluster admin.
+    let block = crate::install::doc_block("docs/versions.md", "## Retiring v1alpha1 and v1beta1");
     let bin_dir = Path::new(common::BIN).parent().unwrap();
     let path = format!(
         "{}:{}:{}",
@@ -489,7 +489,7 @@ pub fn retiring_old_versions(cp: ControlPlane) {
         .unwrap();
     assert!(
         out.status.success(),
-        "README's block failed:\n{block}\n{}{}",
+        "docs/versions.md's block failed:\n{block}\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
