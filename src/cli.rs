@@ -82,6 +82,10 @@ pub struct RenderArgs {
     pub output: OutputFormat,
     #[command(flatten)]
     pub images: ImageArgs,
+    /// Fail (exit 1) on a field the EtcdCluster's version does not have, as
+    /// `kubectl apply --validate=strict` does; `--strict=false` only warns.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub strict: bool,
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +100,10 @@ pub struct ReviewArgs {
     /// Print the JSON Patch instead of the patched objects.
     #[arg(long)]
     pub patch: bool,
+    /// Fail (exit 1) on a field the EtcdCluster's version does not have, as
+    /// `kubectl apply --validate=strict` does; `--strict=false` only warns.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub strict: bool,
 }
 
 #[derive(Debug, Args)]

@@ -68,7 +68,7 @@ pub fn crd(args: &CrdArgs) -> i32 {
                     eprintln!(
                         "refusing to stop serving {}: status.storedVersions of {} is [{}], so \
                          objects may still be stored in {}. Run `etcd-webhook migrate-storage` \
-                         first (see README, \"Retiring v1alpha1 and v1beta1\").",
+                         first (see docs/versions.md, \"Retiring v1alpha1 and v1beta1\").",
                         left.join(", "),
                         migrate::CRD_NAME,
                         stored.join(", "),
@@ -133,12 +133,12 @@ pub fn migrate_storage(args: &MigrateStorageArgs) -> i32 {
 /// `review`: exit 0 when every document is allowed, 1 when any is denied, 2 on bad input.
 pub fn review(args: &ReviewArgs) -> i32 {
     let run = || -> Result<bool, offline::OfflineError> {
-        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let input = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
         let old = match &args.old {
-            Some(path) => offline::parse_documents(&offline::read_source(path)?, path)?,
+            Some(path) => offline::parse_documents(&offline::read_source(path)?, path)?.documents,
             None => Vec::new(),
         };
-        let decisions = offline::review(&docs, &old)?;
+        let decisions = offline::review(&input.documents, &old, args.strict)?;
         for d in &decisions {
             if d.allowed {
                 eprintln!("{}: allowed", d.label);
@@ -155,7 +155,7 @@ pub fn review(args: &ReviewArgs) -> i32 {
             }
         } else {
             let patched: Vec<_> = decisions.iter().map(|d| d.patched.clone()).collect();
-            print!("{}", offline::render(&patched, false));
+            print!("{}", offline::render(&patched, false, input.list));
         }
         Ok(decisions.iter().all(|d| d.allowed))
     };
@@ -172,11 +172,12 @@ pub fn review(args: &ReviewArgs) -> i32 {
 /// `convert`: exit 0 on success, 2 on bad input (convert never denies).
 pub fn convert(args: &ConvertArgs) -> i32 {
     print_or_fail((|| {
-        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
-        let converted = offline::convert(&docs, args.to.into())?;
+        let input = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let converted = offline::convert(&input.documents, args.to.into())?;
         Ok(offline::render(
             &converted,
             args.output == OutputFormat::Json,
+            input.list,
         ))
     })())
 }
@@ -184,9 +185,17 @@ pub fn convert(args: &ConvertArgs) -> i32 {
 /// `render`: exit 0 with the objects, 1 when a manifest is denied, 2 on bad input.
 pub fn render(args: &RenderArgs) -> i32 {
     print_or_fail((|| {
-        let docs = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
-        let objects = offline::objects(&docs, &(&args.images).into())?;
-        Ok(offline::render(&objects, args.output == OutputFormat::Json))
+        let input = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
+        let (objects, warnings) =
+            offline::objects(&input.documents, &(&args.images).into(), args.strict)?;
+        for w in warnings {
+            eprintln!("{w}");
+        }
+        Ok(offline::render(
+            &objects,
+            args.output == OutputFormat::Json,
+            input.list,
+        ))
     })())
 }
 

@@ -92,10 +92,21 @@ impl Document {
     }
 }
 
+/// The documents of one source, and whether they came as one `kind: List` (what
+/// `kubectl get -o yaml` prints, even for one object or none): the output keeps that shape.
+#[derive(Clone, Debug, Default)]
+pub struct Input {
+    pub documents: Vec<Document>,
+    pub list: bool,
+}
+
 /// Parses YAML or JSON, several documents allowed (`---`); a `kind: List` is expanded into its
-/// items; empty documents are skipped.
-pub fn parse_documents(text: &str, source_name: &str) -> Result<Vec<Document>, OfflineError> {
+/// items (an empty List is no error: it is what `kubectl get` prints when nothing exists);
+/// empty documents are skipped.
+pub fn parse_documents(text: &str, source_name: &str) -> Result<Input, OfflineError> {
     let mut out = Vec::new();
+    let mut lists = 0;
+    let mut others = 0;
     for (i, de) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let value = Value::deserialize(de).map_err(|e| OfflineError::Parse {
             source_name: source_name.to_owned(),
@@ -110,6 +121,7 @@ pub fn parse_documents(text: &str, source_name: &str) -> Result<Vec<Document>, O
         match &doc.value {
             Value::Null => {}
             Value::Object(m) if m.get("kind").and_then(Value::as_str) == Some("List") => {
+                lists += 1;
                 for item in m
                     .get("items")
                     .and_then(Value::as_array)
@@ -122,16 +134,22 @@ pub fn parse_documents(text: &str, source_name: &str) -> Result<Vec<Document>, O
                     });
                 }
             }
-            Value::Object(_) => out.push(doc),
+            Value::Object(_) => {
+                others += 1;
+                out.push(doc)
+            }
             _ => return Err(doc.error("expected an object (a manifest or an AdmissionReview)")),
         }
     }
-    if out.is_empty() {
+    if out.is_empty() && lists == 0 {
         return Err(OfflineError::Empty {
             source_name: source_name.to_owned(),
         });
     }
-    Ok(out)
+    Ok(Input {
+        documents: out,
+        list: lists == 1 && others == 0,
+    })
 }
 
 /// Reads a file, or stdin for `-`.
@@ -233,13 +251,74 @@ fn decide(
     })
 }
 
+/// Fields the object's version does not have, as the decision reports them: with `strict` a
+/// denial (a CI gate fails as `kubectl apply --validate=strict` does), without it a warning.
+/// The webhook path does not check them: the apiserver prunes unknown fields before it asks.
+fn judge_fields(decision: &mut Decision, object: &Value, strict: bool) {
+    let Ok(version) = api::convert::version_of(object) else {
+        return;
+    };
+    let unknown = api::strict::unknown_fields(object, version);
+    if unknown.is_empty() {
+        return;
+    }
+    let what = format!(
+        "unknown field{} {} (not in {} {}; the apiserver would drop {})",
+        if unknown.len() == 1 { "" } else { "s" },
+        unknown
+            .iter()
+            .map(|f| format!("{f:?}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        version.api_version(),
+        api::KIND,
+        if unknown.len() == 1 { "it" } else { "them" },
+    );
+    if strict {
+        let message = format!("{what}: fix the spelling, or pass --strict=false to only warn");
+        decision.message = if decision.allowed {
+            message
+        } else {
+            format!("{message}; {}", decision.message)
+        };
+        decision.allowed = false;
+    } else {
+        decision.warnings.push(what);
+    }
+}
+
 /// Reviews every document: an AdmissionReview as it is, an EtcdCluster as a CREATE (or an
-/// UPDATE against the document of the same namespace/name in `old`).
-pub fn review(docs: &[Document], old: &[Document]) -> Result<Vec<Decision>, OfflineError> {
+/// UPDATE against the document of the same namespace/name in `old`). With `strict`, a field the
+/// object's version does not have denies it.
+pub fn review(
+    docs: &[Document],
+    old: &[Document],
+    strict: bool,
+) -> Result<Vec<Decision>, OfflineError> {
     docs.iter()
         .map(|doc| {
-            let kind = doc.value.get("kind").and_then(Value::as_str).unwrap_or("");
-            match kind {
+            let mut decision = review_one(doc, docs, old)?;
+            let object = match doc.value.get("kind").and_then(Value::as_str) {
+                Some("AdmissionReview") => doc.value.pointer("/request/object"),
+                _ => Some(&doc.value),
+            };
+            if let Some(object) =
+                object.filter(|o| o.get("kind").and_then(Value::as_str) == Some(api::KIND))
+            {
+                judge_fields(&mut decision, object, strict);
+            }
+            Ok(decision)
+        })
+        .collect()
+}
+
+fn review_one(
+    doc: &Document,
+    docs: &[Document],
+    old: &[Document],
+) -> Result<Decision, OfflineError> {
+    let kind = doc.value.get("kind").and_then(Value::as_str).unwrap_or("");
+    match kind {
                 "AdmissionReview" => {
                     let bytes =
                         serde_json::to_vec(&doc.value).map_err(|e| doc.error(e.to_string()))?;
@@ -277,12 +356,16 @@ pub fn review(docs: &[Document], old: &[Document]) -> Result<Vec<Decision>, Offl
                     let req = synthetic_request(&doc.value, previous, version);
                     decide(req, doc.value.clone(), doc)
                 }
+                "ConversionReview" => Err(doc.error(
+                    "this is a ConversionReview: `etcd-webhook convert` converts manifests (or send the review to /convert)",
+                )),
+                "" => Err(doc.error(
+                    "no kind: expected an EtcdCluster manifest or an AdmissionReview",
+                )),
                 other => Err(doc.error(format!(
-                    "kind {other:?} is neither an EtcdCluster nor an AdmissionReview"
+                    "kind {other} is neither an EtcdCluster nor an AdmissionReview: review checks only those"
                 ))),
             }
-        })
-        .collect()
 }
 
 /// Converts every document to `to`, through the same function `/convert` uses.
@@ -309,9 +392,17 @@ pub const PLACEHOLDER_UID: &str = "00000000-0000-0000-0000-000000000000";
 pub fn objects(
     docs: &[Document],
     opts: &crate::controller::render::RenderOptions,
-) -> Result<Vec<Value>, OfflineError> {
+    strict: bool,
+) -> Result<(Vec<Value>, Vec<String>), OfflineError> {
     let mut out = Vec::new();
-    for (doc, decision) in docs.iter().zip(review(docs, &[])?) {
+    let mut warnings = Vec::new();
+    for (doc, decision) in docs.iter().zip(review(docs, &[], strict)?) {
+        warnings.extend(
+            decision
+                .warnings
+                .iter()
+                .map(|w| format!("{}: warning: {w}", decision.label)),
+        );
         if doc.value.get("kind").and_then(Value::as_str) != Some(api::KIND) {
             return Err(doc.error("render takes EtcdCluster manifests"));
         }
@@ -338,15 +429,27 @@ pub fn objects(
         }
         out.extend(crate::controller::render::all(&cluster, opts));
     }
-    Ok(out)
+    Ok((out, warnings))
 }
 
-/// Renders objects as multi-document YAML, or JSON (one object, or a List of several).
-pub fn render(objects: &[Value], json_output: bool) -> String {
+/// Renders objects as multi-document YAML, or JSON (one object, or a List of several); as one
+/// List, whatever the count, when `list` (the input was a List).
+pub fn render(objects: &[Value], json_output: bool, list: bool) -> String {
+    let as_list = || json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    if list {
+        let value = as_list();
+        return if json_output {
+            let mut s = serde_json::to_string_pretty(&value).expect("JSON values serialize");
+            s.push('\n');
+            s
+        } else {
+            serde_yaml_ng::to_string(&value).expect("JSON values serialize as YAML")
+        };
+    }
     if json_output {
         let value = match objects {
             [one] => one.clone(),
-            many => json!({"apiVersion": "v1", "kind": "List", "items": many}),
+            _ => as_list(),
         };
         let mut s = serde_json::to_string_pretty(&value).expect("JSON values serialize");
         s.push('\n');

@@ -157,7 +157,7 @@ fn bad_input_exits_2_with_where_and_why() {
         (
             &["review"],
             "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n",
-            "document 1: kind \"Pod\" is neither an EtcdCluster nor an AdmissionReview",
+            "document 1: kind Pod is neither an EtcdCluster nor an AdmissionReview",
         ),
         (&["review"], "- 1\n- 2\n", "document 1: expected an object"),
         (
@@ -231,19 +231,44 @@ fn convert_multi_document_and_lists() {
             .iter()
             .all(|i| i["apiVersion"] == "etcd.example.com/v1")
     );
-    // A List goes in as its items; YAML comes out as documents.
+    // A List comes out a List, in YAML too, whatever its length: what `kubectl get -o yaml`
+    // prints (a List, even of one or none) can be piped through and stays one.
     let out = run(
         &["convert", "--to", "v1alpha1"],
         Some(&serde_json::to_string(&list).unwrap()),
     );
     assert_eq!(code(&out), 0);
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(
-        text.matches("apiVersion: etcd.example.com/v1alpha1")
-            .count(),
-        3,
-        "{text}"
+    let back: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    assert_eq!(back["kind"], "List");
+    assert_eq!(back["items"].as_array().unwrap().len(), 3);
+    assert!(
+        back["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["apiVersion"] == "etcd.example.com/v1alpha1")
     );
+    for (items, args) in [
+        (1, &["convert", "--to", "v1beta1"][..]),
+        (1, &["convert", "--to", "v1", "-o", "json"][..]),
+        (0, &["convert", "--to", "v1"][..]),
+        (0, &["review"][..]),
+        (1, &["review", "--strict=false"][..]),
+        (0, &["render", "-o", "json"][..]),
+    ] {
+        let input = serde_json::json!({
+            "apiVersion": "v1", "kind": "List",
+            "items": list["items"].as_array().unwrap()[..items].to_vec(),
+        });
+        let out = run(args, Some(&input.to_string()));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 0, "{args:?} on a List of {items}: {stderr}");
+        let back: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+        assert_eq!(back["kind"], "List", "{args:?} on a List of {items}");
+        if args[0] == "convert" || args[0] == "review" {
+            assert_eq!(back["items"].as_array().unwrap().len(), items, "{args:?}");
+        }
+    }
     // The objects of every admission fixture that holds a sound object convert and come back;
     // the rest must be refused with where and why, and stay few.
     let (mut round_tripped, mut refused) = (0, Vec::new());
@@ -407,4 +432,53 @@ fn render_refuses_denied_and_foreign_manifests() {
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("image: mirror.local/etcd-io/etcd:v3.5.10")
     );
+}
+
+#[test]
+fn review_and_render_fail_on_a_misspelt_field_unless_told_not_to() {
+    let typo = "apiVersion: etcd.example.com/v1\nkind: EtcdCluster\nmetadata: {name: a}\n\
+                spec: {size: 3, storagClass: gold}\n";
+    for command in ["review", "render"] {
+        let out = run(&[command], Some(typo));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 1, "{command}: {stderr}");
+        assert!(
+            stderr.contains("unknown field \"spec.storagClass\"")
+                && stderr.contains("--strict=false"),
+            "{command}: {stderr}"
+        );
+        let out = run(&[command, "--strict=false"], Some(typo));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 0, "{command} --strict=false: {stderr}");
+        assert!(
+            stderr.contains("warning: unknown field \"spec.storagClass\""),
+            "{command}: {stderr}"
+        );
+    }
+    // In an older version, by that version's names; inside an AdmissionReview too.
+    let old = "apiVersion: etcd.example.com/v1alpha1\nkind: EtcdCluster\nmetadata: {name: a}\n\
+               spec: {replicas: 3, size: 3}\n";
+    let out = run(&["review"], Some(old));
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"spec.size\""));
+}
+
+#[test]
+fn a_review_of_the_wrong_kind_says_what_to_do() {
+    let out = run(
+        &["review"],
+        Some(
+            r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview","request":{"uid":"1","desiredAPIVersion":"etcd.example.com/v1","objects":[]}}"#,
+        ),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2);
+    assert!(stderr.contains("this is a ConversionReview"), "{stderr}");
+    let out = run(
+        &["review"],
+        Some(r#"{"apiVersion":"apps/v1","kind":"Deployment"}"#),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("kind Deployment is neither"), "{stderr}");
+    assert!(!stderr.contains("\\\""), "no escaped quotes: {stderr}");
 }

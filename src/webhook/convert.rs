@@ -93,15 +93,13 @@ pub async fn handle(
 /// Decodes a ConversionReview (v1 or v1beta1) into its request.
 pub fn parse(bytes: &[u8]) -> Result<ConversionRequest, ApiError> {
     super::expect_object("ConversionReview", bytes)?;
+    const VERSIONS: [&str; 2] = [CONVERSION_V1, CONVERSION_V1BETA1];
+    let wrong = || super::wrong_review("ConversionReview", &VERSIONS, bytes);
     let review: ReviewIn = serde_json::from_slice(bytes)
-        .map_err(|e| decode_error("malformed ConversionReview", &e))?;
-    if review.kind != "ConversionReview"
-        || !(review.api_version == CONVERSION_V1 || review.api_version == CONVERSION_V1BETA1)
-    {
-        return Err(ApiError::BadRequest(format!(
-            "expected a ConversionReview of apiextensions.k8s.io/v1 or v1beta1, got kind {:?} apiVersion {:?}",
-            review.kind, review.api_version
-        )));
+        .map_err(|e| wrong().unwrap_or_else(|| decode_error("malformed ConversionReview", &e)))?;
+    if review.kind != "ConversionReview" || !VERSIONS.contains(&review.api_version.as_str()) {
+        return Err(wrong()
+            .unwrap_or_else(|| ApiError::BadRequest("expected a ConversionReview".to_owned())));
     }
     let request = review
         .request

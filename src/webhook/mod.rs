@@ -295,6 +295,51 @@ pub fn expect_object(what: &str, bytes: &[u8]) -> Result<(), ApiError> {
     }
 }
 
+/// The reviews the endpoints take, and where each belongs.
+const REVIEWS: [(&str, &str); 2] = [
+    ("AdmissionReview", "/mutate or /validate"),
+    ("ConversionReview", "/convert"),
+];
+
+/// Why a body that is not a `want` (or not one this endpoint takes) was refused, from its
+/// apiVersion and kind alone: a review sent to the wrong endpoint is named as such. Read only
+/// on the error path, so a good review is decoded once.
+pub fn wrong_review(want: &str, versions: &[&str], bytes: &[u8]) -> Option<ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Head {
+        #[serde(default)]
+        api_version: Option<serde_json::Value>,
+        #[serde(default)]
+        kind: Option<serde_json::Value>,
+    }
+    let head: Head = serde_json::from_slice(bytes).ok()?;
+    let text = |v: &Option<serde_json::Value>| match v {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => String::new(),
+    };
+    let (kind, api_version) = (text(&head.kind), text(&head.api_version));
+    if kind == want && versions.contains(&api_version.as_str()) {
+        return None;
+    }
+    let article = if want.starts_with('A') { "an" } else { "a" };
+    let expected = format!("expected {article} {want} of {}", versions.join(" or "));
+    Some(ApiError::BadRequest(
+        match REVIEWS.iter().find(|(k, _)| *k == kind) {
+            Some((_, endpoint)) if kind != want => {
+                let article = if kind.starts_with('A') { "an" } else { "a" };
+            format!("this is {article} {kind}: send it to {endpoint} ({expected})")
+            }
+            _ if kind.is_empty() => format!("{expected}: the body has no kind"),
+            _ if api_version.is_empty() => {
+                format!("{expected}: got kind {kind} with no apiVersion")
+            }
+            _ => format!("{expected}: got kind {kind}, apiVersion {api_version}"),
+        },
+    ))
+}
+
 /// Describes a JSON decode error with where it happened.
 pub fn decode_error(what: &str, e: &serde_json::Error) -> ApiError {
     if e.is_eof() {

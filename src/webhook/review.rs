@@ -35,15 +35,13 @@ struct AdmissionReviewIn {
 /// Decodes an AdmissionReview (v1 or v1beta1) and takes out its request.
 pub fn parse_admission(bytes: &[u8]) -> Result<AdmissionRequest, ApiError> {
     super::expect_object("AdmissionReview", bytes)?;
-    let review: AdmissionReviewIn =
-        serde_json::from_slice(bytes).map_err(|e| decode_error("malformed AdmissionReview", &e))?;
-    if review.kind != "AdmissionReview"
-        || !(review.api_version == ADMISSION_V1 || review.api_version == ADMISSION_V1BETA1)
-    {
-        return Err(ApiError::BadRequest(format!(
-            "expected an AdmissionReview of admission.k8s.io/v1 or v1beta1, got kind {:?} apiVersion {:?}",
-            review.kind, review.api_version
-        )));
+    const VERSIONS: [&str; 2] = [ADMISSION_V1, ADMISSION_V1BETA1];
+    let wrong = || super::wrong_review("AdmissionReview", &VERSIONS, bytes);
+    let review: AdmissionReviewIn = serde_json::from_slice(bytes)
+        .map_err(|e| wrong().unwrap_or_else(|| decode_error("malformed AdmissionReview", &e)))?;
+    if review.kind != "AdmissionReview" || !VERSIONS.contains(&review.api_version.as_str()) {
+        return Err(wrong()
+            .unwrap_or_else(|| ApiError::BadRequest("expected an AdmissionReview".to_owned())));
     }
     let mut request = review
         .request
