@@ -55,6 +55,11 @@ pub struct CrdArgs {
     /// Print without the check against a cluster.
     #[arg(long)]
     pub offline: bool,
+    /// The namespace the webhook is installed in: the conversion webhook's Service and
+    /// cert-manager's `inject-ca-from` point there. By default the install's own (POD_NAMESPACE,
+    /// else the service account's inside a pod), else etcd-system.
+    #[arg(long)]
+    pub namespace: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -255,9 +260,13 @@ pub struct CertsArgs {
     /// IP addresses of the serving certificate (repeatable).
     #[arg(long = "ip", default_values_t = [IpAddr::from([127, 0, 0, 1]), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)])]
     pub ip: Vec<IpAddr>,
-    /// Validity in days.
-    #[arg(long, default_value_t = 365)]
+    /// Validity in days (1 to 36500).
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(i64).range(1..=36_500))]
     pub days: i64,
+    /// Replace ca.crt, tls.crt and tls.key when `--out` already holds them (without it, an
+    /// existing pair is never overwritten; `--atomic` always swaps).
+    #[arg(long)]
+    pub force: bool,
     /// Write the kubelet's layout for a Secret volume (a timestamped folder, a `..data` symlink
     /// and `tls.crt`/`tls.key`/`ca.crt` links), swapping atomically if it is already there: a
     /// rehearsal of a cert-manager rotation.

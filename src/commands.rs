@@ -10,30 +10,97 @@ use crate::{api, app, migrate, offline, tls};
 /// Why a command that reads a cluster could not.
 #[derive(Debug, thiserror::Error)]
 enum ClusterError {
-    #[error("no usable Kubernetes config (KUBECONFIG or in-cluster): {0}")]
+    #[error("{}", config_error(.0))]
     Config(#[from] kube::config::InferConfigError),
-    #[error("cannot build the Kubernetes client: {0}")]
+    #[error("cannot build the Kubernetes client: {}", causes(.0))]
     Client(#[from] kube::Error),
-    #[error(transparent)]
-    Migrate(#[from] migrate::Error),
+    #[error("{} (API server {server})", causes(.error))]
+    Migrate {
+        error: migrate::Error,
+        server: String,
+    },
     #[error(transparent)]
     App(#[from] app::Error),
 }
 
-async fn client() -> Result<kube::Client, ClusterError> {
-    Ok(kube::Client::try_from(kube::Config::infer().await?)?)
+/// An error and its causes as one line, each cause once (kube's errors repeat their source in
+/// their own message, and the innermost one, "Connection refused", is the one a person needs).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut next = error.source();
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = e.source();
+    }
+    out
+}
+
+/// Where the config was looked for and why none was usable, without kube's nested dump.
+fn config_error(error: &kube::config::InferConfigError) -> String {
+    let mut innermost: &dyn std::error::Error = error;
+    while let Some(e) = innermost.source() {
+        innermost = e;
+    }
+    match std::env::var_os("KUBECONFIG") {
+        Some(path) => format!(
+            "cannot use the kubeconfig {} (from KUBECONFIG): {innermost}",
+            path.to_string_lossy()
+        ),
+        None => format!(
+            "no Kubernetes config: KUBECONFIG is not set, ~/.kube/config cannot be used \
+             ({innermost}), and this is not a pod; set KUBECONFIG to a kubeconfig file"
+        ),
+    }
+}
+
+/// The client, and the API server it talks to (named in every error about it).
+async fn client() -> Result<(kube::Client, String), ClusterError> {
+    let config = kube::Config::infer().await?;
+    let server = config.cluster_url.to_string();
+    Ok((kube::Client::try_from(config)?, server))
+}
+
+/// Runs a migration step against the cluster, naming the server when it fails.
+async fn against_cluster<T, F, Fut>(step: F) -> Result<T, ClusterError>
+where
+    F: FnOnce(kube::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<T, migrate::Error>>,
+{
+    let (client, server) = client().await?;
+    step(client)
+        .await
+        .map_err(|error| ClusterError::Migrate { error, server })
 }
 
 /// `crd`: all versions served, offline; fewer only after checking that the cluster stores none
 /// of the others (exit 1 when it may, 2 when it cannot tell).
 pub fn crd(args: &CrdArgs) -> i32 {
     let served: Vec<api::Version> = args.served.iter().map(|&v| v.into()).collect();
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(app::install_namespace);
+    let in_namespace = |crd| api::crd_in_namespace(crd, &namespace);
+    let command = |flags: String| {
+        if namespace == api::WEBHOOK_NAMESPACE {
+            format!("etcd-webhook crd{flags}")
+        } else {
+            format!("etcd-webhook crd{flags} --namespace {namespace}")
+        }
+    };
     if api::Version::ALL.iter().all(|v| served.contains(v)) {
-        print!("{}", api::crd_yaml());
+        print!(
+            "{}",
+            api::crd_document(&in_namespace(api::crd()), &command(String::new()))
+        );
         return 0;
     }
     let crd = match migrate::crd_serving(&served) {
-        Ok(crd) => crd,
+        Ok(crd) => in_namespace(crd),
         Err(e) => {
             eprintln!("error: {e}");
             return 2;
@@ -41,8 +108,7 @@ pub fn crd(args: &CrdArgs) -> i32 {
     };
     let names: Vec<&str> = served.iter().map(|v| v.as_str()).collect();
     if !args.offline {
-        let check =
-            async { Ok::<_, ClusterError>(migrate::stored_versions(client().await?).await?) };
+        let check = against_cluster(migrate::stored_versions);
         let stored = match app::runtime()
             .map_err(ClusterError::from)
             .and_then(|rt| rt.block_on(check))
@@ -81,10 +147,7 @@ pub fn crd(args: &CrdArgs) -> i32 {
     }
     print!(
         "{}",
-        api::crd_document(
-            &crd,
-            &format!("etcd-webhook crd --served {}", names.join(","))
-        )
+        api::crd_document(&crd, &command(format!(" --served {}", names.join(","))))
     );
     0
 }
@@ -96,16 +159,14 @@ pub fn migrate_storage(args: &MigrateStorageArgs) -> i32 {
         dry_run: args.dry_run,
         concurrency: usize::from(args.concurrency),
     };
-    let run = async {
-        let report = migrate::run(client().await?, options, |done, total| {
+    let run = against_cluster(|client| {
+        migrate::run(client, options, |done, total| {
             let step = (total / 20).max(10);
             if done % step == 0 || done == total {
                 tracing::info!(done, total, "migrate-storage progress: {done}/{total}");
             }
         })
-        .await?;
-        Ok::<_, ClusterError>(report)
-    };
+    });
     let report = match app::runtime()
         .map_err(ClusterError::from)
         .and_then(|rt| rt.block_on(run))
@@ -215,6 +276,28 @@ fn print_or_fail(result: Result<String, offline::OfflineError>) -> i32 {
 
 /// `certs`: exit 0 with the files written, 2 when they cannot be.
 pub fn certs(args: &CertsArgs) -> i32 {
+    if !args.atomic && !args.force {
+        let existing: Vec<_> = [tls::CA_FILE, tls::CERT_FILE, tls::KEY_FILE]
+            .iter()
+            .map(|f| args.out.join(f))
+            .filter(|p| p.exists())
+            .collect();
+        if !existing.is_empty() {
+            eprintln!(
+                "error: {} already exist{}: pass --force to replace {} (a server reading {} \
+                 picks up the new pair), or choose another --out",
+                existing
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if existing.len() == 1 { "s" } else { "" },
+                if existing.len() == 1 { "it" } else { "them" },
+                args.out.display()
+            );
+            return 2;
+        }
+    }
     let written = tls::dev::generate(&args.dns, &args.ip, args.days).and_then(|certs| {
         if args.atomic {
             tls::dev::write_kubelet_layout(&args.out, &certs.files()).map(|_| ())

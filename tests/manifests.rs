@@ -861,6 +861,28 @@ fn kustomize_overlay_in_another_namespace_rewrites_every_reference() {
         install.raw("Namespace")[0]["metadata"]["name"],
         "etcd-webhook"
     );
+    // `etcd-webhook crd --namespace` (what the retire and serve-again steps print) is the
+    // overlay's CRD, for every set of served versions.
+    for served in [None, Some("v1")] {
+        let mut args = vec!["crd", "--namespace", "etcd-webhook", "--offline"];
+        args.extend(served.iter().flat_map(|v| ["--served", *v]));
+        let out = Command::new(common::BIN).args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed: serde_json::Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+        let overlay = &install.raw("CustomResourceDefinition")[0];
+        assert_eq!(
+            printed["spec"]["conversion"], overlay["spec"]["conversion"],
+            "crd {args:?}"
+        );
+        assert_eq!(
+            printed["metadata"]["annotations"], overlay["metadata"]["annotations"],
+            "crd {args:?}"
+        );
+    }
 }
 
 #[test]
@@ -1155,6 +1177,40 @@ fn chart_notes_paste_into_a_shell() {
     };
     let notes = render(&[]);
     assert!(notes.contains("kubectl create --dry-run=server"), "{notes}");
+    // The check NOTES suggest is one only the webhook answers (no CEL rule of the CRD is on
+    // the field it names), and the denial NOTES promise is the one the rules give: the manifest
+    // the printf writes, reviewed offline by the same code /validate runs.
+    let check = notes
+        .lines()
+        .find(|l| l.contains("webhook-check"))
+        .expect("NOTES suggest a dry run the webhook answers");
+    let manifest = Command::new("bash")
+        .args(["-c", check.trim().split(" | ").next().unwrap()])
+        .output()
+        .unwrap()
+        .stdout;
+    let expect = notes
+        .lines()
+        .find_map(|l| l.split("denied the request: ").nth(1))
+        .expect("NOTES say what the webhook answers");
+    let mut review = Command::new(common::BIN)
+        .args(["review", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut review.stdin.take().unwrap(), &manifest).unwrap();
+    let out = review.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("denied: {expect}")), "{stderr}");
+    let field = expect.split(':').next().unwrap();
+    for version in etcd_webhook::api::Version::ALL {
+        for (cel, _) in etcd_webhook::api::cel::rules(version) {
+            assert_ne!(cel.path(version), field, "a CEL rule answers {field} first");
+        }
+    }
     assert!(
         notes
             .contains("kubectl apply --server-side --force-conflicts -f charts/etcd-webhook/crds/"),

@@ -210,6 +210,31 @@ pub fn crd() -> CustomResourceDefinition {
     crd
 }
 
+/// `crd` for an install in `namespace`: the conversion webhook's Service and cert-manager's
+/// `inject-ca-from` point there instead of [`WEBHOOK_NAMESPACE`].
+pub fn crd_in_namespace(
+    mut crd: CustomResourceDefinition,
+    namespace: &str,
+) -> CustomResourceDefinition {
+    if let Some(annotations) = crd.metadata.annotations.as_mut() {
+        annotations.insert(
+            "cert-manager.io/inject-ca-from".to_owned(),
+            format!("{namespace}/{SERVING_CERTIFICATE}"),
+        );
+    }
+    if let Some(service) = crd
+        .spec
+        .conversion
+        .as_mut()
+        .and_then(|c| c.webhook.as_mut())
+        .and_then(|w| w.client_config.as_mut())
+        .and_then(|c| c.service.as_mut())
+    {
+        service.namespace = namespace.to_owned();
+    }
+    crd
+}
+
 /// The CRD as the YAML document that `etcd-webhook crd` prints and `config/` holds.
 pub fn crd_yaml() -> String {
     crd_document(&crd(), "etcd-webhook crd")

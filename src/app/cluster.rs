@@ -15,7 +15,18 @@ use crate::tls::{self, CertStore};
 /// Where a pod's service account namespace is mounted.
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 /// The install's namespace, the Lease's home when nothing else says.
-const DEFAULT_NAMESPACE: &str = "etcd-system";
+const DEFAULT_NAMESPACE: &str = crate::api::WEBHOOK_NAMESPACE;
+
+/// The namespace this process is installed in: POD_NAMESPACE, else the service account's
+/// inside a pod, else the default install's.
+pub fn install_namespace() -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+        .or_else(|| service_account_namespace(in_pod()))
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
+}
 
 fn in_pod() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()

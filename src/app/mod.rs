@@ -6,6 +6,7 @@
 
 mod certs;
 mod cluster;
+pub use cluster::install_namespace;
 pub mod logging;
 
 use std::net::SocketAddr;
@@ -286,8 +287,8 @@ async fn shutdown_on_signal(shutdown: Shutdown, delay: Duration) {
         return;
     };
     tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: readiness off, shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: readiness off, shutting down"),
+        _ = term.recv() => tracing::info!(delay = ?delay, "SIGTERM: readiness off; still accepting for --shutdown-delay ({delay:?}) while the Service's endpoints catch up, then draining (a second signal skips the wait)"),
+        _ = int.recv() => tracing::info!(delay = ?delay, "SIGINT: readiness off; still accepting for --shutdown-delay ({delay:?}) while the Service's endpoints catch up, then draining (press Ctrl-C again to skip the wait)"),
     }
     shutdown.begin();
     tokio::select! {

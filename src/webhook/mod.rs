@@ -329,7 +329,7 @@ pub fn wrong_review(want: &str, versions: &[&str], bytes: &[u8]) -> Option<ApiEr
         match REVIEWS.iter().find(|(k, _)| *k == kind) {
             Some((_, endpoint)) if kind != want => {
                 let article = if kind.starts_with('A') { "an" } else { "a" };
-            format!("this is {article} {kind}: send it to {endpoint} ({expected})")
+                format!("this is {article} {kind}: send it to {endpoint} ({expected})")
             }
             _ if kind.is_empty() => format!("{expected}: the body has no kind"),
             _ if api_version.is_empty() => {
