@@ -88,14 +88,14 @@ fn handler_paths(c: &mut Criterion) {
     c.bench_function("/validate path (2.8 KB)", |b| {
         b.iter(|| {
             let req = webhook::parse_admission(black_box(&review)).unwrap();
-            let rsp = admission::validate(&req);
+            let rsp = admission::validate(&req, &Default::default());
             serde_json::to_vec(&AdmissionReviewOut::new(&rsp)).unwrap()
         })
     });
     c.bench_function("/mutate path (patch)", |b| {
         b.iter(|| {
             let req = webhook::parse_admission(black_box(&mutate_review)).unwrap();
-            let rsp = admission::mutate(&req).unwrap();
+            let rsp = admission::mutate(&req, &Default::default()).unwrap();
             serde_json::to_vec(&AdmissionReviewOut::new(&rsp)).unwrap()
         })
     });
@@ -105,7 +105,7 @@ fn handler_paths(c: &mut Criterion) {
     // The decision line as the server writes it (JSON, info), formatted into a sink: what one
     // line costs on the request thread.
     let req = webhook::parse_admission(&review).unwrap();
-    let answer = admission::validate(&req);
+    let answer = admission::validate(&req, &Default::default());
     let subscriber = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)

@@ -87,6 +87,9 @@ pub struct RenderArgs {
     pub output: OutputFormat,
     #[command(flatten)]
     pub images: ImageArgs,
+    /// The class a cluster that names none gets, as `serve --default-storage-class` fills it in.
+    #[arg(long, value_parser = storage_class)]
+    pub default_storage_class: Option<String>,
     /// Fail (exit 1) on a field the EtcdCluster's version does not have, as
     /// `kubectl apply --validate=strict` does; `--strict=false` only warns.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -105,6 +108,9 @@ pub struct ReviewArgs {
     /// Print the JSON Patch instead of the patched objects.
     #[arg(long)]
     pub patch: bool,
+    /// The class a cluster that names none gets, as `serve --default-storage-class` fills it in.
+    #[arg(long, value_parser = storage_class)]
+    pub default_storage_class: Option<String>,
     /// Fail (exit 1) on a field the EtcdCluster's version does not have, as
     /// `kubectl apply --validate=strict` does; `--strict=false` only warns.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -245,6 +251,11 @@ pub struct ServeArgs {
     /// How often the caBundle self-check runs.
     #[arg(long, env = "ETCD_WEBHOOK_CABUNDLE_CHECK_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     pub cabundle_check_interval: Duration,
+    /// The StorageClass a new EtcdCluster that names none gets (`/mutate` writes it into the
+    /// object at creation, so it never changes). Unset, such a cluster's claims name no class
+    /// and get the cluster's default StorageClass.
+    #[arg(long, env = "ETCD_WEBHOOK_DEFAULT_STORAGE_CLASS", value_parser = storage_class)]
+    pub default_storage_class: Option<String>,
     #[command(flatten)]
     pub controller: ControllerArgs,
 }
@@ -361,4 +372,12 @@ pub struct ControllerArgs {
     /// MemberNeverCaughtUp).
     #[arg(long, env = "ETCD_WEBHOOK_MEMBER_PROMOTE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub member_promote_timeout: Duration,
+}
+
+/// A StorageClass name, checked as the rules check `spec.storageClass`.
+fn storage_class(name: &str) -> Result<String, String> {
+    match crate::api::storage_class_error(name) {
+        Some(why) => Err(why.to_owned()),
+        None => Ok(name.to_owned()),
+    }
 }

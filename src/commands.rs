@@ -199,7 +199,11 @@ pub fn review(args: &ReviewArgs) -> i32 {
             Some(path) => offline::parse_documents(&offline::read_source(path)?, path)?.documents,
             None => Vec::new(),
         };
-        let decisions = offline::review(&input.documents, &old, args.strict)?;
+        let settings = crate::admission::Settings {
+            default_storage_class: args.default_storage_class.clone(),
+            storage_classes: None,
+        };
+        let decisions = offline::review(&input.documents, &old, args.strict, &settings)?;
         for d in &decisions {
             if d.allowed {
                 eprintln!("{}: allowed", d.label);
@@ -247,8 +251,15 @@ pub fn convert(args: &ConvertArgs) -> i32 {
 pub fn render(args: &RenderArgs) -> i32 {
     print_or_fail((|| {
         let input = offline::parse_documents(&offline::read_source(&args.file)?, &args.file)?;
-        let (objects, warnings) =
-            offline::objects(&input.documents, &(&args.images).into(), args.strict)?;
+        let (objects, warnings) = offline::objects(
+            &input.documents,
+            &(&args.images).into(),
+            args.strict,
+            &crate::admission::Settings {
+                default_storage_class: args.default_storage_class.clone(),
+                storage_classes: None,
+            },
+        )?;
         for w in warnings {
             eprintln!("{w}");
         }

@@ -215,8 +215,9 @@ fn decide(
     mut req: AdmissionRequest,
     object: Value,
     doc: &Document,
+    settings: &admission::Settings,
 ) -> Result<Decision, OfflineError> {
-    let mutated = admission::mutate(&req).map_err(|e| doc.error(e.to_string()))?;
+    let mutated = admission::mutate(&req, settings).map_err(|e| doc.error(e.to_string()))?;
     let patch: Value = match &mutated.patch {
         Some(p) => serde_json::from_slice(p).map_err(|e| doc.error(e.to_string()))?,
         None => json!([]),
@@ -229,7 +230,7 @@ fn decide(
             .map_err(|e| doc.error(format!("patch does not apply: {e}")))?;
         req.object = Some(patched.clone());
     }
-    let verdict = admission::validate(&req);
+    let verdict = admission::validate(&req, settings);
     let mut warnings = mutated.warnings;
     warnings.extend(verdict.warnings.iter().cloned());
     let label = Document {
@@ -294,10 +295,11 @@ pub fn review(
     docs: &[Document],
     old: &[Document],
     strict: bool,
+    settings: &admission::Settings,
 ) -> Result<Vec<Decision>, OfflineError> {
     docs.iter()
         .map(|doc| {
-            let mut decision = review_one(doc, docs, old)?;
+            let mut decision = review_one(doc, docs, old, settings)?;
             let object = match doc.value.get("kind").and_then(Value::as_str) {
                 Some("AdmissionReview") => doc.value.pointer("/request/object"),
                 _ => Some(&doc.value),
@@ -316,6 +318,7 @@ fn review_one(
     doc: &Document,
     docs: &[Document],
     old: &[Document],
+    settings: &admission::Settings,
 ) -> Result<Decision, OfflineError> {
     let kind = doc.value.get("kind").and_then(Value::as_str).unwrap_or("");
     match kind {
@@ -329,7 +332,7 @@ fn review_one(
                         .pointer("/request/object")
                         .cloned()
                         .unwrap_or(Value::Null);
-                    decide(req, object, doc)
+                    decide(req, object, doc, settings)
                 }
                 k if k == api::KIND => {
                     let version = api::convert::version_of(&doc.value)
@@ -354,7 +357,7 @@ fn review_one(
                         ),
                     };
                     let req = synthetic_request(&doc.value, previous, version);
-                    decide(req, doc.value.clone(), doc)
+                    decide(req, doc.value.clone(), doc, settings)
                 }
                 "ConversionReview" => Err(doc.error(
                     "this is a ConversionReview: `etcd-webhook convert` converts manifests (or send the review to /convert)",
@@ -393,10 +396,11 @@ pub fn objects(
     docs: &[Document],
     opts: &crate::controller::render::RenderOptions,
     strict: bool,
+    settings: &admission::Settings,
 ) -> Result<(Vec<Value>, Vec<String>), OfflineError> {
     let mut out = Vec::new();
     let mut warnings = Vec::new();
-    for (doc, decision) in docs.iter().zip(review(docs, &[], strict)?) {
+    for (doc, decision) in docs.iter().zip(review(docs, &[], strict, settings)?) {
         warnings.extend(
             decision
                 .warnings

@@ -84,8 +84,12 @@ fn crd_has_storage_v1_deprecations_and_webhook_conversion() {
     assert_eq!(v1["size"]["minimum"], 1.0);
     assert_eq!(v1["size"]["maximum"], 7.0);
     assert_eq!(v1["version"]["pattern"], r"^v[0-9]+\.[0-9]+\.[0-9]+$");
+    // Any StorageClass name, no default: unset means the cluster's default class.
     assert_eq!(
-        v1["storageClass"]["enum"],
-        serde_json::json!(["standard", "ssd", "nvme"])
+        v1["storageClass"]["pattern"],
+        etcd_webhook::api::STORAGE_CLASS_PATTERN
     );
+    assert_eq!(v1["storageClass"]["maxLength"], 253);
+    assert!(v1["storageClass"].get("enum").is_none());
+    assert!(v1["storageClass"].get("default").is_none());
 }

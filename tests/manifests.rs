@@ -740,6 +740,24 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
         .find(|b| b.role_ref.name == check.metadata.name.clone().unwrap())
         .unwrap_or_else(|| panic!("{n}: a ClusterRoleBinding of the caBundle check's role"));
     assert!(subject_is_sa(&check_binding.subjects), "{n}");
+    // The StorageClasses /validate warns about: their own ClusterRole, bound cluster-wide in
+    // every install (single-namespace too: StorageClasses are cluster-scoped).
+    let classes = named("-storage-classes");
+    grants(
+        classes.rules.as_deref().unwrap_or_default(),
+        controller::storage_classes::STORAGE_CLASS_RBAC_RULES,
+        &format!("{n}: the StorageClass reader's ClusterRole"),
+    );
+    assert_eq!(
+        classes.rules.as_deref().unwrap_or_default().len(),
+        1,
+        "{n}: read-only, one rule"
+    );
+    let classes_binding = all_cluster_bindings
+        .iter()
+        .find(|b| b.role_ref.name == classes.metadata.name.clone().unwrap())
+        .unwrap_or_else(|| panic!("{n}: a ClusterRoleBinding of the StorageClass reader's role"));
+    assert!(subject_is_sa(&classes_binding.subjects), "{n}");
 
     // Bound cluster-wide, or only in the --watch-namespace.
     let bindings: Vec<RoleBinding> = install.all("RoleBinding");

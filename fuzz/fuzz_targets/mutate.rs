@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(req) = webhook::parse_admission(data) else {
         return;
     };
-    let answer = admission::mutate(&req).expect("a review that decodes always gets an answer");
+    let answer = admission::mutate(&req, &Default::default()).expect("a review that decodes always gets an answer");
     {
         assert_eq!(answer.uid, req.uid);
         assert!(answer.allowed);
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
             json_patch::patch(&mut patched, &ops).expect("patch applies");
             let mut again = req.clone();
             again.object = Some(patched);
-            assert!(admission::mutate(&again).expect("second round").patch.is_none(), "patch is idempotent");
+            assert!(admission::mutate(&again, &Default::default()).expect("second round").patch.is_none(), "patch is idempotent");
         }
         let out = serde_json::to_vec(&AdmissionReviewOut::new(&answer)).expect("response encodes");
         assert!(!out.is_empty());

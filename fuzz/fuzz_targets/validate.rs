@@ -10,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(req) = webhook::parse_admission(data) else {
         return;
     };
-    let answer = admission::validate(&req);
+    let answer = admission::validate(&req, &Default::default());
     assert!(answer.patch.is_none(), "validate never patches");
     assert_eq!(answer.uid, req.uid);
     assert!(answer.allowed || answer.status.as_ref().is_some_and(|s| s.code >= 400 && !s.message.is_empty()));

@@ -242,7 +242,7 @@ mod tests {
         assert_eq!(spec, serde_json::to_value(typed).unwrap());
         assert_eq!(
             spec,
-            json!({"size": 3, "version": "v3.5.10", "storageClass": "standard", "storageSize": "10Gi",
+            json!({"size": 3, "version": "v3.5.10", "storageSize": "10Gi",
                    "backup": {"enabled": false, "schedule": "0 */6 * * *", "retention": 7}})
         );
 
@@ -250,10 +250,8 @@ mod tests {
         let typed: v1beta1::EtcdClusterSpec =
             serde_json::from_value(json!({"size": 3, "backup": {}})).unwrap();
         assert_eq!(spec, serde_json::to_value(typed).unwrap());
-        assert_eq!(
-            spec["storage"],
-            json!({"className": "standard", "size": "10Gi"})
-        );
+        // No class: the claims get the cluster's default StorageClass.
+        assert_eq!(spec["storage"], json!({"size": "10Gi"}));
 
         let spec = defaulted(
             Version::V1Alpha1,
@@ -282,7 +280,7 @@ mod tests {
                 Version::V1Beta1,
                 json!({"size": 3, "storage": {"size": "20Gi"}})
             )["storage"],
-            json!({"className": "standard", "size": "20Gi"})
+            json!({"size": "20Gi"})
         );
         // No spec: nothing to default under.
         let mut o = json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster", "metadata": {"name": "a"}});

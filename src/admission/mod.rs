@@ -6,12 +6,14 @@
 pub mod cron;
 pub mod defaults;
 pub mod request;
+pub mod storage_class;
 pub mod validate;
 
 use kube::core::admission::Operation;
 
 pub use crate::api::Field;
 pub use request::{AdmissionRequest, Answer, PatchError};
+pub use storage_class::Settings;
 
 /// Which of the two admission webhooks answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,18 +32,23 @@ impl Webhook {
     }
 }
 
-/// What `webhook` answers to `req`.
-pub fn review(webhook: Webhook, req: &AdmissionRequest) -> Result<Answer, PatchError> {
+/// What `webhook` answers to `req`, under the server's `settings`.
+pub fn review(
+    webhook: Webhook,
+    req: &AdmissionRequest,
+    settings: &Settings,
+) -> Result<Answer, PatchError> {
     match webhook {
-        Webhook::Mutate => mutate(req),
-        Webhook::Validate => Ok(validate(req)),
+        Webhook::Mutate => mutate(req, settings),
+        Webhook::Validate => Ok(validate(req, settings)),
     }
 }
 
 /// The mutating decision: always allowed; a patch when defaults are missing. DELETE, CONNECT
 /// and subresource requests (status) get no patch: the apiserver would discard spec changes on
-/// a status update, and a patch on DELETE fails the request.
-pub fn mutate(req: &AdmissionRequest) -> Result<Answer, PatchError> {
+/// a status update, and a patch on DELETE fails the request. A CREATE that names no storage
+/// class gets `--default-storage-class`, when set.
+pub fn mutate(req: &AdmissionRequest, settings: &Settings) -> Result<Answer, PatchError> {
     let answer = Answer::allow(req);
     if !matches!(req.operation, Operation::Create | Operation::Update) || req.sub_resource.is_some()
     {
@@ -50,7 +57,17 @@ pub fn mutate(req: &AdmissionRequest) -> Result<Answer, PatchError> {
     let (Some(obj), Some(version)) = (req.object.as_ref(), req.object_version()) else {
         return Ok(answer);
     };
-    let patch = defaults::patch(obj, version);
+    let mut patch = defaults::patch(obj, version);
+    if req.operation == Operation::Create
+        && let Some((path, value)) = storage_class::default_class(obj, version, settings)
+    {
+        patch
+            .0
+            .push(json_patch::PatchOperation::Add(json_patch::AddOperation {
+                path: path.parse().expect("a field's pointer is a JSON pointer"),
+                value,
+            }));
+    }
     if patch.0.is_empty() {
         return Ok(answer);
     }
@@ -58,8 +75,9 @@ pub fn mutate(req: &AdmissionRequest) -> Result<Answer, PatchError> {
 }
 
 /// The validating decision. DELETE and CONNECT are always allowed; so are status updates,
-/// which cannot change the spec.
-pub fn validate(req: &AdmissionRequest) -> Answer {
+/// which cannot change the spec. With what the server knows of the cluster's StorageClasses,
+/// a class that does not exist or cannot grow is a warning.
+pub fn validate(req: &AdmissionRequest, settings: &Settings) -> Answer {
     use validate::Operation as Op;
     let mut answer = Answer::allow(req);
     let op = match req.operation {
@@ -86,6 +104,20 @@ pub fn validate(req: &AdmissionRequest) -> Answer {
     };
     let verdict = validate::validate_as_written(version, op, obj, req.old_object.as_ref());
     answer.warnings = verdict.warnings.clone();
+    if let Some(known) = settings.storage_classes.as_ref().and_then(|c| c.known()) {
+        let spec = |o: &serde_json::Value| {
+            crate::api::convert::convert_object(o, crate::api::Version::V1)
+                .ok()
+                .and_then(|v| serde_json::from_value::<crate::api::v1::EtcdCluster>(v).ok())
+                .map(|ec| ec.spec)
+        };
+        if let Some(new) = spec(obj) {
+            let old = req.old_object.as_ref().and_then(spec);
+            answer
+                .warnings
+                .extend(storage_class::warnings(&new, old.as_ref(), version, &known));
+        }
+    }
     if verdict.allowed() {
         return answer;
     }

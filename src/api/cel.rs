@@ -145,7 +145,46 @@ pub fn rules(version: Version) -> Vec<(Field, ValidationRule)> {
     ]
     .into_iter()
     .chain(version_rules(version).into_iter().map(|r| (Field::Version, r)))
+    .chain([(Field::Spec, class_presence_rule(version))])
     .collect()
+}
+
+/// The storage class is set or left out at creation, for good: a rule on the spec, since a
+/// rule on the field runs only while the field is there (old and new).
+fn class_presence_rule(version: Version) -> ValidationRule {
+    let (has, at, field) = match version {
+        Version::V1Alpha1 => (
+            "has(%s.storageClassName)".to_owned(),
+            "%s.storageClassName",
+            ".storageClassName",
+        ),
+        Version::V1Beta1 => (
+            "(has(%s.storage) && has(%s.storage.className))".to_owned(),
+            "%s.storage.className",
+            ".storage.className",
+        ),
+        Version::V1 => (
+            "has(%s.storageClass)".to_owned(),
+            "%s.storageClass",
+            ".storageClass",
+        ),
+    };
+    let has = |who: &str| has.replace("%s", who);
+    let value = |who: &str| at.replace("%s", who);
+    ValidationRule {
+        field_path: Some(field.to_owned()),
+        ..rule(
+            &format!("{} == {}", has("self"), has("oldSelf")),
+            &format!(
+                "{} ? 'cannot be removed (it was \"%s\"): volume claims cannot change class'.format([{}]) : 'cannot be set to \"%s\" after creation: the claims were made with the cluster\\'s default class, and volume claims cannot change class'.format([{}])",
+                has("oldSelf"),
+                value("oldSelf"),
+                value("self")
+            ),
+            "cannot be set or removed after creation: volume claims cannot change class",
+            FORBIDDEN,
+        )
+    }
 }
 
 /// Adds every version's rules to the CRD's schemas.
@@ -212,6 +251,7 @@ mod tests {
             assert_eq!(at(Field::StorageSize), 1, "{version}");
             assert_eq!(at(Field::StorageClass), 1, "{version}");
             assert_eq!(at(Field::Version), 2, "{version}");
+            assert_eq!(at(Field::Spec), 1, "{version}");
         }
     }
 

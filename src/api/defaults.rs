@@ -5,8 +5,6 @@
 
 /// etcd release used when `spec.version` is missing (v1, v1beta1).
 pub const VERSION: &str = "v3.5.10";
-/// Storage class used when none is given.
-pub const STORAGE_CLASS: &str = "standard";
 /// Volume size used when none is given.
 pub const STORAGE_SIZE: &str = "10Gi";
 /// The same size in whole GiB (v1alpha1 `storageSizeGi`).
@@ -23,10 +21,6 @@ pub fn version() -> String {
 /// v1alpha1 spells versions without the leading `v`.
 pub fn version_without_v() -> String {
     VERSION.trim_start_matches('v').to_owned()
-}
-
-pub fn storage_class() -> String {
-    STORAGE_CLASS.to_owned()
 }
 
 pub fn storage_size() -> String {

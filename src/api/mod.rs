@@ -28,8 +28,34 @@ pub const PLURAL: &str = "etcdclusters";
 /// The field manager of every apply, the `app.kubernetes.io/managed-by` value of every child
 /// object, and the reporting controller of Events.
 pub const MANAGER: &str = "etcd-webhook";
-/// The storage classes a cluster may use (every version's schema and the rules).
-pub const STORAGE_CLASSES: [&str; 3] = ["standard", "ssd", "nvme"];
+/// A storage class name is a DNS-1123 subdomain (every version's schema and the rules): any
+/// StorageClass of the cluster. Unset, the members' claims name none and get the cluster's
+/// default class.
+pub const STORAGE_CLASS_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// The longest DNS-1123 subdomain.
+pub const STORAGE_CLASS_MAX_LENGTH: u32 = 253;
+
+/// Why `name` cannot name a StorageClass (what [`STORAGE_CLASS_PATTERN`] says, in words).
+pub fn storage_class_error(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        return Some("must not be empty: leave the field out for the cluster's default class");
+    }
+    if name.len() > STORAGE_CLASS_MAX_LENGTH as usize {
+        return Some("must be at most 253 characters (a StorageClass name)");
+    }
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    (!name.split('.').all(label_ok)).then_some(
+        "must be a StorageClass name: lower-case letters, digits, '-' and '.', starting and \
+         ending with a letter or digit",
+    )
+}
 /// The most members a cluster may have (every version's schema and the rules).
 pub const MAX_SIZE: i32 = 7;
 

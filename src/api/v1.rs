@@ -38,10 +38,12 @@ pub struct EtcdClusterSpec {
     #[serde(default = "defaults::version")]
     #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"), length(max = 32))]
     pub version: String,
-    /// Storage class of the members' volumes.
-    #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = super::STORAGE_CLASSES), length(max = 32))]
-    pub storage_class: String,
+    /// StorageClass of the members' volumes: any class of the cluster. Unset, the claims
+    /// name none and get the cluster's default class (or the webhook's
+    /// `--default-storage-class`, filled in at creation). Never changes after creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = super::STORAGE_CLASS_PATTERN), length(max = super::STORAGE_CLASS_MAX_LENGTH))]
+    pub storage_class: Option<String>,
     /// Size of each member's volume in whole GiB, e.g. 10Gi.
     #[serde(default = "defaults::storage_size")]
     #[schemars(regex(pattern = r"^[0-9]+Gi$"), length(max = 32))]

@@ -34,9 +34,9 @@ pub struct EtcdClusterSpec {
     #[serde(default = "defaults::version_without_v")]
     #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+\.[0-9]+$"), length(max = 32))]
     pub etcd_version: String,
-    #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = super::STORAGE_CLASSES), length(max = 32))]
-    pub storage_class_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = super::STORAGE_CLASS_PATTERN), length(max = super::STORAGE_CLASS_MAX_LENGTH))]
+    pub storage_class_name: Option<String>,
     #[serde(default = "defaults::storage_size_gi")]
     #[schemars(range(min = 1))]
     pub storage_size_gi: i64,

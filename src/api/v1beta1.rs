@@ -43,9 +43,9 @@ pub struct EtcdClusterSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Storage {
-    #[serde(default = "defaults::storage_class")]
-    #[schemars(extend("enum" = super::STORAGE_CLASSES), length(max = 32))]
-    pub class_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = super::STORAGE_CLASS_PATTERN), length(max = super::STORAGE_CLASS_MAX_LENGTH))]
+    pub class_name: Option<String>,
     #[serde(default = "defaults::storage_size")]
     #[schemars(regex(pattern = r"^[0-9]+Gi$"), length(max = 32))]
     pub size: String,
@@ -54,7 +54,7 @@ pub struct Storage {
 impl Default for Storage {
     fn default() -> Self {
         Self {
-            class_name: defaults::storage_class(),
+            class_name: None,
             size: defaults::storage_size(),
         }
     }

@@ -79,12 +79,14 @@ pub(super) async fn cert_secret_client(
     Ok((secret, client))
 }
 
-/// Starts the caBundle self-check (tls::cabundle) where it applies; `on` without a usable
+/// Starts the webhook's own reads of the cluster where they apply: the caBundle self-check
+/// (tls::cabundle) and the StorageClasses `/validate` warns about. `on` without a usable
 /// Kubernetes config is an error, `auto` outside a pod or without one is a log line.
 pub(super) async fn start_cabundle_check(
     args: &ServeArgs,
     store: Arc<CertStore>,
     metrics: Arc<Metrics>,
+    storage_classes: Arc<crate::controller::storage_classes::Cache>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     match args.cabundle_check {
@@ -105,6 +107,11 @@ pub(super) async fn start_cabundle_check(
         return Ok(());
     };
     let client = kube::Client::try_from(config).map_err(Error::KubeClient)?;
+    tokio::spawn(crate::controller::storage_classes::run(
+        client.clone(),
+        storage_classes,
+        shutdown.clone(),
+    ));
     tokio::spawn(tls::cabundle::run(
         client,
         store,

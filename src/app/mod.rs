@@ -151,12 +151,17 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
     let metrics = Arc::new(Metrics::new());
     let store = CertStore::new();
     let readiness = Readiness::new(store.clone());
+    let storage_classes = Arc::new(crate::controller::storage_classes::Cache::default());
     let state = Arc::new(webhook::AppState {
         max_body_bytes: args.max_body_bytes,
         max_convert_body_bytes: args.max_convert_body_bytes,
         request_timeout: args.request_timeout,
         readiness: readiness.clone(),
         metrics: metrics.clone(),
+        settings: crate::admission::Settings {
+            default_storage_class: args.default_storage_class.clone(),
+            storage_classes: Some(storage_classes.clone()),
+        },
     });
     let server_stop = CancellationToken::new();
     let shutdown = Shutdown {
@@ -242,8 +247,14 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
             shutdown.controller.clone(),
         )
         .await?;
-        cluster::start_cabundle_check(&args, store.clone(), metrics.clone(), server_stop.clone())
-            .await?;
+        cluster::start_cabundle_check(
+            &args,
+            store.clone(),
+            metrics.clone(),
+            storage_classes,
+            server_stop.clone(),
+        )
+        .await?;
         let options = server::ServeOptions {
             http2: args.http2,
             header_read_timeout: args.header_read_timeout,

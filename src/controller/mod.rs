@@ -27,6 +27,7 @@ mod scale;
 pub mod status;
 mod status_writer;
 mod storage;
+pub mod storage_classes;
 pub mod upgrade;
 
 pub use children::{Applied, Caches, Child, includes};

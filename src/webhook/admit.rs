@@ -37,7 +37,7 @@ async fn answer(
     let start = Instant::now();
     let endpoint = webhook.name();
     let req = state.admission_request(endpoint, headers, body).await?;
-    match admission::review(webhook, &req) {
+    match admission::review(webhook, &req, &state.settings) {
         Ok(answer) => {
             let result = if answer.allowed { "allowed" } else { "denied" };
             state.count_admission(endpoint, Some(&req), result);

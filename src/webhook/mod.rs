@@ -56,6 +56,9 @@ pub struct AppState {
     /// Answers `/readyz` on the TLS port too.
     pub readiness: Arc<Readiness>,
     pub metrics: Arc<Metrics>,
+    /// What the decisions read besides the request (`--default-storage-class`, the cluster's
+    /// StorageClasses).
+    pub settings: crate::admission::Settings,
 }
 
 impl AppState {
@@ -67,6 +70,7 @@ impl AppState {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             readiness,
             metrics,
+            settings: crate::admission::Settings::default(),
         }
     }
 

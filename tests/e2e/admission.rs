@@ -586,23 +586,32 @@ fn cel_object(
     version: Version,
     ns: &str,
     name: &str,
-    (size, class, gib): (i32, &str, u32),
+    (size, class, gib): (i32, Option<&str>, u32),
 ) -> Value {
-    let spec = match version {
+    let mut spec = match version {
         Version::V1Alpha1 => json!({"replicas": size, "etcdVersion": "3.5.10",
-                                    "storageClassName": class, "storageSizeGi": gib}),
+                                    "storageSizeGi": gib}),
         Version::V1Beta1 => json!({"size": size, "version": "v3.5.10",
-                                   "storage": {"className": class, "size": format!("{gib}Gi")}}),
+                                   "storage": {"size": format!("{gib}Gi")}}),
         Version::V1 => json!({"size": size, "version": "v3.5.10",
-                              "storageClass": class, "storageSize": format!("{gib}Gi")}),
+                              "storageSize": format!("{gib}Gi")}),
     };
+    // No class: the cluster's default StorageClass (the field is left out).
+    if let Some(class) = class {
+        match version {
+            Version::V1Alpha1 => spec["storageClassName"] = json!(class),
+            Version::V1Beta1 => spec["storage"]["className"] = json!(class),
+            Version::V1 => spec["storageClass"] = json!(class),
+        }
+    }
     json!({"apiVersion": version.api_version(), "kind": "EtcdCluster",
            "metadata": {"name": name, "namespace": ns}, "spec": spec})
 }
 
 /// The CRD's CEL rules (admission::cel) and `/validate` give the same answer, with the same
 /// field errors, on random updates in every version: each case creates a valid cluster, then
-/// sends a server-side dry-run apply of a random change of size, class and storage. Where
+/// sends a server-side dry-run update (the whole object, so a class left out is a class removed)
+/// of a random change of size, class and storage. Where
 /// `/validate` (called in-process on the same pair) finds violations, the apiserver must refuse
 /// with exactly those from CEL alone (the webhook is never reached); where it finds none, the
 /// apiserver must admit.
@@ -623,7 +632,7 @@ pub fn cel_rules_agree_with_the_webhook(env: &Env) {
         });
     println!("    CEL agreement: seed {seed} (E2E_CEL_SEED={seed} repeats this run)");
     let mut rng = Rng(seed);
-    let classes = ["standard", "ssd", "nvme"];
+    let classes = [Some("standard"), Some("gp3"), None];
     let sizes_gib = [1, 2, 5, 10, 20, 100, 1024];
     let (mut admitted, mut refused) = (0, 0);
     for i in 0..CASES {
@@ -645,10 +654,21 @@ pub fn cel_rules_agree_with_the_webhook(env: &Env) {
         let name = format!("cel-{i}");
         let old = cel_object(version, ns, &name, old_spec);
         let new = cel_object(version, ns, &name, new_spec);
-        ok(
-            env.kubectl_in(&["create", "-f", "-"], &old.to_string()),
+        let version_written = ok(
+            env.kubectl_in(
+                &[
+                    "create",
+                    "-o",
+                    "jsonpath={.metadata.resourceVersion}",
+                    "-f",
+                    "-",
+                ],
+                &old.to_string(),
+            ),
             "create the stored cluster",
         );
+        let mut new = new;
+        new["metadata"]["resourceVersion"] = json!(version_written.trim());
         let webhook = validate(version, Operation::Update, &new, Some(&old));
         let want: std::collections::BTreeSet<_> = webhook
             .violations
@@ -656,15 +676,7 @@ pub fn cel_rules_agree_with_the_webhook(env: &Env) {
             .map(|v| field_error(&v.to_string()).expect("a field error"))
             .collect();
         let out = env.kubectl_in(
-            &[
-                "apply",
-                "--server-side",
-                "--dry-run=server",
-                "--force-conflicts",
-                "--field-manager=e2e-cel",
-                "-f",
-                "-",
-            ],
+            &["replace", "--dry-run=server", "-f", "-"],
             &new.to_string(),
         );
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -696,4 +708,135 @@ pub fn cel_rules_agree_with_the_webhook(env: &Env) {
         "    CEL agreement: {CASES} random updates, {admitted} admitted and {refused} refused by both"
     );
     assert!(admitted > 0 && refused > 0, "both outcomes were exercised");
+}
+
+/// Issue 26, item 1: any StorageClass, as the cluster has them. A replica that reads the
+/// StorageClasses (its own ClusterRole, as the install's ServiceAccount) and has
+/// `--default-storage-class`: a new cluster naming no class gets that one written in; one naming
+/// a class the cluster lacks, or one that cannot grow, is admitted with a warning kubectl shows;
+/// a class added later is seen without a restart; a growth of a class that cannot grow warns.
+pub fn storage_classes_are_filled_in_and_warned_about(env: &Env) {
+    let ns = "e2e-classes";
+    env.create_namespace(ns);
+    let cluster = |version: &str, name: &str, spec: Value| {
+        let mut c = cluster(version, name, spec);
+        c["metadata"]["namespace"] = json!(ns);
+        c
+    };
+    let server = env.start_replica(
+        "etcd-webhook-classes",
+        &[
+            "--controller=off",
+            "--cabundle-check=on",
+            "--default-storage-class=e2e-default",
+        ],
+    );
+    env.route_to(&server);
+    let class = |name: &str, expands: bool| {
+        let c = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": name}, "provisioner": "example.com/none",
+            "allowVolumeExpansion": expands});
+        ok(env.kubectl_in(&["apply", "-f", "-"], &c.to_string()), name);
+    };
+    class("e2e-fixed", false);
+    assert!(
+        server.wait_log("StorageClasses listed", Duration::from_secs(30)),
+        "the replica lists the StorageClasses:\n{}",
+        server.log()
+    );
+    let dry_run = |spec: Value| {
+        let c = cluster("v1", "c", spec);
+        let out = env.kubectl_in(
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            &c.to_string(),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let created: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (created, stderr)
+    };
+    // No class named: --default-storage-class is written in, and it does not exist (yet).
+    let (created, stderr) = dry_run(json!({"size": 3}));
+    assert_eq!(created["spec"]["storageClass"], "e2e-default", "{created}");
+    assert!(
+        stderr.contains(r#"Warning: spec.storageClass: StorageClass "e2e-default" does not exist in this cluster"#),
+        "{stderr}"
+    );
+    // A class that cannot grow.
+    let (_, stderr) = dry_run(json!({"size": 3, "storageClass": "e2e-fixed"}));
+    assert!(
+        stderr.contains(r#"Warning: spec.storageClass: StorageClass "e2e-fixed" does not allow volume expansion: growing spec.storageSize later will not work"#),
+        "{stderr}"
+    );
+    // Created later: seen through the watch, no restart, no warning.
+    class("e2e-default", true);
+    wait_for("the new class to be seen", Duration::from_secs(20), || {
+        let (_, stderr) = dry_run(json!({"size": 3}));
+        (!stderr.contains("Warning")).then_some(())
+    });
+    // A growth on a class that cannot grow warns (the claims will not follow).
+    let stored = cluster(
+        "v1",
+        "fixed",
+        json!({"size": 3, "storageClass": "e2e-fixed", "storageSize": "1Gi"}),
+    );
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &stored.to_string()),
+        "a cluster on a class that cannot grow",
+    );
+    let out = env.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "etcdcluster",
+        "fixed",
+        "--type=merge",
+        "--dry-run=server",
+        "-p",
+        r#"{"spec":{"storageSize":"2Gi"}}"#,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(r#"Warning: spec.storageSize: StorageClass "e2e-fixed" does not allow volume expansion: the members' claims cannot grow"#),
+        "{stderr}"
+    );
+    // Set at creation, for good: adding a class to a cluster made without one is refused
+    // by the CRD's rule before any webhook.
+    let without = cluster("v1", "nameless", json!({"size": 3}));
+    ok(
+        env.kubectl_in(&["create", "-f", "-"], &without.to_string()),
+        "a cluster created with the default class written in",
+    );
+    let out = env.kubectl(&[
+        "-n",
+        ns,
+        "patch",
+        "etcdcluster",
+        "nameless",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/storageClass"}]"#,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(
+            r#"spec.storageClass: Forbidden: cannot be removed (it was \"e2e-default\")"#
+        ) || stderr
+            .contains(r#"spec.storageClass: Forbidden: cannot be removed (it was "e2e-default")"#),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("admission webhook"),
+        "the CRD's rule answers: {stderr}"
+    );
+    for name in ["fixed", "nameless"] {
+        ok(
+            env.kubectl(&["-n", ns, "delete", "etcdcluster", name, "--wait=false"]),
+            "delete",
+        );
+    }
+    let main = env.webhook.lock().unwrap();
+    env.route_to(main.as_ref().expect("the serving replica"));
 }

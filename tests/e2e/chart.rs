@@ -65,7 +65,7 @@ pub fn helm_chart_installed_for_real(cp: ControlPlane) {
     let first = json!({
         "apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster",
         "metadata": {"name": "first", "namespace": "e2e-helm"},
-        "spec": {"replicas": 3, "etcdVersion": "3.5.10", "storageSizeGi": 1}
+        "spec": {"replicas": 3, "storageSizeGi": 1}
     });
     ok(
         env.kubectl_in(&["create", "-f", "-"], &first.to_string()),
@@ -80,9 +80,13 @@ pub fn helm_chart_installed_for_real(cp: ControlPlane) {
     ]);
     assert_eq!(stored["spec"]["size"], 3, "{stored}");
     assert_eq!(stored["spec"]["storageSize"], "1Gi", "{stored}");
-    assert!(
-        stored["spec"]["storageClass"].is_string(),
+    assert_eq!(
+        stored["spec"]["version"], "v3.5.10",
         "/mutate filled in the defaults: {stored}"
+    );
+    assert!(
+        stored["spec"].get("storageClass").is_none(),
+        "no class named: the claims get the cluster's default StorageClass: {stored}"
     );
     let old = env.get_json(&[
         "-n",

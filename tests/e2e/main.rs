@@ -83,6 +83,10 @@ const SCENARIOS: &[Scenario] = &[
         admission::an_invalid_stored_cluster_can_still_be_edited_and_deleted,
     ),
     (
+        "storage_classes_are_filled_in_and_warned_about",
+        admission::storage_classes_are_filled_in_and_warned_about,
+    ),
+    (
         "a_cabundle_mismatch_is_reported_until_cainjector_repairs_it",
         lifecycle::a_cabundle_mismatch_is_reported_until_cainjector_repairs_it,
     ),

@@ -580,12 +580,12 @@ mod tests {
     fn storage_class_and_size() {
         let m = messages(&create(
             Version::V1Beta1,
-            &beta(json!({"size": 3, "storage": {"className": "gold", "size": "0Gi"}})),
+            &beta(json!({"size": 3, "storage": {"className": "Gold_1", "size": "0Gi"}})),
         ));
         assert_eq!(
             m,
             [
-                r#"spec.storage.className: Unsupported value: "gold": supported values: "standard", "ssd", "nvme""#,
+                r#"spec.storage.className: Invalid value: "Gold_1": must be a StorageClass name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"#,
                 r#"spec.storage.size: Invalid value: "0Gi": must be at least 1Gi"#,
             ]
         );
@@ -599,12 +599,12 @@ mod tests {
         );
         let m = messages(&create(
             Version::V1Alpha1,
-            &alpha(json!({"replicas": 3, "storageSizeGi": 0, "storageClassName": "hdd"})),
+            &alpha(json!({"replicas": 3, "storageSizeGi": 0, "storageClassName": "hdd_"})),
         ));
         assert_eq!(
             m,
             [
-                r#"spec.storageClassName: Unsupported value: "hdd": supported values: "standard", "ssd", "nvme""#,
+                r#"spec.storageClassName: Invalid value: "hdd_": must be a StorageClass name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"#,
                 "spec.storageSizeGi: Invalid value: 0: must be at least 1Gi",
             ]
         );
@@ -649,7 +649,9 @@ mod tests {
     fn every_violation_in_one_message() {
         let v = create(
             Version::V1,
-            &v1(json!({"size": 4, "version": "v2.0.0", "storageClass": "x", "storageSize": "0Gi"})),
+            &v1(
+                json!({"size": 4, "version": "v2.0.0", "storageClass": "-x", "storageSize": "0Gi"}),
+            ),
         );
         assert_eq!(v.violations.len(), 4);
         let msg = v.message();
@@ -736,6 +738,31 @@ mod tests {
         );
         let grown = beta(json!({"size": 3, "storage": {"className": "ssd", "size": "30Gi"}}));
         assert!(update(Version::V1Beta1, &old, &grown).allowed());
+        // Set or left out at creation, for good: the claims were made with it (or with the
+        // cluster's default), in the words of the CRD's rule on the spec.
+        let default = v1(json!({"size": 3}));
+        let gp3 = v1(json!({"size": 3, "storageClass": "gp3"}));
+        assert_eq!(
+            messages(&update(Version::V1, &default, &gp3)),
+            [
+                r#"spec.storageClass: Forbidden: cannot be set to "gp3" after creation: the claims were made with the cluster's default class, and volume claims cannot change class"#
+            ]
+        );
+        assert_eq!(
+            messages(&update(Version::V1, &gp3, &default)),
+            [
+                r#"spec.storageClass: Forbidden: cannot be removed (it was "gp3"): volume claims cannot change class"#
+            ]
+        );
+        // Any StorageClass name; the three of old are names like any other.
+        for class in ["gp3", "standard", "premium-rwo", "managed-csi.v2", "ssd"] {
+            let c = v1(json!({"size": 3, "storageClass": class}));
+            assert!(create(Version::V1, &c).allowed(), "{class}");
+        }
+        for bad in ["", "GP3", "gp3-", "a..b", &"a".repeat(254)] {
+            let c = v1(json!({"size": 3, "storageClass": bad}));
+            assert!(!create(Version::V1, &c).allowed(), "{bad}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use super::{Ctx, Kind, Verdict, Violation};
 use crate::admission::{Field, cron};
-use crate::api::{EtcdVersion, MAX_SIZE, STORAGE_CLASSES, StorageSize, Version, v1};
+use crate::api::{EtcdVersion, MAX_SIZE, StorageSize, Version, storage_class_error, v1};
 
 /// The longest EtcdCluster name: the reconcile loop names its CronJob `NAME-backup`, and a
 /// CronJob name may have at most 52 characters.
@@ -97,15 +97,11 @@ pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdic
         }
     }
 
-    if !STORAGE_CLASSES.contains(&spec.storage_class.as_str()) {
-        out.violations.push(Violation {
-            path: ctx.path(Field::StorageClass),
-            kind: Kind::Unsupported(ctx.shown(Field::StorageClass, spec.storage_class.clone())),
-            detail: format!(
-                "supported values: {}",
-                STORAGE_CLASSES.map(|c| format!("{c:?}")).join(", ")
-            ),
-        });
+    if let Some(class) = &spec.storage_class
+        && let Some(why) = storage_class_error(class)
+    {
+        out.violations
+            .push(ctx.invalid(Field::StorageClass, class.clone(), why));
     }
 
     match spec
@@ -192,14 +188,25 @@ pub(super) fn check_update(
         ));
     }
 
-    if old.storage_class != new.storage_class {
-        out.violations.push(ctx.forbidden(
+    match (&old.storage_class, &new.storage_class) {
+        (Some(o), Some(n)) if o != n => out.violations.push(ctx.forbidden(
+            Field::StorageClass,
+            format!("cannot change from {o:?} to {n:?}: volume claims cannot change class"),
+        )),
+        // The CRD's rule on the spec says the same.
+        (Some(o), None) => out.violations.push(ctx.forbidden(
             Field::StorageClass,
             format!(
-                "cannot change from {:?} to {:?}: volume claims cannot change class",
-                old.storage_class, new.storage_class
+                "cannot be removed (it was {o:?}): volume claims cannot change class"
             ),
-        ));
+        )),
+        (None, Some(n)) => out.violations.push(ctx.forbidden(
+            Field::StorageClass,
+            format!(
+                "cannot be set to {n:?} after creation: the claims were made with the cluster's default class, and volume claims cannot change class"
+            ),
+        )),
+        _ => {}
     }
 
     if let (Ok(o), Ok(n)) = (

@@ -290,7 +290,7 @@ pub(crate) mod tests {
         (
             1i32..=crate::api::MAX_SIZE,
             (0u32..12, 0u32..30, 0u32..40, any::<bool>()),
-            proptest::sample::select(&crate::api::STORAGE_CLASSES[..]),
+            option::of("[a-z0-9]([-a-z0-9.]{0,20}[a-z0-9])?"),
             "[0-9]{1,7}Gi",
             option::of((
                 any::<bool>(),
@@ -307,7 +307,7 @@ pub(crate) mod tests {
                     } else {
                         format!("v{ma}.{mi}.{pa}")
                     },
-                    storage_class: class.to_owned(),
+                    storage_class: class,
                     storage_size: storage,
                     backup: backup.map(|(enabled, schedule, retention, destination)| v1::Backup {
                         enabled,
@@ -385,7 +385,7 @@ pub(crate) mod tests {
             metadata(),
             1i32..=crate::api::MAX_SIZE,
             (0u32..12, 0u32..30, 0u32..40),
-            proptest::sample::select(&crate::api::STORAGE_CLASSES[..]),
+            option::of("[a-z0-9]([-a-z0-9.]{0,20}[a-z0-9])?"),
             1i64..100_000,
             // Either, both or none of backupEnabled and backupSchedule.
             (
@@ -400,8 +400,11 @@ pub(crate) mod tests {
                         "apiVersion": "etcd.example.com/v1alpha1", "kind": "EtcdCluster",
                         "metadata": metadata,
                         "spec": {"replicas": replicas, "etcdVersion": format!("{a}.{b}.{c}"),
-                                 "storageClassName": class, "storageSizeGi": gi},
+                                 "storageSizeGi": gi},
                     });
+                    if let Some(class) = class {
+                        o["spec"]["storageClassName"] = json!(class);
+                    }
                     let (enabled, schedule) = backup;
                     if let Some(enabled) = enabled {
                         o["spec"]["backupEnabled"] = json!(enabled);

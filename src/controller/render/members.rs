@@ -330,7 +330,7 @@ pub fn pod_disruption_budget(ec: &EtcdCluster, voters: Option<i32>) -> PodDisrup
 pub(super) fn claim_spec(ec: &EtcdCluster) -> PersistentVolumeClaimSpec {
     PersistentVolumeClaimSpec {
         access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-        storage_class_name: Some(ec.spec.storage_class.clone()),
+        storage_class_name: ec.spec.storage_class.clone(),
         resources: Some(VolumeResourceRequirements {
             requests: Some(storage(&ec.spec.storage_size)),
             ..Default::default()

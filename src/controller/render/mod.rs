@@ -309,7 +309,7 @@ pub(crate) mod tests {
             EtcdClusterSpec {
                 size,
                 version: "v3.5.10".to_owned(),
-                storage_class: "ssd".to_owned(),
+                storage_class: Some("ssd".to_owned()),
                 storage_size: "10Gi".to_owned(),
                 backup,
             },
