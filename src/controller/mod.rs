@@ -244,6 +244,15 @@ pub async fn reconcile(ec: Arc<EtcdCluster>, ctx: Arc<Context>) -> Result<Action
     if result.is_ok() {
         ctx.failures.lock().expect("not poisoned").remove(&key(&ec));
     }
+    // One line per pass, off by default (`--log-level info,etcd_webhook::controller::pass=debug`
+    // turns it on): which cluster a pass was for, which the counter above cannot say.
+    tracing::debug!(
+        target: "etcd_webhook::controller::pass",
+        cluster = %key(&ec),
+        result = label,
+        took_ms = started.elapsed().as_millis() as u64,
+        "reconciled"
+    );
     result
 }
 

@@ -158,7 +158,11 @@ pub fn ok(out: Output, what: &str) -> String {
 
 impl Env {
     pub fn install(cp: ControlPlane) -> Env {
-        Env::install_with(cp, &[])
+        // One log line per reconcile pass, naming its cluster (what a scenario waits on).
+        Env::install_with(
+            cp,
+            &["--log-level=info,etcd_webhook::controller::pass=debug"],
+        )
     }
 
     /// The install, with `replica_flags` added to every replica's arguments (replacing the
