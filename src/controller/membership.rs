@@ -316,6 +316,16 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
                 unhealthy.join(", ")
             ));
         }
+        // etcd promotes a learner whose log is within 90% of the leader's (isLearnerReady,
+        // readyPercent 0.9) and refuses before: wait for it rather than be refused.
+        let index = |id: u64| view.health.get(&id).map_or(0, |s| s.raft_index);
+        let leader = view.health.values().map(|s| s.leader).find(|&l| l != 0);
+        let (own, of_leader) = (index(m.id), leader.map_or(0, index));
+        if u128::from(own) * 10 < u128::from(of_leader) * 9 {
+            return Step::Wait(format!(
+                "{name}-{i} is catching up (raft index {own} of the leader's {of_leader}); it is promoted at 90%"
+            ));
+        }
         return Step::Promote {
             ordinal: i,
             id: m.id,
@@ -1024,8 +1034,18 @@ mod tests {
         health.get_mut(&100).unwrap().raft_index = 9000;
         health.get_mut(&102).unwrap().raft_index = 12;
         let none = BTreeMap::new();
+        // Behind (12 of 9000): etcd would refuse the promotion, so the plan waits for it.
         assert_eq!(
             view_plan(&ec, &members, &health, &none, 0, 299),
+            Step::Wait(
+                "etcd-2 is catching up (raft index 12 of the leader's 9000); it is promoted at 90%"
+                    .to_owned()
+            )
+        );
+        let mut caught_up = health.clone();
+        caught_up.get_mut(&102).unwrap().raft_index = 8100;
+        assert_eq!(
+            view_plan(&ec, &members, &caught_up, &none, 0, 299),
             Step::Promote {
                 ordinal: 2,
                 id: 102

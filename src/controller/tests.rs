@@ -407,6 +407,38 @@ async fn scaling_adds_one_learner_at_a_time_promotes_it_and_never_touches_the_te
     assert!(writes(&api.calls()).is_empty());
 }
 
+/// A voter down holds a scale-up: no add is sent (etcd would refuse it as "unhealthy cluster"),
+/// the status names who is down, and the add follows once it is back.
+#[tokio::test]
+async fn a_voter_down_holds_a_scale_up_and_etcd_never_refuses_the_loop() {
+    let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    etcd.set_unhealthy("etcd-1", true);
+    api.set(EC, "/spec/size", json!(5));
+    api.set(EC, "/metadata/generation", json!(2));
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(etcd.members().len(), 3, "nothing added");
+    let ec = cluster_json(&api);
+    assert_eq!(
+        ec["status"]["conditions"][2]["message"],
+        "3 voters (2 healthy), 0 learners, 0 not started, of 5; 2 of 3 voters healthy (not: etcd-1); a member is added when all are"
+    );
+    etcd.set_unhealthy("etcd-1", false);
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(etcd.members().len(), 4, "added once all voters answer");
+    // A learner behind its leader: the loop waits for it rather than asking etcd.
+    etcd.start("etcd-3", false);
+    pass(&api, &ctx).await.unwrap();
+    etcd.start("etcd-3", true);
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(etcd.members()[3], ("etcd-3".to_owned(), false));
+    assert!(
+        etcd.refusals().is_empty(),
+        "etcd refused the loop: {:?}",
+        etcd.refusals()
+    );
+}
+
 #[tokio::test]
 async fn a_member_that_never_starts_is_removed_with_a_warning_and_the_set_shrinks_back() {
     // A join timeout of 0: the pass after the add finds it past due.

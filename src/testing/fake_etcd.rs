@@ -1,6 +1,9 @@
 //! An in-memory etcd membership behind the loop's [`Transport`]: `member list`, `add`
-//! (learners), `promote` (refused until the test lets the learner catch up), `remove` and
-//! `status`, with etcd's own answers. Pods "start" when the test says so. The real thing is in
+//! (learners), `promote`, `remove` and `status`, with etcd's own answers, and its refusals
+//! (v3.5/v3.6 `server.go` with `--strict-reconfig-check`, on by default): an add while a voter
+//! is not connected ("unhealthy cluster"), a second learner ("too many learner members"), a
+//! promote of a learner behind its leader ("in sync with leader") or one that would leave too
+//! few started voters. Pods "start" when the test says so. The real thing is in
 //! tests/members.rs; this one lets the reconcile tests run without network namespaces.
 
 use std::future::Future;
@@ -21,6 +24,8 @@ struct State {
     cluster_id: u64,
     /// Pods whose member does not answer `status` (down, or cut off).
     unhealthy: std::collections::BTreeSet<String>,
+    /// Every refusal answered, in order.
+    refusals: Vec<String>,
 }
 
 #[derive(Default)]
@@ -82,6 +87,11 @@ impl FakeEtcd {
         self.state.lock().unwrap().cluster_id = id;
     }
 
+    /// Every refusal etcd answered the loop, in order.
+    pub fn refusals(&self) -> Vec<String> {
+        self.state.lock().unwrap().refusals.clone()
+    }
+
     /// (name or "", learner) per member, in order.
     pub fn members(&self) -> Vec<(String, bool)> {
         let s = self.state.lock().unwrap();
@@ -110,6 +120,24 @@ impl FakeEtcd {
 
     fn answer(&self, endpoint: &str, path: &str, body: &Value) -> Result<Value, EtcdError> {
         let mut s = self.state.lock().unwrap();
+        let out = Self::answer_in(&mut s, endpoint, path, body);
+        if let Err(EtcdError::Refused { message, .. }) = &out {
+            s.refusals.push(message.clone());
+        }
+        out
+    }
+
+    /// A voter etcd's leader is connected to: started and answering.
+    fn connected(s: &State, m: &(u64, String, String, bool, bool)) -> bool {
+        !m.1.is_empty() && !s.unhealthy.contains(&m.1)
+    }
+
+    fn answer_in(
+        s: &mut State,
+        endpoint: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<Value, EtcdError> {
         let refused = |message: &str| EtcdError::Refused {
             endpoint: endpoint.to_owned(),
             message: message.to_owned(),
@@ -127,28 +155,46 @@ impl FakeEtcd {
                 .unwrap_or_default()
         };
         match path {
-            "cluster/member/list" => Ok(Self::list(&s)),
+            "cluster/member/list" => Ok(Self::list(s)),
             "cluster/member/add" => {
                 let url = body["peerURLs"][0].as_str().unwrap_or_default().to_owned();
                 if s.members.iter().any(|m| m.2 == url) {
                     return Err(refused("etcdserver: Peer URLs already exists"));
                 }
-                s.next += 1;
-                let id = 0x1000 + s.next;
                 let learner = body["isLearner"].as_bool().unwrap_or(false);
                 // etcd's default --max-learners is 1.
                 if learner && s.members.iter().any(|m| m.3) {
                     return Err(refused("etcdserver: too many learner members in cluster"));
                 }
+                // mayAddMember: the leader must be connected to every voter (learners too).
+                if s.members.iter().any(|m| !m.3 && !Self::connected(s, m)) {
+                    return Err(refused("etcdserver: unhealthy cluster"));
+                }
+                s.next += 1;
+                let id = 0x1000 + s.next;
                 s.members
                     .push((id, String::new(), url.clone(), learner, false));
-                let mut out = Self::list(&s);
+                let mut out = Self::list(s);
                 out["member"] =
                     json!({"ID": id.to_string(), "peerURLs": [url], "isLearner": learner});
                 Ok(out)
             }
             "cluster/member/promote" => {
                 let id = id_of(body);
+                // IsReadyToPromoteMember: the started voters with it make a quorum of the
+                // voters with it.
+                let voters = s.members.iter().filter(|m| !m.3).count() + 1;
+                let started = s
+                    .members
+                    .iter()
+                    .filter(|m| !m.3 && Self::connected(s, m))
+                    .count()
+                    + 1;
+                if started < voters / 2 + 1 {
+                    return Err(refused(
+                        "etcdserver: re-configuration failed due to not enough started members",
+                    ));
+                }
                 let m = s
                     .members
                     .iter_mut()
@@ -163,7 +209,7 @@ impl FakeEtcd {
                     ));
                 }
                 m.3 = false;
-                Ok(Self::list(&s))
+                Ok(Self::list(s))
             }
             "cluster/member/remove" => {
                 let id = id_of(body);
@@ -172,7 +218,7 @@ impl FakeEtcd {
                 if s.members.len() == before {
                     return Err(refused("etcdserver: member not found"));
                 }
-                Ok(Self::list(&s))
+                Ok(Self::list(s))
             }
             "maintenance/status" => {
                 let pod = host_name(endpoint);
@@ -205,5 +251,59 @@ impl Transport for FakeEtcd {
     ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
         let out = self.answer(endpoint, path, &body);
         Box::pin(async move { out })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn post(f: &FakeEtcd, path: &str, body: Value) -> Result<Value, String> {
+        f.answer("http://etcd-0.etcd.ns.svc:2379", path, &body)
+            .map_err(|e| e.to_string())
+    }
+
+    fn add(f: &FakeEtcd, ordinal: u32) -> Result<Value, String> {
+        post(
+            f,
+            "cluster/member/add",
+            json!({"peerURLs": [format!("http://etcd-{ordinal}.etcd.ns.svc:2380")], "isLearner": true}),
+        )
+    }
+
+    #[test]
+    fn it_refuses_what_etcd_refuses() {
+        let urls: Vec<String> = (0..3)
+            .map(|i| format!("http://etcd-{i}.etcd.ns.svc:2380"))
+            .collect();
+        let f = FakeEtcd::running(&urls);
+        // A voter the leader cannot reach: no add, not even a learner.
+        f.set_unhealthy("etcd-1", true);
+        assert!(
+            add(&f, 3)
+                .unwrap_err()
+                .contains("etcdserver: unhealthy cluster")
+        );
+        f.set_unhealthy("etcd-1", false);
+        let added = add(&f, 3).unwrap();
+        let id = added["member"]["ID"].as_str().unwrap().to_owned();
+        // One learner at a time (--max-learners 1).
+        assert!(add(&f, 4).unwrap_err().contains("too many learner members"));
+        // Not started, so not in sync: no promotion.
+        let promote = || post(&f, "cluster/member/promote", json!({"ID": id}));
+        assert!(promote().unwrap_err().contains("in sync with leader"));
+        // Started and caught up, but two of the three voters gone: the four would lack a quorum.
+        f.start("etcd-3", true);
+        f.set_unhealthy("etcd-1", true);
+        f.set_unhealthy("etcd-2", true);
+        assert!(
+            promote()
+                .unwrap_err()
+                .contains("not enough started members")
+        );
+        f.set_unhealthy("etcd-2", false);
+        promote().unwrap();
+        assert_eq!(f.members()[3], ("etcd-3".to_owned(), false));
+        assert_eq!(f.refusals().len(), 4, "{:?}", f.refusals());
     }
 }
