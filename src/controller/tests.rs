@@ -407,6 +407,79 @@ async fn scaling_adds_one_learner_at_a_time_promotes_it_and_never_touches_the_te
     assert!(writes(&api.calls()).is_empty());
 }
 
+/// The shell around the plan: the voter label follows etcd's member list (a learner's pod gets
+/// none, so the client Service never sends it a client, until it is promoted), and a member
+/// removed by hand whose pod exits 0 gets its claim and pod deleted (the StatefulSet makes both
+/// anew) with a Warning Event MemberVolumeReplaced.
+#[tokio::test]
+async fn the_voter_label_follows_the_member_list_and_a_removed_members_volume_is_replaced() {
+    let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    let pod_path = |i: usize| format!("/api/v1/namespaces/prod/pods/etcd-{i}");
+    let pod = |i: usize, terminated: Option<i32>| {
+        let mut p = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        if let Some(code) = terminated {
+            p["status"]["containerStatuses"] = json!([{"name": "etcd", "ready": false,
+                "restartCount": 1, "image": "x", "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": code, "finishedAt": "2026-12-01T00:00:00Z"}}}]);
+        }
+        api.insert(&pod_path(i), p);
+    };
+    let voter = |i: usize| {
+        api.get(&pod_path(i)).unwrap()["metadata"]["labels"][render::VOTER_LABEL].clone()
+    };
+    for i in 0..3 {
+        pod(i, None);
+    }
+    pass(&api, &ctx).await.unwrap();
+    for i in 0..3 {
+        assert_eq!(voter(i), "true", "etcd-{i} is a voter");
+    }
+    // A learner's pod: no label until it is promoted.
+    api.set(EC, "/spec/size", json!(5));
+    pass(&api, &ctx).await.unwrap();
+    pod(3, None);
+    etcd.start("etcd-3", false);
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(voter(3), Value::Null, "a learner gets no clients");
+    etcd.start("etcd-3", true);
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(voter(3), "true", "promoted: a voter");
+
+    // etcd-1 removed by hand; its etcd exits 0 (peers said it was removed).
+    etcd.remove_by_hand("etcd-1");
+    pod(1, Some(0));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let deletes: Vec<String> = api
+        .calls()
+        .iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path.clone())
+        .collect();
+    assert_eq!(
+        deletes,
+        [
+            "/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-1".to_owned(),
+            pod_path(1)
+        ],
+        "claim then pod"
+    );
+    assert!(
+        events(&api.calls()).contains(&("Warning".to_owned(), "MemberVolumeReplaced".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    assert!(etcd.refusals().is_empty(), "{:?}", etcd.refusals());
+}
+
 /// A voter down holds a scale-up: no add is sent (etcd would refuse it as "unhealthy cluster"),
 /// the status names who is down, and the add follows once it is back.
 #[tokio::test]

@@ -82,6 +82,16 @@ impl FakeEtcd {
         }
     }
 
+    /// `etcdctl member remove` by hand: the member of pod `pod` leaves the list (its pod and
+    /// volume stay, as they do in a cluster).
+    pub fn remove_by_hand(&self, pod: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .members
+            .retain(|m| host_name(&m.2) != pod);
+    }
+
     /// The cluster ID the answers carry (another cluster's volumes answering).
     pub fn set_cluster_id(&self, id: u64) {
         self.state.lock().unwrap().cluster_id = id;
