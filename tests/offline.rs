@@ -482,3 +482,71 @@ fn a_review_of_the_wrong_kind_says_what_to_do() {
     assert!(stderr.contains("kind Deployment is neither"), "{stderr}");
     assert!(!stderr.contains("\\\""), "no escaped quotes: {stderr}");
 }
+
+#[test]
+fn certs_refuses_an_expired_pair_and_never_overwrites_without_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("certs");
+    let dir = out.to_str().unwrap();
+    let o = run(&["certs", "--out", dir, "--days", "0"], None);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("0 is not in 1..=36500"));
+    assert!(!out.exists(), "nothing written");
+    assert_eq!(code(&run(&["certs", "--out", dir], None)), 0);
+    let key = std::fs::read(out.join("tls.key")).unwrap();
+    let o = run(&["certs", "--out", dir], None);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 2, "{stderr}");
+    assert!(stderr.contains("already exist: pass --force"), "{stderr}");
+    assert_eq!(std::fs::read(out.join("tls.key")).unwrap(), key, "kept");
+    assert_eq!(code(&run(&["certs", "--out", dir, "--force"], None)), 0);
+    assert_ne!(std::fs::read(out.join("tls.key")).unwrap(), key, "replaced");
+}
+
+/// A command that reads a cluster names the server it could not reach, or the kubeconfig it
+/// could not use, in one line (issue 26: Rust debug dumps, no server named).
+#[test]
+fn cluster_commands_name_what_they_could_not_reach() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubeconfig = tmp.path().join("kubeconfig");
+    // Port 1 on loopback: nothing listens there.
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+         contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n\
+         users: [{name: u, user: {token: x}}]\n",
+    )
+    .unwrap();
+    let with = |kubeconfig: &std::path::Path, args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap()
+    };
+    for args in [&["migrate-storage"][..], &["crd", "--served", "v1"][..]] {
+        let o = with(&kubeconfig, args);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        let error = stderr
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_else(|| panic!("{args:?}: {stderr}"));
+        assert_eq!(code(&o), 2, "{args:?}: {stderr}");
+        assert!(
+            error.contains("API server https://127.0.0.1:1/"),
+            "{args:?}: {error}"
+        );
+        assert!(error.contains("Connection refused"), "{args:?}: {error}");
+    }
+    let o = with(&tmp.path().join("missing"), &["migrate-storage"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot use the kubeconfig {} (from KUBECONFIG): No such file or directory",
+            tmp.path().join("missing").display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("'\""), "no debug-quoted paths: {stderr}");
+}

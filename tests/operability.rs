@@ -339,6 +339,14 @@ fn sigterm_drains_slow_requests_and_exits_zero() {
         server.log()
     );
     assert!(server.log().contains("draining"));
+    // The wait is explained where it starts (issue 26: Ctrl-C waited 5 s without a word).
+    assert!(
+        server
+            .log()
+            .contains("still accepting for --shutdown-delay (3s)"),
+        "{}",
+        server.log()
+    );
 }
 
 /// Panic isolation, in-process: the served routes plus one that panics, behind the same
