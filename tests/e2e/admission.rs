@@ -735,7 +735,7 @@ pub fn storage_classes_are_filled_in_and_warned_about(env: &Env) {
         "etcd-webhook-classes",
         &["--cabundle-check=on", "--default-storage-class=e2e-default"],
     );
-    let log = || env.webhook.lock().unwrap().as_ref().unwrap().log();
+    let log = || env.serving_log();
     let class = |name: &str, expands: bool| {
         let c = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": name}, "provisioner": "example.com/none",

@@ -333,6 +333,16 @@ impl Env {
         );
     }
 
+    /// The serving replica's log so far.
+    pub fn serving_log(&self) -> String {
+        self.webhook
+            .lock()
+            .unwrap()
+            .as_ref()
+            .expect("a serving replica")
+            .log()
+    }
+
     /// Starts a replica as pod `pod_name` and routes the Service to it.
     pub fn serve_with(&self, pod_name: &str) {
         let server = self.start_replica(pod_name, &[]);

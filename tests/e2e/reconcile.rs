@@ -414,12 +414,7 @@ pub fn storage_in_tebibytes_settles_and_grows(env: &Env) {
     let applies = statefulset_applies(env);
     // This cluster's own passes (the counter above is every cluster's).
     let passes = || {
-        env.webhook
-            .lock()
-            .unwrap()
-            .as_ref()
-            .unwrap()
-            .log()
+        env.serving_log()
             .lines()
             .filter(|l| l.contains("reconciled") && l.contains(&format!("{ns}/{name} ")))
             .count()

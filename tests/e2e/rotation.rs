@@ -196,12 +196,7 @@ fn renew(env: &Env, certificate: &str) {
 
 /// How many times the serving replica has loaded a pair.
 fn loads(env: &Env) -> usize {
-    env.webhook
-        .lock()
-        .unwrap()
-        .as_ref()
-        .unwrap()
-        .log()
+    env.serving_log()
         .matches("serving certificate loaded")
         .count()
 }
