@@ -360,7 +360,8 @@ def report(avg, args):
     print(f"\nmode: {'smoke' if args.smoke else 'full'}, {args.profile} binaries, rounds {args.rounds}, {args.seconds} s runs, "
           f"allocator {args.allocator}, nproc {os.cpu_count()}")
     if args.smoke:
-        print("smoke mode: the numbers only show the harness works; see docs/benchmarks.md for a full run")
+        print("smoke mode: every endpoint answered 2xx, nothing failed; the ratios (debug binaries, 1 s runs) "
+              "are not judged: see docs/benchmarks.md for a full run")
         if missed:
             print(f"smoke mode: {len(missed)} target(s) missed, not judged (debug binaries, 1 s runs)")
     return missed, unmeasured
