@@ -36,6 +36,25 @@ pub const STORAGE_CLASS_PATTERN: &str =
 /// The longest DNS-1123 subdomain.
 pub const STORAGE_CLASS_MAX_LENGTH: u32 = 253;
 
+/// A DNS-1123 subdomain (at most 253 characters: object names such as StorageClasses and
+/// Secrets) or, with `label`, a DNS-1123 label (at most 63: namespaces).
+pub fn dns1123(s: &str, label: bool) -> bool {
+    let max = if label { 63 } else { 253 };
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !p.starts_with('-')
+            && !p.ends_with('-')
+    };
+    s.len() <= max
+        && (if label {
+            part_ok(s)
+        } else {
+            s.split('.').all(part_ok)
+        })
+}
+
 /// Why `name` cannot name a StorageClass (what [`STORAGE_CLASS_PATTERN`] says, in words).
 pub fn storage_class_error(name: &str) -> Option<&'static str> {
     if name.is_empty() {
@@ -44,14 +63,7 @@ pub fn storage_class_error(name: &str) -> Option<&'static str> {
     if name.len() > STORAGE_CLASS_MAX_LENGTH as usize {
         return Some("must be at most 253 characters (a StorageClass name)");
     }
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    (!name.split('.').all(label_ok)).then_some(
+    (!dns1123(name, false)).then_some(
         "must be a StorageClass name: lower-case letters, digits, '-' and '.', starting and \
          ending with a letter or digit",
     )

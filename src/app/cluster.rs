@@ -20,12 +20,16 @@ const DEFAULT_NAMESPACE: &str = crate::api::WEBHOOK_NAMESPACE;
 /// The namespace this process is installed in: POD_NAMESPACE, else the service account's
 /// inside a pod, else the default install's.
 pub fn install_namespace() -> String {
+    pod_namespace().unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
+}
+
+/// The pod's own namespace: POD_NAMESPACE (the downward API), else the service account's.
+fn pod_namespace() -> Option<String> {
     std::env::var("POD_NAMESPACE")
         .ok()
         .map(|ns| ns.trim().to_owned())
         .filter(|ns| !ns.is_empty())
         .or_else(|| service_account_namespace(in_pod()))
-        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
 }
 
 fn in_pod() -> bool {
@@ -67,14 +71,8 @@ pub(super) async fn cert_secret_client(
         .await?
         .expect("`on` has a config or an error");
     let client = kube::Client::try_from(config).map_err(Error::KubeClient)?;
-    let secret = secret.in_namespace(|| {
-        std::env::var("POD_NAMESPACE")
-            .ok()
-            .map(|ns| ns.trim().to_owned())
-            .filter(|ns| !ns.is_empty())
-            .or_else(|| service_account_namespace(in_pod()))
-            .unwrap_or_else(|| client.default_namespace().to_owned())
-    });
+    let secret = secret
+        .in_namespace(|| pod_namespace().unwrap_or_else(|| client.default_namespace().to_owned()));
     tracing::info!(%secret, "serving certificate: read from the Secret through the API (--cert-secret)");
     Ok((secret, client))
 }

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::watch::Reloader;
 use super::{CERT_FILE, CertError, KEY_FILE};
+use crate::api::dns1123;
 
 /// `NAMESPACE/NAME`, or `NAME` in the pod's own namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,24 +44,6 @@ impl fmt::Display for SecretRef {
             None => f.write_str(&self.name),
         }
     }
-}
-
-/// A DNS-1123 subdomain (Secret names) or, with `label`, a DNS-1123 label (namespaces).
-fn dns1123(s: &str, label: bool) -> bool {
-    let max = if label { 63 } else { 253 };
-    let part_ok = |p: &str| {
-        !p.is_empty()
-            && p.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !p.starts_with('-')
-            && !p.ends_with('-')
-    };
-    s.len() <= max
-        && (if label {
-            part_ok(s)
-        } else {
-            s.split('.').all(part_ok)
-        })
 }
 
 impl FromStr for SecretRef {
