@@ -104,7 +104,25 @@ pub fn validate(req: &AdmissionRequest, settings: &Settings) -> Answer {
     };
     let verdict = validate::validate_as_written(version, op, obj, req.old_object.as_ref());
     answer.warnings = verdict.warnings.clone();
-    if let Some(known) = settings.storage_classes.as_ref().and_then(|c| c.known()) {
+    // The class is judged on a CREATE and on a storage growth only: every other UPDATE skips
+    // the snapshot and the conversions (a raw look at the size field, in each object's version).
+    let size = |o: &serde_json::Value| {
+        crate::api::convert::version_of(o)
+            .ok()
+            .and_then(|v| Field::StorageSize.pointer(v))
+            .and_then(|p| o.pointer(p))
+            .cloned()
+    };
+    let judged = match (op, req.old_object.as_ref()) {
+        (Op::Update, Some(old)) => size(obj) != size(old),
+        _ => true,
+    };
+    if let Some(known) = settings
+        .storage_classes
+        .as_ref()
+        .filter(|_| judged)
+        .and_then(|c| c.known())
+    {
         let spec = |o: &serde_json::Value| {
             crate::api::convert::convert_object(o, crate::api::Version::V1)
                 .ok()
