@@ -301,17 +301,19 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
         };
     }
     if let Some(&(i, m)) = ours.iter().find(|(_, m)| m.is_learner) {
+        // The learner's raft index and its leader's, as their `status` said.
+        let index = |id: u64| view.health.get(&id).map_or(0, |s| s.raft_index);
+        let leader = view.health.values().map(|s| s.leader).find(|&l| l != 0);
+        let (own, of_leader) = (index(m.id), leader.map_or(0, index));
         let waited = waited(view, view.memory.started.get(&m.id));
         if waited >= view.timeouts.promote {
-            let index = |id: u64| view.health.get(&id).map_or(0, |s| s.raft_index);
-            let leader = view.health.values().map(|s| s.leader).find(|&l| l != 0);
             return Step::Remove {
                 ordinal: i,
                 id: m.id,
                 why: Removal::NeverCaughtUp {
                     waited,
-                    index: index(m.id),
-                    leader_index: leader.map_or(0, index),
+                    index: own,
+                    leader_index: of_leader,
                 },
             };
         }
@@ -324,9 +326,6 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
         }
         // etcd promotes a learner whose log is within 90% of the leader's (isLearnerReady,
         // readyPercent 0.9) and refuses before: wait for it rather than be refused.
-        let index = |id: u64| view.health.get(&id).map_or(0, |s| s.raft_index);
-        let leader = view.health.values().map(|s| s.leader).find(|&l| l != 0);
-        let (own, of_leader) = (index(m.id), leader.map_or(0, index));
         if u128::from(own) * 10 < u128::from(of_leader) * 9 {
             return Step::Wait(format!(
                 "{name}-{i} is catching up (raft index {own} of the leader's {of_leader}); it is promoted at 90%"
