@@ -266,6 +266,16 @@ impl Loop {
         }
     }
 
+    /// Observes (bounded: 30 s) until member `k` has crashed `n` times; `what` names the wait.
+    fn wait_crashes(&mut self, net: &mut Net, k: usize, n: usize, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.crashes.iter().filter(|(i, _)| *i == k).count() < n {
+            assert!(Instant::now() < deadline, "{what}\n{}", net.logs());
+            self.observe(net);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The kubelet's view of the containers that exited since the last look.
     fn observe(&mut self, net: &mut Net) {
         let managed: Vec<usize> = (0..net.pods.len())
@@ -883,16 +893,7 @@ fn a_member_removed_by_hand_rejoins_once_on_a_fresh_volume() {
         json!({"ID": id.to_string()}),
     );
     // The removed member stops by itself; the kubelet restarts it (on the same volume).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !lp.crashes.iter().any(|(i, _)| *i == k) {
-        assert!(
-            Instant::now() < deadline,
-            "the removed member kept running\n{}",
-            net.logs()
-        );
-        lp.observe(&mut net);
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    lp.wait_crashes(&mut net, k, 1, "the removed member kept running");
     let (_, exit) = lp.crashes.iter().find(|(i, _)| *i == k).unwrap().clone();
     assert_eq!(exit.code, 0, "etcd's exit after its removal: {exit:?}");
     assert!(exit.message.is_empty(), "no message on a clean exit");
@@ -905,16 +906,7 @@ fn a_member_removed_by_hand_rejoins_once_on_a_fresh_volume() {
     // volume fails, and its exit is what the pod's last state then shows.
     net.start(k, &lp.container);
     lp.backoff[k].started();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while lp.crashes.iter().filter(|(i, _)| *i == k).count() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the restart on the old volume kept running\n{}",
-            net.logs()
-        );
-        lp.observe(&mut net);
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    lp.wait_crashes(&mut net, k, 2, "the restart on the old volume kept running");
     let again = lp.exits[&(k as i32)].clone();
     eprintln!(
         "the restart on the removed member's volume: exit {}, {:?}",

@@ -780,52 +780,61 @@ pub fn storage_classes_are_filled_in_and_warned_about(env: &Env) {
         let (_, stderr) = dry_run(json!({"size": 3}));
         (!stderr.contains("Warning")).then_some(())
     });
+    // A stored cluster, then a patch of it (kubectl's exit status and stderr).
+    let create = |name: &str, spec: Value, what: &str| {
+        ok(
+            env.kubectl_in(
+                &["create", "-f", "-"],
+                &cluster("v1", name, spec).to_string(),
+            ),
+            what,
+        );
+    };
+    let patch = |name: &str, how: &[&str]| {
+        let mut args = vec!["-n", ns, "patch", "etcdcluster", name];
+        args.extend_from_slice(how);
+        let out = env.kubectl(&args);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
     // A growth on a class that cannot grow warns (the claims will not follow).
-    let stored = cluster(
-        "v1",
+    create(
         "fixed",
         json!({"size": 3, "storageClass": "e2e-fixed", "storageSize": "1Gi"}),
-    );
-    ok(
-        env.kubectl_in(&["create", "-f", "-"], &stored.to_string()),
         "a cluster on a class that cannot grow",
     );
-    let out = env.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "etcdcluster",
+    let (success, stderr) = patch(
         "fixed",
-        "--type=merge",
-        "--dry-run=server",
-        "-p",
-        r#"{"spec":{"storageSize":"2Gi"}}"#,
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+        &[
+            "--type=merge",
+            "--dry-run=server",
+            "-p",
+            r#"{"spec":{"storageSize":"2Gi"}}"#,
+        ],
+    );
+    assert!(success, "{stderr}");
     assert!(
         stderr.contains(r#"Warning: spec.storageSize: StorageClass "e2e-fixed" does not allow volume expansion: the members' claims cannot grow"#),
         "{stderr}"
     );
-    // Set at creation, for good: adding a class to a cluster made without one is refused
-    // by the CRD's rule before any webhook.
-    let without = cluster("v1", "nameless", json!({"size": 3}));
-    ok(
-        env.kubectl_in(&["create", "-f", "-"], &without.to_string()),
+    // Set at creation, for good: removing the class written in at creation is refused by the
+    // CRD's rule before any webhook.
+    create(
+        "nameless",
+        json!({"size": 3}),
         "a cluster created with the default class written in",
     );
-    let out = env.kubectl(&[
-        "-n",
-        ns,
-        "patch",
-        "etcdcluster",
+    let (success, stderr) = patch(
         "nameless",
-        "--type=json",
-        "-p",
-        r#"[{"op":"remove","path":"/spec/storageClass"}]"#,
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+        &[
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/storageClass"}]"#,
+        ],
+    );
+    assert!(!success);
     assert!(
         stderr.contains(
             r#"spec.storageClass: Forbidden: cannot be removed (it was \"e2e-default\")"#
