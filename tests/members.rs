@@ -822,6 +822,81 @@ fn a_cluster_re_created_on_old_volumes_reports_the_former_members() {
     assert!(lp.calls.is_empty());
 }
 
+/// The etcd cluster ID pod `i` answers `member list` with (bounded: 60 s).
+fn cluster_id_of(net: &Net, i: usize) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(id) = net
+            .v3(i, "cluster/member/list", json!({"linearizable": true}))
+            .and_then(|l| l["header"]["cluster_id"].as_str()?.parse().ok())
+        {
+            return id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no member list through {}\n{}",
+            net.pods[i].name,
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// A cluster re-created larger on a former cluster's volumes: a one-member cluster's claim is
+/// kept, and the cluster is made again with three. With the ConfigMap the loop wrote before
+/// (`new`), the two members on empty volumes form a cluster of their own beside the former one
+/// (two of three are a quorum): two clusters under one name and one client Service, each taking
+/// writes. With the one the loop writes when member claims are already there (`existing`),
+/// the empty members can only join: the former member comes back with its data, the loop
+/// records its cluster and grows it to three by learners, and every key written before is
+/// there, through every member.
+#[test]
+fn a_cluster_re_created_larger_on_old_volumes_grows_the_former_one_and_forms_no_stray() {
+    let (mut net, _) = formed("larger", 1, 3, Release::V3_6_4);
+    let keys: Vec<String> = (0..20).map(|i| format!("/w/k{i}")).collect();
+    for key in &keys {
+        assert!(net.put(0, key, key.trim_start_matches("/w/")), "{key}");
+    }
+    let former = cluster_id_of(&net, 0);
+    net.stop(0);
+    let mut lp = Loop::new(cluster("larger", 3, Release::V3_6_4), 3);
+
+    // The old rendering: a new cluster of three over the one volume that is there.
+    net.config = render::bootstrap_config(&lp.ec, 3, false).data.unwrap();
+    net.start(1, &lp.container);
+    net.start(2, &lp.container);
+    let stray = cluster_id_of(&net, 1);
+    assert_ne!(stray, former, "a second cluster formed");
+    assert!(net.put(1, "/stray", "yes"), "and it takes writes");
+    for i in [1, 2] {
+        net.stop(i);
+        let _ = net.exited(i);
+        let data = &net.pods[i].data;
+        std::fs::remove_dir_all(data).unwrap();
+        std::fs::create_dir_all(data).unwrap();
+        run(Command::new("chown")
+            .arg(format!("{RUN_AS}:{RUN_AS}"))
+            .arg(data));
+    }
+
+    // What the loop renders now that it finds a member claim: join.
+    net.config = render::bootstrap_config(&lp.ec, 3, true).data.unwrap();
+    lp.settle(&mut net, Duration::from_secs(120));
+    assert_eq!(lp.cluster_id, Some(former), "the former cluster, recorded");
+    for i in 0..3 {
+        assert_eq!(cluster_id_of(&net, i), former, "{}", net.pods[i].name);
+        assert_eq!(net.get(i, "/stray"), None);
+    }
+    all_there(&net, &keys);
+    let adds = count(&lp, |s| matches!(s, Step::AddLearner { .. }));
+    assert_eq!(adds, 2, "calls {:?}", lp.calls);
+    let former_exits: Vec<&(usize, Exit)> = lp.crashes.iter().filter(|(i, _)| *i == 0).collect();
+    assert!(
+        former_exits.is_empty(),
+        "the former member never stopped: {former_exits:?}"
+    );
+}
+
 /// The ID of the member named `name`, from `member list` through pod `via`.
 fn member_id(net: &Net, via: usize, name: &str) -> u64 {
     let list = net

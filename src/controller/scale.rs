@@ -5,13 +5,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::children::Children;
+use super::children::{Applied, Children};
 use super::etcd::{Etcd, EtcdError};
 use super::finalizer::initial_size_recorded;
 use super::membership::{self, Exit, Inputs, Memory, Outcome, Removal, Step};
@@ -164,6 +164,9 @@ pub(super) async fn converge(
         // timeout); the log has it.
         let note = match foreign {
             Some(why) => why,
+            None if ready == 0 && recorded.is_none() && joins_former(config.as_deref()) => {
+                "no member is ready: created over a former cluster's volumes, the members wait for the former members to come back (the FormerVolumes Event names the claims)".to_owned()
+            }
             None if ready == 0 => "no member is ready".to_owned(),
             None => "no member answered (the loop's log has the error; can it reach port 2379?)"
                 .to_owned(),
@@ -388,7 +391,6 @@ fn step_member(ec: &EtcdCluster, step: &Step) -> String {
 /// are deleted and the StatefulSet makes both anew (the old volume holds a data directory that
 /// names the removed member, which etcd would refuse).
 async fn replace_volume(ec: &EtcdCluster, kids: &Children<'_>, ordinal: i32) -> Result<(), Error> {
-    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
     let claim = render::member_claim(ec, ordinal);
     let pod = format!("{}-{ordinal}", ec.name_any());
     let params = kube::api::DeleteParams::background();
@@ -446,12 +448,57 @@ async fn label_voters(
 /// that StatefulSet runs: a new cluster bootstraps with `spec.size` members; one whose
 /// StatefulSet is made again (after a storage growth) runs the members its ConfigMap lists,
 /// never more (a growth under way goes on one learner at a time).
+///
+/// A cluster with no recorded cluster ID whose member claims are already there (a former
+/// cluster's volumes under the same name) joins too (`existing`): the members with data come
+/// back as the former cluster, and a member on an empty volume can only join it, never form a
+/// second cluster beside it (with `new`, the empty ones would form one of their own as soon as
+/// they are a quorum of `spec.size`: a cluster re-created larger on old claims).
 pub(super) async fn bootstrap(ec: &EtcdCluster, kids: &Children<'_>) -> Result<i32, Error> {
-    let formed = recorded_cluster_id(ec).is_some();
-    let (_, config) = kids
-        .ensure_created(&render::bootstrap_config(ec, ec.spec.size, formed))
+    let former = match recorded_cluster_id(ec) {
+        Some(_) => None,
+        None => Some(former_claims(ec, kids).await?),
+    };
+    let joins = former.as_ref().is_none_or(|f| !f.is_empty());
+    let (applied, config) = kids
+        .ensure_created(&render::bootstrap_config(ec, ec.spec.size, joins))
         .await?;
+    if let Some(former) = former.filter(|f| !f.is_empty())
+        && applied == Applied::Created
+    {
+        let why = format!(
+            "volumes of a former cluster named {} are here ({}): its members start from them and the others join it; no new cluster is formed while they exist (to start empty, delete this EtcdCluster and the claims {}, then create it again)",
+            ec.name_any(),
+            former.join(", "),
+            former.join(" ")
+        );
+        tracing::warn!(cluster = %ec.name_any(), "{why}");
+        kids.ctx
+            .event(ec, EventType::Warning, "FormerVolumes", why)
+            .await;
+    }
     Ok(listed_replicas(ec, &config).unwrap_or(ec.spec.size))
+}
+
+/// Whether the members' ConfigMap makes them join (`existing`) a cluster the loop never saw
+/// answer: one created over a former cluster's volumes.
+fn joins_former(config: Option<&ConfigMap>) -> bool {
+    config
+        .and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get("ETCD_INITIAL_CLUSTER_STATE"))
+        .is_some_and(|s| s == "existing")
+}
+
+/// The member claims (ordinals below `spec.size`) already in the claims cache.
+async fn former_claims(ec: &EtcdCluster, kids: &Children<'_>) -> Result<Vec<String>, Error> {
+    let mut found = Vec::new();
+    for i in 0..ec.spec.size {
+        let claim = render::member_claim(ec, i);
+        if kids.read::<PersistentVolumeClaim>(&claim).await?.is_some() {
+            found.push(claim);
+        }
+    }
+    Ok(found)
 }
 
 /// The pods a StatefulSet runs for the members a joined (`existing`) ConfigMap lists: up to the

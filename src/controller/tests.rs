@@ -565,6 +565,60 @@ async fn a_member_list_from_another_cluster_is_never_acted_on() {
     assert!(message.contains("not 5eed"), "{message}");
 }
 
+/// A cluster created where a former cluster's member claims still are (claims kept by a
+/// `Retain` policy, or made by hand): its members join (`existing`) and never form a new cluster
+/// beside the former one (with `new`, the empty members form one as soon as they are a quorum);
+/// a Warning names the claims, and the status says why no member is ready. Without claims a
+/// new cluster forms (`new`).
+#[tokio::test]
+async fn a_cluster_created_over_former_claims_joins_them_and_never_forms_a_new_one() {
+    let (api, ctx) = setup(3, None);
+    api.insert(
+        "/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-0",
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data-etcd-0", "namespace": "prod",
+                "labels": render::labels(&cluster("etcd", 3, None), "member")},
+            "spec": {"resources": {"requests": {"storage": "1Gi"}}}}),
+    );
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        members_config(&api)["ETCD_INITIAL_CLUSTER_STATE"],
+        "existing"
+    );
+    assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 3);
+    let calls = api.calls();
+    let warning = calls
+        .iter()
+        .filter(|c| c.resource() == "events" && c.method == "POST")
+        .filter_map(|c| c.body.as_ref())
+        .find(|b| b["reason"] == "FormerVolumes")
+        .unwrap_or_else(|| panic!("{:?}", events(&calls)));
+    assert_eq!(warning["type"], "Warning");
+    let note = warning["note"].as_str().unwrap();
+    assert!(
+        note.contains("(data-etcd-0)") && !note.contains("data-etcd-1"),
+        "{note}"
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let message = cluster_json(&api)["status"]["conditions"][2]["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .contains("former cluster's volumes"),
+        "{message}"
+    );
+    assert!(
+        !events(&api.calls()).contains(&("Warning".to_owned(), "FormerVolumes".to_owned())),
+        "said once"
+    );
+
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(members_config(&api)["ETCD_INITIAL_CLUSTER_STATE"], "new");
+}
+
 /// A learner that starts but never catches up (etcd refuses its promote) is removed after the
 /// promote timeout with a Warning that names it and its raft index against the leader's; its
 /// volume is replaced and it is added again.
