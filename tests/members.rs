@@ -25,7 +25,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::members::{Backoff, Exit, Net, RUN_AS, Release, in_netns, run, writer, writer_any};
+use common::members::{
+    Backoff, Exit, Net, Probes, RUN_AS, Release, in_netns, run, writer, writer_any,
+};
 use etcd_webhook::api::v1::EtcdCluster;
 use etcd_webhook::controller::etcd::{Etcd, Gateway};
 use etcd_webhook::controller::membership::{self, Inputs, Memory, Outcome, Step, Timeouts};
@@ -239,6 +241,11 @@ struct Loop {
     refused: Vec<(Step, String)>,
     /// The image each pod's container runs (its template revision).
     images: BTreeMap<usize, String>,
+    /// The kubelet's probes of each pod, what readiness last said, and the pods' termination
+    /// grace period (seconds).
+    probes: Vec<Probes>,
+    ready: BTreeMap<usize, bool>,
+    grace: i64,
 }
 
 /// The kubelet's back-off runs ten times faster here (1 s doubling to 30 s).
@@ -248,7 +255,6 @@ impl Loop {
     fn new(ec: EtcdCluster, replicas: i32) -> Loop {
         Loop {
             container: member_container(&ec),
-            ec,
             memory: Memory::default(),
             cluster_id: None,
             crash_after_call: false,
@@ -263,6 +269,14 @@ impl Loop {
             calls: Vec::new(),
             refused: Vec::new(),
             images: BTreeMap::new(),
+            probes: (0..8).map(|_| Probes::new(BACKOFF_SCALE)).collect(),
+            ready: BTreeMap::new(),
+            grace: render::stateful_set(&ec, 1, &RenderOptions::default())
+                .spec
+                .and_then(|s| s.template.spec)
+                .and_then(|p| p.termination_grace_period_seconds)
+                .unwrap_or(30),
+            ec,
         }
     }
 
@@ -290,12 +304,23 @@ impl Loop {
         }
     }
 
+    /// The kubelet starts pod `i`'s container from the current template.
+    fn start(&mut self, net: &mut Net, i: usize) {
+        net.start(i, &self.container);
+        self.backoff[i].started();
+        self.probes[i].started();
+        self.images
+            .insert(i, self.container.image.clone().unwrap_or_default());
+    }
+
     /// Pod `i` is deleted and made anew (a new pod has no last state and no back-off).
     fn recreate(&mut self, net: &mut Net, i: usize) {
         net.stop(i);
         let _ = net.exited(i);
         self.exits.remove(&(i as i32));
         self.backoff[i] = Backoff::new(BACKOFF_SCALE);
+        self.probes[i] = Probes::new(BACKOFF_SCALE);
+        self.ready.remove(&i);
     }
 
     /// One reconcile, then the StatefulSet controller and the kubelet.
@@ -376,9 +401,16 @@ impl Loop {
             .unwrap();
             self.replicas = membership::replicas(&self.ec, members);
         }
-        // The StatefulSet controller and the kubelet: pods below the size run (an exited one
-        // restarts, after the kubelet's back-off, with the ConfigMap as it is now), pods above
-        // are deleted.
+        self.kubelet(net);
+        outcome
+    }
+
+    /// The StatefulSet controller and the kubelet: pods below the size run (an exited one
+    /// restarts, after the kubelet's back-off, with the ConfigMap as it is now), pods above are
+    /// deleted; a running container is probed (a failed liveness kills it, and the next look
+    /// sees the exit).
+    fn kubelet(&mut self, net: &mut Net) {
+        self.observe(net);
         let managed: Vec<usize> = (0..net.pods.len())
             .filter(|i| !self.unmanaged.contains(i))
             .collect();
@@ -386,16 +418,16 @@ impl Loop {
             let want = (i as i32) < self.replicas && !self.blocked.contains(&i);
             if want && !net.running(i) {
                 if self.backoff[i].may_start() {
-                    net.start(i, &self.container);
-                    self.backoff[i].started();
-                    self.images
-                        .insert(i, self.container.image.clone().unwrap_or_default());
+                    self.start(net, i);
                 }
             } else if !want && net.running(i) {
                 self.recreate(net, i);
             }
+            if want && net.running(i) {
+                let ready = self.probes[i].look(net, i, &self.container, self.grace);
+                self.ready.insert(i, ready);
+            }
         }
-        outcome
     }
 
     /// The loop's upgrade step after a pass (`upgrade::plan` over the pods the StatefulSet
@@ -408,7 +440,7 @@ impl Loop {
             .map(|i| upgrade::MemberPod {
                 ordinal: i as i32,
                 revision: self.images.get(&i).cloned().unwrap_or_default(),
-                ready: net.running(i) && net.ready(i, &self.container),
+                ready: net.running(i) && self.ready.get(&i) == Some(&true),
                 deleting: false,
             })
             .collect();
@@ -476,7 +508,7 @@ fn formed(name: &str, size: i32, max: i32, release: Release) -> (Net, Loop) {
     net.config = render::bootstrap_config(&ec, size, false).data.unwrap();
     let mut lp = Loop::new(ec, size);
     for i in 0..size as usize {
-        net.start(i, &lp.container);
+        lp.start(&mut net, i);
     }
     lp.settle(&mut net, Duration::from_secs(60));
     (net, lp)
@@ -792,6 +824,70 @@ fn two_of_five_down_keep_the_quorum_and_membership() {
     );
 }
 
+/// A member that hangs (SIGSTOP: its process is there and its ports take connections, but it
+/// answers nothing) is killed by the played kubelet's liveness probe (v3.6.4: `/livez` every
+/// 10 s, 6 failures after a 15 s initial delay, 5 s timeout; SIGTERM, then SIGKILL after the
+/// 30 s grace period; all a tenth here, the timeout 1 s), exits 137, is restarted by the
+/// back-off and rejoins with its data. Meanwhile the other two keep the quorum (0 failed
+/// writes) and the loop makes no membership call: a hung voter is never removed.
+#[test]
+fn a_hung_member_is_killed_by_its_liveness_probe_and_rejoins_with_its_data() {
+    let (mut net, mut lp) = formed("hung", 3, 3, Release::V3_6_4);
+    let leader = net.v3(0, "maintenance/status", json!({})).expect("status")["leader"]
+        .as_str()
+        .and_then(|l| l.parse::<u64>().ok())
+        .expect("a leader");
+    // A follower other than the writer's member: no election while it hangs.
+    let k = [1, 2]
+        .into_iter()
+        .find(|&i| member_id(&net, 0, &format!("hung-{i}")) != leader)
+        .unwrap();
+    let writing = Arc::new(AtomicBool::new(true));
+    let writes = writer(
+        net.pods[0].ns.clone(),
+        net.pods[0].addr.clone(),
+        writing.clone(),
+    );
+    let frozen = Instant::now();
+    net.signal(k, "STOP");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The kubelet alone meanwhile (a pass asks the hung member and waits for its timeout; a
+    // real kubelet's probes do not wait for the loop).
+    while lp.probes[k].kills == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no liveness kill\n{}",
+            net.logs()
+        );
+        lp.kubelet(&mut net);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed_after = frozen.elapsed();
+    // Six failed probes a period apart (each waiting out its timeout), then the grace period:
+    // never sooner, and not much later.
+    assert!(
+        (Duration::from_secs(8)..Duration::from_secs(30)).contains(&killed_after),
+        "killed after {killed_after:?}"
+    );
+    lp.wait_crashes(&mut net, k, 1, "the killed member's exit");
+    let exit = lp.exits[&(k as i32)].clone();
+    assert_eq!(exit.code, 137, "SIGKILL after the grace period: {exit:?}");
+    lp.settle(&mut net, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    writing.store(false, Ordering::Relaxed);
+    let (keys, failed) = writes.join().unwrap();
+    assert_eq!(failed, 0, "failed writes");
+    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
+    all_there(&net, &keys);
+    assert!(lp.calls.is_empty(), "membership calls: {:?}", lp.calls);
+    assert_eq!(net.pods[k].starts, 2, "restarted once");
+    eprintln!(
+        "hung member killed {killed_after:?} after it froze (exit {}); {} writes, 0 failed",
+        exit.code,
+        keys.len()
+    );
+}
+
 /// A cluster re-created smaller on a former cluster's volumes (what the retention policy
 /// prevents on Kubernetes): the members it runs come back with the former membership, and the
 /// loop names the extra members instead of touching or hiding them.
@@ -863,8 +959,8 @@ fn a_cluster_re_created_larger_on_old_volumes_grows_the_former_one_and_forms_no_
 
     // The old rendering: a new cluster of three over the one volume that is there.
     net.config = render::bootstrap_config(&lp.ec, 3, false).data.unwrap();
-    net.start(1, &lp.container);
-    net.start(2, &lp.container);
+    lp.start(&mut net, 1);
+    lp.start(&mut net, 2);
     let stray = cluster_id_of(&net, 1);
     assert_ne!(stray, former, "a second cluster formed");
     assert!(net.put(1, "/stray", "yes"), "and it takes writes");
@@ -979,8 +1075,7 @@ fn a_member_removed_by_hand_rejoins_once_on_a_fresh_volume() {
     );
     // The kubelet restarts an exited container at once the first time: the run on the same
     // volume fails, and its exit is what the pod's last state then shows.
-    net.start(k, &lp.container);
-    lp.backoff[k].started();
+    lp.start(&mut net, k);
     lp.wait_crashes(&mut net, k, 2, "the restart on the old volume kept running");
     let again = lp.exits[&(k as i32)].clone();
     eprintln!(
@@ -1136,7 +1231,7 @@ fn a_stray_member_added_by_hand_is_named_and_joins_still_work() {
     net.config = render::bootstrap_config(&ec, 3, false).data.unwrap();
     let mut lp = Loop::new(ec, 3);
     for i in 0..3 {
-        net.start(i, &lp.container);
+        lp.start(&mut net, i);
     }
     lp.settle(&mut net, Duration::from_secs(60));
     // The stray: added as a learner by hand, started by hand (advertising its address, as a

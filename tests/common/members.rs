@@ -405,8 +405,21 @@ impl Net {
     }
 
     /// Whether `probe` (of `container`) passes on pod `i`, as the kubelet would call it: an HTTP
-    /// GET answered 2xx, or a TCP connection accepted.
+    /// GET answered 2xx, or a TCP connection accepted, within the probe's `timeoutSeconds`.
     pub fn probe_passes(&self, i: usize, container: &Container, probe: &Probe) -> bool {
+        let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64);
+        self.probe_within(i, container, probe, timeout)
+    }
+
+    /// [`Net::probe_passes`] with the answer awaited at most `timeout`.
+    pub fn probe_within(
+        &self,
+        i: usize,
+        container: &Container,
+        probe: &Probe,
+        timeout: Duration,
+    ) -> bool {
+        let seconds = format!("{:.1}", timeout.as_secs_f64());
         let port_of = |port: &IntOrString| match port {
             IntOrString::String(name) => {
                 container
@@ -426,7 +439,25 @@ impl Net {
                 port_of(&get.port),
                 get.path.as_deref().unwrap_or("/")
             );
-            return (200..300).contains(&self.http(i, "GET", &url, None).0);
+            let out = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &self.pods[i].ns,
+                    "curl",
+                    "-s",
+                    "-m",
+                    &seconds,
+                ])
+                .args(["-o", "/dev/null", "-w", "%{http_code}", &url])
+                .stdin(Stdio::null())
+                .output()
+                .expect("curl");
+            let code: u16 = String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            return (200..300).contains(&code);
         }
         let tcp = probe.tcp_socket.as_ref().expect("an HTTP or TCP probe");
         // bash's /dev/tcp: a connection accepted is a pass.
@@ -437,7 +468,7 @@ impl Net {
                 "exec",
                 &self.pods[i].ns,
                 "timeout",
-                "3",
+                &seconds,
                 "bash",
                 "-c",
                 &connect,
@@ -633,6 +664,160 @@ impl Net {
 
     pub fn running(&self, i: usize) -> bool {
         self.pods[i].proc.is_some()
+    }
+
+    /// The kubelet kills pod `i`'s container (a failed liveness probe): SIGTERM, then SIGKILL
+    /// once `grace` has passed. The process is left for [`Net::exited`] to report.
+    pub fn kill(&mut self, i: usize, grace: Duration) {
+        let Some(child) = self.pods[i].proc.as_mut() else {
+            return;
+        };
+        let pid = child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to pod `i`'s process.
+    pub fn signal(&self, i: usize, signal: &str) {
+        let child = self.pods[i].proc.as_ref().expect("a running pod");
+        run(Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]));
+    }
+}
+
+/// The kubelet's probe worker for one probe of one container (`pkg/kubelet/prober/worker.go`):
+/// no probe during `initialDelaySeconds` from the container's start, then one every
+/// `periodSeconds`, each given `timeoutSeconds`; the result changes only after
+/// `failureThreshold` failures or `successThreshold` successes in a row. Readiness starts as a
+/// failure, liveness as a success; a new container starts over. Defaults as the apiserver sets
+/// them (period 10 s, timeout 1 s, thresholds 3 and 1). `scale` divides the delay and the
+/// period, and the timeout down to 1 s at least, as [`Backoff`]'s does.
+#[derive(Clone, Debug)]
+pub struct Prober {
+    scale: u32,
+    initial: bool,
+    result: bool,
+    started: Option<Instant>,
+    last: Option<Instant>,
+    run: (bool, i32),
+}
+
+impl Prober {
+    pub fn readiness(scale: u32) -> Prober {
+        Prober::new(scale, false)
+    }
+
+    pub fn liveness(scale: u32) -> Prober {
+        Prober::new(scale, true)
+    }
+
+    fn new(scale: u32, initial: bool) -> Prober {
+        Prober {
+            scale: scale.max(1),
+            initial,
+            result: initial,
+            started: None,
+            last: None,
+            run: (initial, 0),
+        }
+    }
+
+    /// A container started: the worker starts over.
+    pub fn started(&mut self) {
+        *self = Prober::new(self.scale, self.initial);
+        self.started = Some(Instant::now());
+    }
+
+    /// The probe's result now, probing pod `i` if one is due.
+    pub fn tick(&mut self, net: &Net, i: usize, container: &Container, probe: &Probe) -> bool {
+        let Some(started) = self.started else {
+            return self.result;
+        };
+        let secs = |s: Option<i32>, default: i32| Duration::from_secs(s.unwrap_or(default) as u64);
+        let delay = secs(probe.initial_delay_seconds, 0) / self.scale;
+        let period = secs(probe.period_seconds, 10) / self.scale;
+        if started.elapsed() < delay || self.last.is_some_and(|at| at.elapsed() < period) {
+            return self.result;
+        }
+        self.last = Some(Instant::now());
+        let timeout = (secs(probe.timeout_seconds, 1) / self.scale).max(Duration::from_secs(1));
+        let passed = net.probe_within(i, container, probe, timeout);
+        self.run = if self.run.0 == passed {
+            (passed, self.run.1 + 1)
+        } else {
+            (passed, 1)
+        };
+        let threshold = if passed {
+            probe.success_threshold.unwrap_or(1)
+        } else {
+            probe.failure_threshold.unwrap_or(3)
+        };
+        if self.run.1 >= threshold {
+            self.result = passed;
+        }
+        self.result
+    }
+}
+
+/// The played kubelet's probes of one pod's container: readiness for the pod's Ready
+/// condition; liveness, whose failure kills the container (SIGTERM, SIGKILL after the pod's
+/// `terminationGracePeriodSeconds`, scaled like the probes), and the restart back-off then runs
+/// as after any exit.
+#[derive(Clone, Debug)]
+pub struct Probes {
+    pub ready: Prober,
+    pub alive: Prober,
+    /// Liveness kills so far.
+    pub kills: u32,
+}
+
+impl Probes {
+    pub fn new(scale: u32) -> Probes {
+        Probes {
+            ready: Prober::readiness(scale),
+            alive: Prober::liveness(scale),
+            kills: 0,
+        }
+    }
+
+    pub fn started(&mut self) {
+        self.ready.started();
+        self.alive.started();
+    }
+
+    /// One look at a running container: whether it is ready; a failed liveness kills it
+    /// (`grace` is the pod's termination grace period).
+    pub fn look(&mut self, net: &mut Net, i: usize, container: &Container, grace: i64) -> bool {
+        if !net.running(i) {
+            return false;
+        }
+        // The kubelet runs each probe on its own worker: one waiting out its timeout does not
+        // hold the other.
+        let (alive, ready) = std::thread::scope(|scope| {
+            let alive = scope.spawn(|| match &container.liveness_probe {
+                Some(probe) => self.alive.tick(net, i, container, probe),
+                None => true,
+            });
+            let ready = match &container.readiness_probe {
+                Some(probe) => self.ready.tick(net, i, container, probe),
+                None => true,
+            };
+            (alive.join().expect("the liveness worker"), ready)
+        });
+        if !alive {
+            let scale = self.alive.scale;
+            net.kill(i, Duration::from_secs(grace.max(0) as u64) / scale);
+            self.kills += 1;
+            return false;
+        }
+        ready
     }
 }
 

@@ -31,7 +31,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{ControlPlane, wait_for};
 use crate::common;
-use crate::common::members::{Backoff, Exit, Net, RUN_AS, Release, run, writer, writer_any};
+use crate::common::members::{
+    Backoff, Exit, Net, Probes, RUN_AS, Release, run, writer, writer_any,
+};
 use crate::install::ok;
 
 const NS: &str = "members";
@@ -141,6 +143,7 @@ struct Tracked {
     /// How the container last ended (`lastState.terminated`).
     last: Option<Exit>,
     backoff: Backoff,
+    probes: Probes,
     reported: Value,
 }
 
@@ -200,6 +203,7 @@ async fn kubelet_sweep(
                         restarts: 0,
                         last: None,
                         backoff: Backoff::new(BACKOFF_SCALE),
+                        probes: Probes::new(BACKOFF_SCALE),
                         reported: Value::Null,
                     },
                 );
@@ -241,10 +245,18 @@ async fn kubelet_sweep(
                             t.restarts += 1;
                         }
                         t.backoff.started();
+                        t.probes.started();
                     }
                 }
+                // Readiness and liveness as the kubelet's probe workers time them; a failed
+                // liveness kills the container (the next sweep sees the exit).
+                let grace = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+                    .unwrap_or(30);
+                let ready = t.probes.look(&mut net, i, &container, grace);
                 let running = net.running(i);
-                let ready = running && net.ready(i, &container);
                 Some((running, ready, t.backoff.backing_off(), container))
             }
         };
