@@ -43,6 +43,46 @@ pub enum Command {
     /// config; RBAC: config/storage-migration). Exit 0 done, 1 when an object could not be
     /// rewritten (storedVersions left alone), 2 on any other error.
     MigrateStorage(MigrateStorageArgs),
+    /// Take one snapshot of an etcd cluster from a healthy voter, check etcd's integrity hash,
+    /// file it in S3 (or an S3-compatible store) or a folder, read it back, and prune the old
+    /// ones: what the backup Jobs run. Prints what it filed as JSON. Exit 0 filed, 1 etcd,
+    /// 2 arguments, 3 a corrupt snapshot, 4 the store.
+    Backup(BackupArgs),
+}
+
+/// What a snapshot is taken for: the schedule (`NAME-snapshot-<time>.db`, pruned by
+/// retention), or the cluster's deletion (`NAME-final-<time>.db`, never pruned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SnapshotKind {
+    Scheduled,
+    Final,
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The EtcdCluster's name (snapshots are named after it).
+    #[arg(long)]
+    pub cluster: String,
+    /// Client URLs to ask for the member list (comma-separated), e.g. the client Service's.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub endpoints: Vec<String>,
+    /// `s3://bucket/prefix` (credentials and endpoint from the AWS_* variables) or a folder.
+    #[arg(long)]
+    pub destination: String,
+    #[arg(long, value_enum, default_value_t = SnapshotKind::Scheduled)]
+    pub kind: SnapshotKind,
+    /// Scheduled snapshots kept (the newest; the one just taken always is).
+    #[arg(long, default_value_t = 7)]
+    pub retention: u32,
+    /// Where the snapshot is written before it is filed.
+    #[arg(long, default_value = "/work")]
+    pub work_dir: std::path::PathBuf,
+    /// Also write the JSON report here (the container's termination message path).
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
+    /// Seconds for each etcd call (the snapshot stream itself has no limit).
+    #[arg(long, default_value_t = 10)]
+    pub timeout_seconds: u64,
 }
 
 #[derive(Debug, Args)]
@@ -292,12 +332,17 @@ pub struct ImageArgs {
     /// Registry of the etcd images: members run `<registry>/etcd:<spec.version>`.
     #[arg(long, env = "ETCD_WEBHOOK_ETCD_IMAGE_REGISTRY", default_value = render::DEFAULT_ETCD_REGISTRY)]
     pub etcd_image_registry: String,
-    /// Image with a POSIX shell that files snapshots on the backup volume.
-    #[arg(long, env = "ETCD_WEBHOOK_BACKUP_HELPER_IMAGE", default_value = render::DEFAULT_HELPER_IMAGE)]
-    pub backup_helper_image: String,
-    /// Image with the aws CLI, for `s3://` backup destinations.
-    #[arg(long, env = "ETCD_WEBHOOK_BACKUP_S3_IMAGE", default_value = render::DEFAULT_S3_IMAGE)]
-    pub backup_s3_image: String,
+    /// Image whose `/etcd-webhook backup` the backup Jobs run: this project's own (the chart
+    /// passes the webhook's image).
+    #[arg(long, env = "ETCD_WEBHOOK_BACKUP_IMAGE", default_value = render::DEFAULT_BACKUP_IMAGE)]
+    pub backup_image: String,
+    /// No longer used (snapshots are filed by `--backup-image`); accepted so that an older
+    /// install's flags still start the server, with a warning.
+    #[arg(long, hide = true)]
+    pub backup_helper_image: Option<String>,
+    /// No longer used (uploads are done by `--backup-image`); accepted with a warning.
+    #[arg(long, hide = true)]
+    pub backup_s3_image: Option<String>,
     /// CPU request of each etcd member (no limit: a throttled member misses heartbeats).
     #[arg(long, env = "ETCD_WEBHOOK_MEMBER_CPU_REQUEST", default_value = render::DEFAULT_MEMBER_CPU)]
     pub member_cpu_request: String,
@@ -310,8 +355,7 @@ impl From<&ImageArgs> for RenderOptions {
     fn from(args: &ImageArgs) -> Self {
         RenderOptions {
             etcd_registry: args.etcd_image_registry.clone(),
-            helper_image: args.backup_helper_image.clone(),
-            s3_image: args.backup_s3_image.clone(),
+            backup_image: args.backup_image.clone(),
             member_cpu: args.member_cpu_request.clone(),
             member_memory: args.member_memory_request.clone(),
         }

@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod api;
 pub mod app;
+pub mod backup;
 pub mod cli;
 pub mod commands;
 pub mod controller;

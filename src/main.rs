@@ -4,7 +4,7 @@
 use clap::Parser;
 
 use etcd_webhook::cli::{Cli, Command};
-use etcd_webhook::{app, commands};
+use etcd_webhook::{app, backup, commands};
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -41,6 +41,7 @@ fn run(command: Command) -> anyhow::Result<i32> {
         Command::Crd(args) => commands::crd(&args),
         Command::MigrateStorage(args) => commands::migrate_storage(&args),
         Command::Certs(args) => commands::certs(&args),
+        Command::Backup(args) => i32::from(app::runtime()?.block_on(backup::command(&args))),
         Command::Serve(args) => {
             app::runtime()?.block_on(app::serve(*args))?;
             0

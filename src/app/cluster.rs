@@ -163,6 +163,18 @@ pub(super) async fn start_controller(
         .clone()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("etcd-webhook-{}", std::process::id()));
+    for (flag, set) in [
+        ("--backup-helper-image", &args.images.backup_helper_image),
+        ("--backup-s3-image", &args.images.backup_s3_image),
+    ] {
+        if set.is_some() {
+            tracing::warn!(
+                flag,
+                backup_image = %args.images.backup_image,
+                "{flag} is no longer used and is ignored: the backup Jobs run --backup-image's `etcd-webhook backup`"
+            );
+        }
+    }
     let settings = controller::Settings {
         render: (&args.images).into(),
         finalizer_timeout: args.finalizer_timeout,

@@ -124,6 +124,45 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// A streaming call (`maintenance/snapshot`): the answer's body as it arrives, with no
+    /// time limit on the whole (a snapshot takes as long as its size needs); only the
+    /// connection and the answer's head must come within the call timeout.
+    pub async fn stream(
+        &self,
+        endpoint: &str,
+        path: &str,
+        body: Value,
+    ) -> Result<hyper::body::Incoming, EtcdError> {
+        let unreachable = |reason: String| EtcdError::Unreachable {
+            endpoint: endpoint.to_owned(),
+            reason,
+        };
+        let request = hyper::Request::post(format!("{endpoint}/v3/{path}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| unreachable(e.to_string()))?;
+        let response = tokio::time::timeout(self.timeout, self.client.request(request))
+            .await
+            .map_err(|_| unreachable(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let text = response
+                .into_body()
+                .collect()
+                .await
+                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                .unwrap_or_default();
+            return Err(EtcdError::Refused {
+                endpoint: endpoint.to_owned(),
+                message: format!("HTTP {status}: {}", text.trim()),
+            });
+        }
+        Ok(response.into_body())
+    }
+}
+
 impl Transport for Gateway {
     fn post<'a>(
         &'a self,
@@ -220,6 +259,9 @@ pub struct Header {
     pub cluster_id: u64,
     #[serde(default, deserialize_with = "opt_u64")]
     pub member_id: u64,
+    /// The store revision of the member that answered.
+    #[serde(default, deserialize_with = "opt_u64")]
+    pub revision: u64,
 }
 
 #[derive(Deserialize)]

@@ -989,8 +989,15 @@ async fn deletion_with_backup_runs_the_final_snapshot_then_removes_the_finalizer
     assert_eq!(ec["status"]["phase"], "Deleting");
     assert_eq!(ec["metadata"]["finalizers"], json!([FINALIZER]));
     let job = api.get(FINAL_JOB).expect("final snapshot Job");
-    let init = &job["spec"]["template"]["spec"]["initContainers"][0];
-    assert_eq!(init["command"][0], "/usr/local/bin/etcdctl");
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["command"][0], "/etcd-webhook");
+    assert!(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--kind=final")),
+        "{container}"
+    );
     assert_eq!(ctx.metrics.finalizers_in_progress.get(), 1);
     // Still running: no new Job, no finalizer change.
     api.clear_calls();

@@ -7,6 +7,7 @@
 //	controlplane kube-controller-manager [kube-controller-manager flags]
 //	controlplane cert-manager-controller --kubeconfig FILE (certmanager.go)
 //	controlplane cainjector --kubeconfig FILE
+//	controlplane s3 --listen ADDR --data FILE --access-key KEY [--bucket NAME] (s3.go)
 //
 // The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
 // loopback Endpoints, so webhooks named by a service reference (as the shipped configurations do) are
@@ -36,7 +37,7 @@ import (
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 )
 
-const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector [flags]"
+const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector|s3 [flags]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -62,6 +63,8 @@ func main() {
 		os.Exit(runCertManagerController(rest))
 	case "cainjector":
 		os.Exit(runCAInjector(rest))
+	case "s3":
+		os.Exit(runS3(rest))
 	default:
 		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q\n%s\n", component, usage)
 		os.Exit(2)

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::ResourceExt;
 
-use super::members::{claim_spec, etcd_image};
+use super::members::claim_spec;
 use super::*;
 
 /// Where snapshots go.
@@ -52,51 +52,17 @@ pub fn backup_claim(ec: &EtcdCluster) -> PersistentVolumeClaim {
     }
 }
 
-/// The shell step that files `/work/snapshot.db` under a timestamped name and keeps the
-/// newest `retention` files of this cluster (and, for the final snapshot, never deletes).
-fn store_script(
-    ec: &EtcdCluster,
-    target: &BackupTarget,
-    prefix: &str,
-    retention: Option<i32>,
-) -> String {
-    let name = ec.name_any();
-    let (put, prune) = match target {
-        BackupTarget::Volume => (
-            format!("cp /work/snapshot.db \"/backup/{name}-{prefix}$ts.db\""),
-            retention.map(|r| {
-                format!(
-                    "ls -1 /backup/{name}-snapshot-*.db | sort -r | tail -n +{} | xargs -r rm -f --",
-                    r + 1
-                )
-            }),
-        ),
-        BackupTarget::S3(url) => (
-            format!("aws s3 cp /work/snapshot.db \"{url}/{name}-{prefix}$ts.db\""),
-            retention.map(|r| {
-                format!(
-                    "aws s3 ls \"{url}/{name}-snapshot-\" | while read -r _day _time _size f; do echo \"$f\"; done | sort -r | tail -n +{} | while read -r f; do aws s3 rm \"{url}/$f\"; done",
-                    r + 1
-                )
-            }),
-        ),
-    };
-    let mut script = vec![
-        "set -eu".to_owned(),
-        "ts=$(date -u +%Y%m%dT%H%M%SZ)".to_owned(),
-        put,
-    ];
-    script.extend(prune);
-    script.join("\n")
-}
+/// The folder the backup claim is mounted at in a snapshot pod.
+pub const BACKUP_MOUNT: &str = "/backup";
 
-/// A snapshot pod: an init container saves the snapshot with `etcdctl` from the etcd image
-/// itself (which has no shell since etcd 3.5.7), then a second container files it.
+/// A snapshot pod: one container of `--backup-image` running `/etcd-webhook backup`, which
+/// takes the snapshot from a healthy voter through the client Service, checks etcd's integrity
+/// hash, files it on the backup claim or in the bucket, reads it back, prunes, and writes what
+/// it filed (JSON) as its termination message. `retention` is `None` for the final snapshot.
 fn snapshot_pod(
     ec: &EtcdCluster,
     target: &BackupTarget,
     opts: &RenderOptions,
-    prefix: &str,
     retention: Option<i32>,
     component: &str,
 ) -> PodTemplateSpec {
@@ -105,13 +71,12 @@ fn snapshot_pod(
         empty_dir: Some(Default::default()),
         ..Default::default()
     }];
-    let work = VolumeMount {
+    let mut mounts = vec![VolumeMount {
         name: "work".to_owned(),
         mount_path: "/work".to_owned(),
         ..Default::default()
-    };
-    let mut store_mounts = vec![work.clone()];
-    let (image, env_from, env) = match target {
+    }];
+    let (destination, env_from) = match target {
         BackupTarget::Volume => {
             volumes.push(Volume {
                 name: "backup".to_owned(),
@@ -121,72 +86,47 @@ fn snapshot_pod(
                 }),
                 ..Default::default()
             });
-            store_mounts.push(VolumeMount {
+            mounts.push(VolumeMount {
                 name: "backup".to_owned(),
-                mount_path: "/backup".to_owned(),
+                mount_path: BACKUP_MOUNT.to_owned(),
                 ..Default::default()
             });
-            (opts.helper_image.clone(), None, None)
+            (BACKUP_MOUNT.to_owned(), None)
         }
-        BackupTarget::S3(_) => {
-            // The aws CLI wants a writable home for its cache, and /tmp (the root file
-            // system is read-only).
-            for (volume, path) in [("home", "/home/aws"), ("tmp", "/tmp")] {
-                volumes.push(Volume {
-                    name: volume.to_owned(),
-                    empty_dir: Some(Default::default()),
-                    ..Default::default()
-                });
-                store_mounts.push(VolumeMount {
-                    name: volume.to_owned(),
-                    mount_path: path.to_owned(),
-                    ..Default::default()
-                });
-            }
-            (
-                opts.s3_image.clone(),
-                // Credentials (AWS_ACCESS_KEY_ID, ..., AWS_ENDPOINT_URL) from an optional Secret;
-                // without it the pod's own identity (IRSA, instance profile) is used.
-                Some(vec![EnvFromSource {
-                    secret_ref: Some(SecretEnvSource {
-                        name: format!("{}-backup-credentials", ec.name_any()),
-                        optional: Some(true),
-                    }),
-                    ..Default::default()
-                }]),
-                Some(vec![EnvVar {
-                    name: "HOME".to_owned(),
-                    value: Some("/home/aws".to_owned()),
-                    ..Default::default()
-                }]),
-            )
-        }
+        // Credentials (AWS_ACCESS_KEY_ID, ..., AWS_ENDPOINT_URL) from an optional Secret;
+        // without it the pod's own identity (web identity, instance profile) is used.
+        BackupTarget::S3(url) => (
+            url.clone(),
+            Some(vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource {
+                    name: format!("{}-backup-credentials", ec.name_any()),
+                    optional: Some(true),
+                }),
+                ..Default::default()
+            }]),
+        ),
     };
-    let snapshot = Container {
-        name: "snapshot".to_owned(),
-        image: Some(etcd_image(ec, opts)),
-        command: Some(vec!["/usr/local/bin/etcdctl".to_owned()]),
-        args: Some(vec![
-            format!("--endpoints={}", client_url(ec)),
-            "--dial-timeout=10s".to_owned(),
-            "--command-timeout=5m".to_owned(),
-            "snapshot".to_owned(),
-            "save".to_owned(),
-            "/work/snapshot.db".to_owned(),
-        ]),
-        volume_mounts: Some(vec![work]),
-        security_context: Some(restricted_container()),
-        ..Default::default()
-    };
-    let store = Container {
-        name: "store".to_owned(),
-        image: Some(image),
-        command: Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]),
-        args: Some(vec![store_script(ec, target, prefix, retention)]),
+    let mut args = vec![
+        "backup".to_owned(),
+        format!("--cluster={}", ec.name_any()),
+        format!("--endpoints={}", client_url(ec)),
+        format!("--destination={destination}"),
+        "--work-dir=/work".to_owned(),
+        "--report=/dev/termination-log".to_owned(),
+    ];
+    args.push(match retention {
+        Some(keep) => format!("--retention={keep}"),
+        None => "--kind=final".to_owned(),
+    });
+    let backup = Container {
+        name: "backup".to_owned(),
+        image: Some(opts.backup_image.clone()),
+        command: Some(vec!["/etcd-webhook".to_owned()]),
+        args: Some(args),
         env_from,
-        env,
-        volume_mounts: Some(store_mounts),
+        volume_mounts: Some(mounts),
         security_context: Some(restricted_container()),
+        termination_message_policy: Some("File".to_owned()),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -195,8 +135,7 @@ fn snapshot_pod(
             ..Default::default()
         }),
         spec: Some(PodSpec {
-            init_containers: Some(vec![snapshot]),
-            containers: vec![store],
+            containers: vec![backup],
             volumes: Some(volumes),
             restart_policy: Some("Never".to_owned()),
             security_context: Some(restricted_pod()),
@@ -207,8 +146,8 @@ fn snapshot_pod(
     }
 }
 
-/// CronJob `NAME-backup`: `etcdctl snapshot save` on `spec.backup.schedule`, keeping the newest
-/// `retention` snapshots (`NAME-snapshot-<UTC time>.db`).
+/// CronJob `NAME-backup`: a snapshot on `spec.backup.schedule`, keeping the newest `retention`
+/// scheduled snapshots (`NAME-snapshot-<UTC time>.db`).
 pub fn backup_cron_job(ec: &EtcdCluster, target: &BackupTarget, opts: &RenderOptions) -> CronJob {
     let backup = ec
         .spec
@@ -239,7 +178,6 @@ pub fn backup_cron_job(ec: &EtcdCluster, target: &BackupTarget, opts: &RenderOpt
                         ec,
                         target,
                         opts,
-                        "snapshot-",
                         Some(backup.retention.max(1)),
                         "backup",
                     ),
@@ -262,7 +200,7 @@ pub fn final_snapshot_job(ec: &EtcdCluster, target: &BackupTarget, opts: &Render
         ),
         spec: Some(JobSpec {
             backoff_limit: Some(2),
-            template: snapshot_pod(ec, target, opts, "final-", None, "final-snapshot"),
+            template: snapshot_pod(ec, target, opts, None, "final-snapshot"),
             ..Default::default()
         }),
         ..Default::default()

@@ -52,10 +52,10 @@ const RUN_AS: i64 = 65532;
 
 /// The default of `--etcd-image-registry`.
 pub const DEFAULT_ETCD_REGISTRY: &str = "quay.io/coreos";
-/// The default of `--backup-helper-image`.
-pub const DEFAULT_HELPER_IMAGE: &str = "busybox:1.37";
-/// The default of `--backup-s3-image`.
-pub const DEFAULT_S3_IMAGE: &str = "amazon/aws-cli:2.22.35";
+/// The default of `--backup-image`: this project's own image, whose `backup` subcommand takes,
+/// checks and files each snapshot.
+pub const DEFAULT_BACKUP_IMAGE: &str =
+    concat!("ghcr.io/example/etcd-webhook:", env!("CARGO_PKG_VERSION"));
 
 /// The default of `--member-cpu-request`.
 pub const DEFAULT_MEMBER_CPU: &str = "100m";
@@ -67,10 +67,8 @@ pub const DEFAULT_MEMBER_MEMORY: &str = "256Mi";
 pub struct RenderOptions {
     /// `--etcd-image-registry`: images are `<registry>/etcd:<spec.version>`.
     pub etcd_registry: String,
-    /// `--backup-helper-image`: a shell image that files snapshots on the backup volume.
-    pub helper_image: String,
-    /// `--backup-s3-image`: an image with the `aws` CLI, for `s3://` destinations.
-    pub s3_image: String,
+    /// `--backup-image`: the image whose `/etcd-webhook backup` the backup Jobs run.
+    pub backup_image: String,
     /// `--member-cpu-request`: each member's CPU request.
     pub member_cpu: String,
     /// `--member-memory-request`: each member's memory request.
@@ -81,8 +79,7 @@ impl Default for RenderOptions {
     fn default() -> Self {
         Self {
             etcd_registry: DEFAULT_ETCD_REGISTRY.to_owned(),
-            helper_image: DEFAULT_HELPER_IMAGE.to_owned(),
-            s3_image: DEFAULT_S3_IMAGE.to_owned(),
+            backup_image: DEFAULT_BACKUP_IMAGE.to_owned(),
             member_cpu: DEFAULT_MEMBER_CPU.to_owned(),
             member_memory: DEFAULT_MEMBER_MEMORY.to_owned(),
         }

@@ -1,0 +1,533 @@
+//! `etcd-webhook backup`: one snapshot of a cluster, taken from a healthy voter, checked, filed
+//! in a bucket or on the backup claim, read back, and the old ones pruned. It runs in the
+//! backup Job's pod (the same image as the webhook) and reports what it filed as one JSON
+//! line on stdout and in the container's termination message, where the loop reads it.
+//!
+//! Steps, each with its own exit code and named in the error:
+//! 1. `member list` through the given endpoints, then `status` of every voter: the snapshot
+//!    comes from a healthy voter, a follower when there is one (the leader is spared), the one
+//!    with the highest raft index among those;
+//! 2. `maintenance/snapshot` from it through the v3 JSON gateway, written to the work folder
+//!    while [`snapshot::Reader`] checks the hash etcd appends (what `etcdutl snapshot restore`
+//!    checks) and hashes the whole file;
+//! 3. the file to the destination through `object_store` (S3 or any S3-compatible store,
+//!    multipart above 10 MiB; or a folder), then read back and its SHA-256 compared;
+//! 4. retention: the scheduled snapshots beyond the newest `--retention` go
+//!    ([`snapshot::expired`]: never the one just written, never a final snapshot).
+
+pub mod snapshot;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+
+use crate::cli::BackupArgs;
+use crate::controller::etcd::{Etcd, EtcdError, Gateway, MemberStatus};
+use snapshot::{Kind, Verified};
+
+/// Why a backup failed; [`Error::step`] names the step for the loop's Warning Event.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no healthy voter to take the snapshot from: {0}")]
+    NoVoter(String),
+    #[error("snapshot from {member}: {source}")]
+    Snapshot {
+        member: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("snapshot from {member} refused: {source}")]
+    Corrupt {
+        member: String,
+        source: snapshot::StreamError,
+    },
+    #[error("{step} {uri}: {source}")]
+    Store {
+        step: &'static str,
+        uri: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl Error {
+    /// The step that failed, as the loop names it.
+    pub fn step(&self) -> &'static str {
+        match self {
+            Error::NoVoter(_) => "choose a member",
+            Error::Snapshot { .. } => "snapshot",
+            Error::Corrupt { .. } => "verify",
+            Error::Store { step, .. } => step,
+            Error::Usage(_) => "arguments",
+        }
+    }
+
+    /// The process's exit code: 1 etcd, 2 arguments, 3 a corrupt snapshot, 4 the store.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::NoVoter(_) | Error::Snapshot { .. } => 1,
+            Error::Usage(_) => 2,
+            Error::Corrupt { .. } => 3,
+            Error::Store { .. } => 4,
+        }
+    }
+}
+
+/// Where snapshots are filed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// `s3://bucket/prefix`.
+    S3 { bucket: String, prefix: String },
+    /// A folder (the backup claim's mount).
+    Folder(std::path::PathBuf),
+}
+
+impl Destination {
+    pub fn parse(s: &str) -> Result<Destination, Error> {
+        if let Some(rest) = s.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(Error::Usage(format!("destination {s:?} names no bucket")));
+            }
+            return Ok(Destination::S3 {
+                bucket: bucket.to_owned(),
+                prefix: prefix.trim_matches('/').to_owned(),
+            });
+        }
+        if s.starts_with('/') {
+            return Ok(Destination::Folder(s.into()));
+        }
+        Err(Error::Usage(format!(
+            "destination {s:?}: use s3://bucket/prefix or an absolute folder path"
+        )))
+    }
+
+    /// The URI of a snapshot named `name` here.
+    pub fn uri(&self, name: &str) -> String {
+        match self {
+            Destination::S3 { bucket, prefix } if prefix.is_empty() => {
+                format!("s3://{bucket}/{name}")
+            }
+            Destination::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}/{name}"),
+            Destination::Folder(dir) => dir.join(name).display().to_string(),
+        }
+    }
+
+    fn prefix(&self) -> &str {
+        match self {
+            Destination::S3 { prefix, .. } => prefix,
+            Destination::Folder(_) => "",
+        }
+    }
+
+    fn path(&self, name: &str) -> StorePath {
+        match self.prefix() {
+            "" => StorePath::from(name),
+            p => StorePath::from(format!("{p}/{name}")),
+        }
+    }
+
+    /// The store: S3 from the usual `AWS_*` variables (keys, `AWS_REGION`, `AWS_ENDPOINT_URL`
+    /// for an S3-compatible store, web identity or instance credentials when no keys are
+    /// given), path-style addressing unless `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`, plain
+    /// HTTP allowed for an `http://` endpoint; or the folder.
+    pub fn open(&self) -> Result<Arc<dyn ObjectStore>, Error> {
+        let fail = |e: object_store::Error| Error::Store {
+            step: "open",
+            uri: self.uri(""),
+            source: Box::new(e),
+        };
+        match self {
+            Destination::S3 { bucket, .. } => {
+                let mut builder =
+                    object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+                let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+                    .iter()
+                    .find_map(|k| std::env::var(k).ok());
+                if endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://"))
+                {
+                    builder = builder.with_allow_http(true);
+                }
+                if std::env::var("AWS_REGION").is_err()
+                    && std::env::var("AWS_DEFAULT_REGION").is_err()
+                {
+                    builder = builder.with_region("us-east-1");
+                }
+                Ok(Arc::new(builder.build().map_err(fail)?))
+            }
+            Destination::Folder(dir) => Ok(Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(fail)?,
+            )),
+        }
+    }
+}
+
+/// What a backup filed: the JSON line the loop reads.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct Report {
+    pub uri: String,
+    pub size: u64,
+    pub sha256: String,
+    /// The snapshot holds every revision up to at least this one (the member's revision when
+    /// the snapshot began).
+    pub revision: u64,
+    /// The member it was taken from.
+    pub member: String,
+    /// When the snapshot was taken (RFC 3339).
+    pub time: String,
+    pub seconds: f64,
+    /// Scheduled snapshots retention deleted.
+    pub pruned: Vec<String>,
+}
+
+/// The voter to take the snapshot from: healthy, a follower when there is one, the highest
+/// raft index first; its client URL and name.
+pub fn choose(
+    members: &[crate::controller::etcd::Member],
+    statuses: &[(u64, Result<MemberStatus, EtcdError>)],
+) -> Result<(String, String, u64), String> {
+    let mut candidates: Vec<(bool, u64, &crate::controller::etcd::Member)> = Vec::new();
+    let mut why = Vec::new();
+    for m in members.iter().filter(|m| !m.is_learner && m.started()) {
+        match statuses.iter().find(|(id, _)| *id == m.id).map(|(_, s)| s) {
+            Some(Ok(s)) if s.healthy() && !m.client_urls.is_empty() => {
+                candidates.push((s.leader == m.id, s.raft_index, m));
+            }
+            Some(Ok(s)) => why.push(format!(
+                "{} unhealthy (leader {:x}, errors {:?})",
+                m.name, s.leader, s.errors
+            )),
+            Some(Err(e)) => why.push(format!("{}: {e}", m.name)),
+            None => why.push(format!("{}: not asked", m.name)),
+        }
+    }
+    candidates.sort_by_key(|(leader, index, _)| (*leader, std::cmp::Reverse(*index)));
+    candidates
+        .first()
+        .map(|(_, _, m)| {
+            let revision = statuses
+                .iter()
+                .find(|(id, _)| *id == m.id)
+                .and_then(|(_, s)| s.as_ref().ok())
+                .map_or(0, |s| s.header.revision);
+            (m.client_urls[0].clone(), m.name.clone(), revision)
+        })
+        .ok_or_else(|| {
+            if why.is_empty() {
+                "the member list has no started voter".to_owned()
+            } else {
+                why.join("; ")
+            }
+        })
+}
+
+/// Runs one backup; the report, or why it failed.
+pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
+    let started = Instant::now();
+    let destination = Destination::parse(&args.destination)?;
+    let gateway = Gateway::new(Duration::from_secs(args.timeout_seconds.max(1)));
+    let etcd = Etcd {
+        transport: &gateway,
+        endpoints: args.endpoints.clone(),
+    };
+    // 1. A healthy voter.
+    let listed = etcd
+        .member_list()
+        .await
+        .map_err(|e| Error::NoVoter(e.to_string()))?;
+    let voters: Vec<_> = listed
+        .members
+        .iter()
+        .filter(|m| !m.is_learner && m.started() && !m.client_urls.is_empty())
+        .collect();
+    let statuses = futures_util::future::join_all(voters.iter().map(|m| async {
+        let status = etcd.status(&m.client_urls[0]).await;
+        (m.id, status)
+    }))
+    .await;
+    let (endpoint, member, revision) =
+        choose(&listed.members, &statuses).map_err(Error::NoVoter)?;
+    tracing::info!(%member, %endpoint, "taking the snapshot");
+
+    // 2. The snapshot, checked as it arrives.
+    let at = time::OffsetDateTime::now_utc();
+    let name = snapshot::name(&args.cluster, args.kind, at);
+    let work = args.work_dir.join(format!("{name}.part"));
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| Error::Snapshot {
+        member: member.clone(),
+        source: e,
+    };
+    let verified = take(&gateway, &endpoint, &work)
+        .await
+        .map_err(|e| match e {
+            Taken::Stream(source) => Error::Corrupt {
+                member: member.clone(),
+                source,
+            },
+            Taken::Other(e) => failed(e),
+        })?;
+    tracing::info!(%member, size = verified.size, revision = verified.revision, sha256 = %verified.sha256, "snapshot verified");
+
+    // 3. Filed, then read back.
+    let uri = destination.uri(&name);
+    let store = destination.open()?;
+    let path = destination.path(&name);
+    let result = file(&store, &path, &work, &verified, &uri).await;
+    let _ = tokio::fs::remove_file(&work).await;
+    result?;
+
+    // 4. Retention.
+    let mut pruned = Vec::new();
+    if args.kind == Kind::Scheduled {
+        pruned = prune(&store, &destination, &args.cluster, args.retention, &name).await?;
+    }
+    Ok(Report {
+        uri,
+        size: verified.size,
+        sha256: verified.sha256,
+        // etcd's snapshot stream carries no header in every release (3.6 sends none): the
+        // member's revision just before it began, which the snapshot holds at least.
+        revision: verified.revision.max(revision),
+        member,
+        time: at
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+        seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+        pruned,
+    })
+}
+
+enum Taken {
+    Stream(snapshot::StreamError),
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+async fn take(
+    gateway: &Gateway,
+    endpoint: &str,
+    work: &std::path::Path,
+) -> Result<Verified, Taken> {
+    use std::io::Write;
+    let other = |e: Box<dyn std::error::Error + Send + Sync>| Taken::Other(e);
+    let mut body = gateway
+        .stream(endpoint, "maintenance/snapshot", serde_json::json!({}))
+        .await
+        .map_err(|e| other(Box::new(e)))?;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(work)
+            .map_err(|e| other(format!("{}: {e}", work.display()).into()))?,
+    );
+    let mut reader = snapshot::Reader::default();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| other(Box::new(e)))?;
+        if let Ok(data) = frame.into_data() {
+            reader
+                .feed(&data, &mut |b| out.write_all(b))
+                .map_err(|e| match e {
+                    snapshot::FeedError::Stream(s) => Taken::Stream(s),
+                    snapshot::FeedError::Write(w) => {
+                        other(format!("{}: {w}", work.display()).into())
+                    }
+                })?;
+        }
+    }
+    out.flush()
+        .and_then(|()| out.get_ref().sync_all())
+        .map_err(|e| other(format!("{}: {e}", work.display()).into()))?;
+    reader.finish().map_err(Taken::Stream)
+}
+
+/// Uploads `work` to `path` (multipart above the buffer's 10 MiB), then reads the object back
+/// and compares its size and SHA-256 with the verified snapshot's.
+async fn file(
+    store: &Arc<dyn ObjectStore>,
+    path: &StorePath,
+    work: &std::path::Path,
+    verified: &Verified,
+    uri: &str,
+) -> Result<(), Error> {
+    let fail = |step: &'static str, e: Box<dyn std::error::Error + Send + Sync>| Error::Store {
+        step,
+        uri: uri.to_owned(),
+        source: e,
+    };
+    let mut src = tokio::fs::File::open(work)
+        .await
+        .map_err(|e| fail("upload", Box::new(e)))?;
+    let mut writer = object_store::buffered::BufWriter::new(store.clone(), path.clone());
+    if let Err(e) = tokio::io::copy(&mut src, &mut writer).await {
+        let _ = writer.abort().await;
+        return Err(fail("upload", Box::new(e)));
+    }
+    writer
+        .shutdown()
+        .await
+        .map_err(|e| fail("upload", Box::new(e)))?;
+    let got = store
+        .get(path)
+        .await
+        .map_err(|e| fail("read back", Box::new(e)))?;
+    let mut stream = got.into_stream();
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut size = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| fail("read back", Box::new(e)))?;
+        size += chunk.len() as u64;
+        hash.update(&chunk);
+    }
+    let sha256 = snapshot::hex(hash.finish().as_ref());
+    if size != verified.size || sha256 != verified.sha256 {
+        return Err(fail(
+            "read back",
+            format!(
+                "the stored object is {size} bytes with SHA-256 {sha256}, not the {} bytes with {} that were sent",
+                verified.size, verified.sha256
+            )
+            .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Deletes the scheduled snapshots of `cluster` beyond the newest `keep`.
+async fn prune(
+    store: &Arc<dyn ObjectStore>,
+    destination: &Destination,
+    cluster: &str,
+    keep: u32,
+    written: &str,
+) -> Result<Vec<String>, Error> {
+    let fail = |e: object_store::Error| Error::Store {
+        step: "retention",
+        uri: destination.uri(""),
+        source: Box::new(e),
+    };
+    let prefix = match destination.prefix() {
+        "" => None,
+        p => Some(StorePath::from(p)),
+    };
+    let listed: Vec<_> = store
+        .list_with_delimiter(prefix.as_ref())
+        .await
+        .map_err(fail)?
+        .objects;
+    let names: Vec<String> = listed
+        .iter()
+        .filter_map(|o| o.location.filename().map(str::to_owned))
+        .collect();
+    let gone = snapshot::expired(&names, cluster, keep as usize, written);
+    for name in &gone {
+        store.delete(&destination.path(name)).await.map_err(fail)?;
+    }
+    Ok(gone)
+}
+
+/// The `backup` subcommand: the report on stdout and in the termination message; the exit
+/// code of the failed step otherwise.
+pub async fn command(args: &BackupArgs) -> u8 {
+    let outcome = run(args).await;
+    let (line, code) = match &outcome {
+        Ok(report) => (
+            serde_json::to_string(report).expect("a report serializes"),
+            0,
+        ),
+        Err(e) => (
+            serde_json::json!({"failed": e.step(), "error": e.to_string()}).to_string(),
+            e.exit_code(),
+        ),
+    };
+    match &outcome {
+        Ok(_) => println!("{line}"),
+        Err(e) => tracing::error!(step = e.step(), "backup failed: {e}"),
+    }
+    if let Some(path) = &args.report {
+        // The kubelet keeps at most 4 KiB of the termination message.
+        let mut text = line;
+        text.truncate(4096);
+        if let Err(e) = std::fs::write(path, text) {
+            tracing::warn!(path = %path.display(), "cannot write the report: {e}");
+        }
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::etcd::Member;
+
+    fn member(id: u64, name: &str, learner: bool) -> Member {
+        Member {
+            id,
+            name: name.to_owned(),
+            peer_urls: vec![format!("http://{name}:2380")],
+            client_urls: vec![format!("http://{name}:2379")],
+            is_learner: learner,
+        }
+    }
+
+    fn status(leader: u64, index: u64) -> Result<MemberStatus, EtcdError> {
+        Ok(MemberStatus {
+            leader,
+            raft_index: index,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn the_snapshot_comes_from_a_healthy_follower_else_the_leader() {
+        let members = [
+            member(1, "etcd-0", false),
+            member(2, "etcd-1", false),
+            member(3, "etcd-2", false),
+            member(4, "etcd-3", true),
+        ];
+        let down = Err(EtcdError::Unreachable {
+            endpoint: "http://etcd-1:2379".to_owned(),
+            reason: "connection refused".to_owned(),
+        });
+        let statuses = vec![(1, status(1, 90)), (2, down), (3, status(1, 80))];
+        assert_eq!(choose(&members, &statuses).unwrap().1, "etcd-2");
+        let only_leader = vec![(1, status(1, 90)), (3, status(0, 80))];
+        assert_eq!(choose(&members, &only_leader).unwrap().1, "etcd-0");
+        let none = vec![(1, status(0, 90)), (3, status(0, 80))];
+        let why = choose(&members, &none).unwrap_err();
+        assert!(
+            why.contains("etcd-0 unhealthy") && why.contains("etcd-1: not asked"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn destinations() {
+        assert_eq!(
+            Destination::parse("s3://b/a/b/").unwrap(),
+            Destination::S3 {
+                bucket: "b".to_owned(),
+                prefix: "a/b".to_owned()
+            }
+        );
+        let d = Destination::parse("s3://b").unwrap();
+        assert_eq!(d.uri("x.db"), "s3://b/x.db");
+        assert_eq!(
+            Destination::parse("s3://b/p").unwrap().uri("x.db"),
+            "s3://b/p/x.db"
+        );
+        assert_eq!(
+            Destination::parse("/backup").unwrap().uri("x.db"),
+            "/backup/x.db"
+        );
+        for bad in ["s3://", "gs://b", "backup"] {
+            let e = Destination::parse(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad}: {e}");
+        }
+    }
+}
