@@ -39,6 +39,12 @@ pub struct ObjectLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConversionLabels {
     pub from: &'static str,
     pub to: &'static str,
@@ -92,6 +98,7 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     pub leader: Gauge,
     pub finalizers_in_progress: Gauge,
+    pub backup_last_success: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -131,6 +138,7 @@ impl Metrics {
             reconcile_duration: latency_histogram(),
             leader: Gauge::default(),
             finalizers_in_progress: Gauge::default(),
+            backup_last_success: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -237,6 +245,11 @@ impl Metrics {
             "controller_finalizers_in_progress",
             "EtcdClusters being deleted whose finalizer is still waiting (alert when it stays up past --finalizer-timeout)",
             m.finalizers_in_progress.clone(),
+        );
+        registry.register(
+            "backup_last_success_timestamp_seconds",
+            "When the newest snapshot filed for each EtcdCluster was taken (Unix seconds; from status.backup.last; removed when the cluster goes)",
+            m.backup_last_success.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -54,7 +54,12 @@ fn crd_has_storage_v1_deprecations_and_webhook_conversion() {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        assert_eq!(cols, ["PHASE", "SIZE", "READY", "AGE"]);
+        // v1 alone has status.backup (the older versions keep it in the stash annotation).
+        if is_v1 {
+            assert_eq!(cols, ["PHASE", "SIZE", "READY", "LAST BACKUP", "AGE"]);
+        } else {
+            assert_eq!(cols, ["PHASE", "SIZE", "READY", "AGE"]);
+        }
     }
     assert_eq!(
         crd["spec"]["names"]["shortNames"],

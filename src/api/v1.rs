@@ -24,6 +24,11 @@ use super::{Phase, defaults};
     printcolumn(name = "SIZE", type_ = "integer", json_path = ".spec.size"),
     printcolumn(name = "READY", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(
+        name = "LAST BACKUP",
+        type_ = "date",
+        json_path = ".status.backup.last.time"
+    ),
+    printcolumn(
         name = "AGE",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -89,4 +94,51 @@ pub struct EtcdClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "super::conditions_schema")]
     pub conditions: Option<Vec<Condition>>,
+    /// What the backups did: the newest snapshot filed, and the newest failed run when it is
+    /// newer than that snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupStatus>,
+}
+
+/// The backups' record in the status.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStatus {
+    /// The newest snapshot filed (scheduled or final).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<SnapshotRecord>,
+    /// The newest backup run that failed, while no snapshot has been filed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<BackupFailure>,
+}
+
+/// A snapshot a backup run filed, as it reported it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRecord {
+    /// When the snapshot was taken (RFC 3339).
+    pub time: String,
+    /// Where it is: `s3://bucket/prefix/NAME-snapshot-<time>.db`, or its path on the backup
+    /// claim.
+    pub uri: String,
+    /// Bytes (the database and etcd's appended hash).
+    pub size: i64,
+    /// SHA-256 of the file, hex: the object read back had it.
+    pub sha256: String,
+    /// The snapshot holds every revision up to at least this one.
+    pub revision: i64,
+    /// The member it was taken from.
+    pub member: String,
+}
+
+/// A backup run that failed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupFailure {
+    /// When the run ended (RFC 3339).
+    pub time: String,
+    /// The step that failed: `choose a member`, `snapshot`, `verify`, `upload`, `read back`,
+    /// `retention`, `arguments`, or `run` (the container ended without a report).
+    pub step: String,
+    pub message: String,
 }

@@ -24,11 +24,11 @@ use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
-use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
 use crate::cli::BackupArgs;
 use crate::controller::etcd::{Etcd, EtcdError, Gateway, MemberStatus};
+pub use crate::controller::render::BackupReport as Report;
 use snapshot::{Kind, Verified};
 
 /// Why a backup failed; [`Error::step`] names the step for the loop's Warning Event.
@@ -168,24 +168,6 @@ impl Destination {
             )),
         }
     }
-}
-
-/// What a backup filed: the JSON line the loop reads.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct Report {
-    pub uri: String,
-    pub size: u64,
-    pub sha256: String,
-    /// The snapshot holds every revision up to at least this one (the member's revision when
-    /// the snapshot began).
-    pub revision: u64,
-    /// The member it was taken from.
-    pub member: String,
-    /// When the snapshot was taken (RFC 3339).
-    pub time: String,
-    pub seconds: f64,
-    /// Scheduled snapshots retention deleted.
-    pub pruned: Vec<String>,
 }
 
 /// The voter to take the snapshot from: healthy, a follower when there is one, the highest

@@ -1,10 +1,13 @@
 //! Backups: the CronJob of a cluster with backups on (and its volume), and the final snapshot
 //! deletion waits for before the finalizer goes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -15,7 +18,8 @@ use super::finalizer::{has_finalizer, remove_finalizer};
 use super::status::Observation;
 use super::status_writer::update_status;
 use super::{Context, Error, render};
-use crate::api::v1::EtcdCluster;
+use crate::api::v1::{BackupFailure, BackupStatus, EtcdCluster, SnapshotRecord};
+use crate::metrics::ClusterLabels;
 use render::BackupTarget;
 
 /// The backup CronJob as the spec says: created, replaced or deleted (with a Warning once when
@@ -48,7 +52,7 @@ pub(super) async fn schedule(
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|cs| {
                     cs.iter()
-                        .any(|c| c.type_ == "BackupReady" && c.status == "False")
+                        .any(|c| c.type_ == "BackupReady" && c.reason == "UnsupportedDestination")
                 });
             kids.remove::<CronJob>(&cron_name).await?;
             if !was_warned {
@@ -81,6 +85,193 @@ pub(super) async fn schedule(
         }
     }
     Ok(())
+}
+
+/// What one finished backup pod (scheduled or final) reported in its termination message.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Run {
+    Filed(SnapshotRecord),
+    Failed(BackupFailure),
+}
+
+/// The runs of `ec`'s backup pods that have ended, with when they ended.
+pub(super) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, String, Run)> {
+    let name = ec.name_any();
+    pods.iter()
+        .filter(|p| p.namespace() == ec.namespace())
+        .filter(|p| {
+            let l = p.labels();
+            l.get("app.kubernetes.io/instance") == Some(&name)
+                && matches!(
+                    l.get("app.kubernetes.io/component").map(String::as_str),
+                    Some("backup" | "final-snapshot")
+                )
+        })
+        .filter_map(|p| {
+            let ended = p
+                .status
+                .as_ref()?
+                .container_statuses
+                .as_ref()?
+                .iter()
+                .find(|c| c.name == "backup")?
+                .state
+                .as_ref()?
+                .terminated
+                .as_ref()?;
+            let at = ended.finished_at.as_ref().map(|t| t.0)?;
+            Some((at, p.name_any(), run_of(ended, at)))
+        })
+        .collect()
+}
+
+/// A run from its container's end: the report `etcd-webhook backup` wrote, or the exit.
+fn run_of(ended: &k8s_openapi::api::core::v1::ContainerStateTerminated, at: Timestamp) -> Run {
+    let message = ended.message.as_deref().unwrap_or("");
+    let report: Option<serde_json::Value> = serde_json::from_str(message).ok();
+    let failed = |step: &str, message: String| {
+        Run::Failed(BackupFailure {
+            time: at.to_string(),
+            step: step.to_owned(),
+            message,
+        })
+    };
+    match (ended.exit_code, report) {
+        (0, Some(r)) if r.get("uri").is_some() => {
+            match serde_json::from_value::<render::BackupReport>(r) {
+                Ok(r) => Run::Filed(SnapshotRecord {
+                    time: r.time,
+                    uri: r.uri,
+                    size: i64::try_from(r.size).unwrap_or(i64::MAX),
+                    sha256: r.sha256,
+                    revision: i64::try_from(r.revision).unwrap_or(i64::MAX),
+                    member: r.member,
+                }),
+                Err(e) => failed("run", format!("a report that cannot be read: {e}")),
+            }
+        }
+        (_, Some(r)) if r.get("failed").is_some() => failed(
+            r["failed"].as_str().unwrap_or("run"),
+            r["error"].as_str().unwrap_or("").to_owned(),
+        ),
+        (code, _) => failed(
+            "run",
+            format!(
+                "exit code {code} ({}) without a report{}",
+                ended.reason.as_deref().unwrap_or("no reason"),
+                if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", message.chars().take(300).collect::<String>())
+                }
+            ),
+        ),
+    }
+}
+
+fn when(time: &str) -> Option<Timestamp> {
+    time.parse().ok()
+}
+
+/// The backup status after `runs`, from the `previous` one, and the Events for the runs newer
+/// than what it recorded (each run is told once: the pods stay for the CronJob's history, and
+/// the status remembers the newest it has seen). A snapshot filed after the last failure
+/// clears it.
+pub(super) fn record(
+    previous: Option<&BackupStatus>,
+    runs: &[(Timestamp, String, Run)],
+) -> (Option<BackupStatus>, Vec<(EventType, &'static str, String)>) {
+    let mut status = previous.cloned().unwrap_or_default();
+    let mut events = Vec::new();
+    let mut sorted: Vec<&(Timestamp, String, Run)> = runs.iter().collect();
+    sorted.sort_by_key(|(at, ..)| *at);
+    for (at, pod, run) in sorted {
+        match run {
+            Run::Filed(r) => {
+                let taken = when(&r.time).unwrap_or(*at);
+                if status
+                    .last
+                    .as_ref()
+                    .and_then(|l| when(&l.time))
+                    .is_some_and(|l| l >= taken)
+                {
+                    continue;
+                }
+                events.push((
+                    EventType::Normal,
+                    "BackupTaken",
+                    format!(
+                        "{} ({} bytes, revision {}, from {}; pod {pod})",
+                        r.uri, r.size, r.revision, r.member
+                    ),
+                ));
+                status.last = Some(r.clone());
+            }
+            Run::Failed(f) => {
+                if status
+                    .last_failure
+                    .as_ref()
+                    .and_then(|l| when(&l.time))
+                    .is_some_and(|l| l >= *at)
+                {
+                    continue;
+                }
+                events.push((
+                    EventType::Warning,
+                    "BackupFailed",
+                    format!("{pod}: {} failed: {}", f.step, f.message),
+                ));
+                status.last_failure = Some(f.clone());
+            }
+        }
+    }
+    if let (Some(last), Some(failure)) = (&status.last, &status.last_failure)
+        && when(&last.time) >= when(&failure.time)
+    {
+        status.last_failure = None;
+    }
+    let empty = status.last.is_none() && status.last_failure.is_none();
+    (if empty { None } else { Some(status) }, events)
+}
+
+/// Reads the backup pods' reports into `seen.backup`, tells each new one as an Event and sets
+/// the last-success metric.
+pub(super) async fn observe(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    seen: &mut Observation,
+) -> Result<(), Error> {
+    let ctx = kids.ctx;
+    let pods = kids.cached::<Pod>().await?;
+    let previous = ec.status.as_ref().and_then(|s| s.backup.as_ref());
+    let (status, events) = record(previous, &runs(ec, &pods));
+    for (type_, reason, note) in events {
+        ctx.event(ec, type_, reason, note).await;
+    }
+    if let Some(at) = status
+        .as_ref()
+        .and_then(|s| s.last.as_ref())
+        .and_then(|l| when(&l.time))
+    {
+        ctx.metrics
+            .backup_last_success
+            .get_or_create(&labels(ec))
+            .set(at.as_millisecond() as f64 / 1000.0);
+    }
+    seen.backup = status;
+    Ok(())
+}
+
+fn labels(ec: &EtcdCluster) -> ClusterLabels {
+    ClusterLabels {
+        namespace: ec.namespace().unwrap_or_default(),
+        name: ec.name_any(),
+    }
+}
+
+/// The cluster's per-cluster metrics go with it.
+pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
+    ctx.metrics.backup_last_success.remove(&labels(ec));
 }
 
 /// Deletion: the final snapshot (when backups are on) as a Job, waited for by requeueing,
@@ -195,5 +386,6 @@ async fn finalized(
 ) -> Result<Action, Error> {
     remove_finalizer(clusters, ec).await?;
     ctx.finalizing(ec, false);
+    forget(ec, ctx);
     Ok(Action::await_change())
 }

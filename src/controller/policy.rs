@@ -178,5 +178,6 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
         .await?;
 
     backup::schedule(ec, &kids, &mut seen).await?;
+    backup::observe(ec, &kids, &mut seen).await?;
     Ok(seen)
 }

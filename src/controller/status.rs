@@ -30,6 +30,8 @@ pub struct Observation {
     pub leader: Option<i32>,
     /// What the change under way is doing now (appended to the Progressing message).
     pub progress: Option<String>,
+    /// The backups' record after this pass (`None`: not read; the status keeps its own).
+    pub backup: Option<crate::api::v1::BackupStatus>,
 }
 
 /// The members by state, from `member list` and each member's `status`.
@@ -253,6 +255,16 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
         // Not read this pass (an error path): the last word stays.
         conditions.push(c.clone());
     }
+    let backup = seen
+        .backup
+        .clone()
+        .or_else(|| ec.status.as_ref().and_then(|s| s.backup.clone()));
+    let schedule = ec
+        .spec
+        .backup
+        .as_ref()
+        .map(|b| b.schedule.as_str())
+        .unwrap_or("");
     if let Some(w) = &seen.warning {
         conditions.push(cond(
             "BackupReady",
@@ -261,19 +273,41 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
             w.clone(),
         ));
     } else if render::backup_target(ec).is_some() {
-        conditions.push(cond(
-            "BackupReady",
-            true,
-            "Scheduled",
-            format!(
-                "snapshots on {:?}",
-                ec.spec
-                    .backup
-                    .as_ref()
-                    .map(|b| b.schedule.as_str())
-                    .unwrap_or("")
+        let (last, failure) = backup
+            .as_ref()
+            .map_or((None, None), |b| (b.last.as_ref(), b.last_failure.as_ref()));
+        conditions.push(match (failure, last) {
+            (Some(f), _) => cond(
+                "BackupReady",
+                false,
+                "BackupFailed",
+                format!(
+                    "the backup at {} failed at step {}: {}{}",
+                    f.time,
+                    f.step,
+                    f.message,
+                    last.map_or_else(
+                        || "; no snapshot has been filed yet".to_owned(),
+                        |l| format!("; the newest snapshot is {} ({})", l.uri, l.time)
+                    )
+                ),
             ),
-        ));
+            (None, Some(l)) => cond(
+                "BackupReady",
+                true,
+                "Succeeded",
+                format!(
+                    "{} taken {} from {} ({} bytes, revision {}); snapshots on {schedule:?}",
+                    l.uri, l.time, l.member, l.size, l.revision
+                ),
+            ),
+            (None, None) => cond(
+                "BackupReady",
+                true,
+                "Scheduled",
+                format!("snapshots on {schedule:?}; none taken yet"),
+            ),
+        });
     }
     EtcdClusterStatus {
         phase: Some(phase),
@@ -281,6 +315,7 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
         endpoints: Some(render::endpoints(ec, size)),
         observed_generation: generation,
         conditions: Some(conditions),
+        backup,
     }
 }
 

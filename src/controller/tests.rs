@@ -973,6 +973,161 @@ async fn delete_cluster(api: &FakeApi) {
     clusters.delete("etcd", &Default::default()).await.unwrap();
 }
 
+/// A backup Job's pod as the kubelet leaves it: container `backup` terminated with `code`,
+/// `message` as its termination message, ended at `at`.
+fn backup_pod(api: &FakeApi, name: &str, code: i32, message: &str, at: &str) {
+    let ec: EtcdCluster = serde_json::from_value(cluster_json(api)).unwrap();
+    api.insert(
+        &format!("/api/v1/namespaces/prod/pods/{name}"),
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "prod",
+                "labels": render::labels(&ec, "backup")},
+            "spec": {"containers": [{"name": "backup", "image": "x"}]},
+            "status": {"phase": if code == 0 { "Succeeded" } else { "Failed" },
+                "containerStatuses": [{"name": "backup", "image": "x", "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": code, "message": message,
+                        "reason": if code == 0 { "Completed" } else { "Error" },
+                        "finishedAt": at}}}]}}),
+    );
+}
+
+fn backup_events(calls: &[Call]) -> Vec<(String, String, String)> {
+    calls
+        .iter()
+        .filter(|c| c.resource() == "events" && c.method == "POST")
+        .filter_map(|c| c.body.as_ref())
+        .filter(|b| {
+            b["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("Backup"))
+        })
+        .map(|b| {
+            (
+                b["type"].as_str().unwrap_or("").to_owned(),
+                b["reason"].as_str().unwrap_or("").to_owned(),
+                b["note"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn backup_ready(api: &FakeApi) -> Value {
+    cluster_json(api)["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "BackupReady")
+        .cloned()
+        .unwrap()
+}
+
+/// What each backup run reported reaches the status, an Event (once) and the metric: a
+/// filed snapshot (`status.backup.last`, BackupReady True Succeeded, Normal BackupTaken), then
+/// a failed run (BackupReady False naming the step, Warning BackupFailed), then a run that
+/// ended with no report (step `run`), then a snapshot again (the failure clears).
+#[tokio::test]
+async fn backup_runs_are_recorded_in_the_status_an_event_and_the_metric() {
+    let (api, ctx) = setup(3, Some(backup(Some("s3://b/p"))));
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(backup_ready(&api)["reason"], "Scheduled");
+    let report = json!({"uri": "s3://b/p/etcd-snapshot-20261202T010000Z.db", "size": 40992,
+        "sha256": "ab".repeat(32), "revision": 211, "member": "etcd-2",
+        "time": "2026-12-02T01:00:00.25Z", "seconds": 0.2, "pruned": []});
+    backup_pod(
+        &api,
+        "etcd-backup-1-a",
+        0,
+        &report.to_string(),
+        "2026-12-02T01:00:01Z",
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let status = cluster_json(&api)["status"].clone();
+    assert_eq!(status["backup"]["last"]["uri"], report["uri"]);
+    assert_eq!(status["backup"]["last"]["revision"], 211);
+    assert_eq!(backup_ready(&api)["status"], "True");
+    assert_eq!(backup_ready(&api)["reason"], "Succeeded");
+    let told = backup_events(&api.calls());
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(
+        (told[0].0.as_str(), told[0].1.as_str()),
+        ("Normal", "BackupTaken")
+    );
+    assert!(
+        told[0].2.contains("etcd-snapshot-20261202T010000Z.db"),
+        "{told:?}"
+    );
+    let metrics = ctx.metrics.encode();
+    assert!(
+        metrics.contains(
+            "etcd_webhook_backup_last_success_timestamp_seconds{namespace=\"prod\",name=\"etcd\"} 1796173200.25"
+        ),
+        "{metrics}"
+    );
+    // Told once: the pod stays (the CronJob's history), nothing new is said.
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(backup_events(&api.calls()).is_empty());
+
+    let failed = json!({"failed": "upload", "error": "upload s3://b/p/etcd-snapshot-20261202T020000Z.db: connection refused"});
+    backup_pod(
+        &api,
+        "etcd-backup-2-a",
+        4,
+        &failed.to_string(),
+        "2026-12-02T02:00:03Z",
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let ready = backup_ready(&api);
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("BackupFailed"))
+    );
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("step upload")
+            && message.contains("connection refused")
+            && message.contains("etcd-snapshot-20261202T010000Z.db"),
+        "{message}"
+    );
+    let told = backup_events(&api.calls());
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0].0, "Warning");
+    assert!(told[0].2.contains("upload failed"), "{told:?}");
+    assert_eq!(
+        cluster_json(&api)["status"]["backup"]["last"]["uri"],
+        report["uri"],
+        "kept"
+    );
+
+    backup_pod(&api, "etcd-backup-3-a", 137, "", "2026-12-02T03:00:03Z");
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let message = backup_ready(&api)["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("step run") && message.contains("exit code 137"),
+        "{message}"
+    );
+
+    let later = json!({"uri": "s3://b/p/etcd-snapshot-20261202T040000Z.db", "size": 41000,
+        "sha256": "cd".repeat(32), "revision": 300, "member": "etcd-0",
+        "time": "2026-12-02T04:00:00Z", "seconds": 0.2, "pruned": []});
+    backup_pod(
+        &api,
+        "etcd-backup-4-a",
+        0,
+        &later.to_string(),
+        "2026-12-02T04:00:01Z",
+    );
+    pass(&api, &ctx).await.unwrap();
+    let status = cluster_json(&api)["status"].clone();
+    assert_eq!(status["backup"]["last"]["uri"], later["uri"]);
+    assert!(status["backup"]["lastFailure"].is_null(), "{status}");
+    assert_eq!(backup_ready(&api)["reason"], "Succeeded");
+}
+
 #[tokio::test]
 async fn deletion_with_backup_runs_the_final_snapshot_then_removes_the_finalizer() {
     let (api, ctx) = setup(3, Some(backup(None)));

@@ -597,7 +597,12 @@ impl FakeCore {
                         );
                     }
                 }
-                if existing.is_some() {
+                if sub && body.get("status").is_some() {
+                    // The loop is the status's one manager and applies all of it each time:
+                    // a field it applied before and leaves out now is removed (what
+                    // server-side apply does with a manager's own fields).
+                    obj["status"] = body["status"].clone();
+                } else if existing.is_some() {
                     apply(&mut obj, &body);
                 }
             }

@@ -74,6 +74,8 @@ pub struct Stash {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_status: Option<v1::BackupStatus>,
     /// Kept in every version (v1 included) while the object has a `backup` block.
     #[serde(default, flatten)]
     pub alpha_gaps: AlphaGaps,
@@ -326,18 +328,53 @@ pub(crate) mod tests {
             option::of(vec("http://[a-z]{1,5}-[0-6]\\.[a-z]{1,5}:2379", 0..4)),
             option::of(0i64..1000),
             option::of(vec(condition(), 0..3)),
+            option::of(backup_status()),
         )
             .prop_map(
-                |(phase, ready_replicas, endpoints, observed_generation, conditions)| {
+                |(phase, ready_replicas, endpoints, observed_generation, conditions, backup)| {
                     v1::EtcdClusterStatus {
                         phase,
                         ready_replicas,
                         endpoints,
                         observed_generation,
                         conditions,
+                        backup,
                     }
                 },
             )
+    }
+
+    fn backup_status() -> impl Strategy<Value = v1::BackupStatus> {
+        let record = (
+            "2026-12-0[1-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]Z",
+            "s3://[a-z]{1,6}/[a-z-]{1,12}\\.db",
+            0i64..1_000_000_000,
+            "[0-9a-f]{64}",
+            0i64..1_000_000,
+            "[a-z]{1,5}-[0-6]",
+        )
+            .prop_map(
+                |(time, uri, size, sha256, revision, member)| v1::SnapshotRecord {
+                    time,
+                    uri,
+                    size,
+                    sha256,
+                    revision,
+                    member,
+                },
+            );
+        let failure = (
+            "2026-12-0[1-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]Z",
+            "(upload|snapshot|verify)",
+            "[ -~]{0,40}",
+        )
+            .prop_map(|(time, step, message)| v1::BackupFailure {
+                time,
+                step,
+                message,
+            });
+        (option::of(record), option::of(failure))
+            .prop_map(|(last, last_failure)| v1::BackupStatus { last, last_failure })
     }
 
     fn metadata() -> impl Strategy<Value = Value> {

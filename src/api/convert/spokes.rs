@@ -52,6 +52,7 @@ pub(super) fn beta_down(
     let status = hub.status.map(|s| {
         stash.observed_generation = s.observed_generation;
         stash.conditions = s.conditions;
+        stash.backup_status = s.backup;
         v1beta1::EtcdClusterStatus {
             phase: s.phase,
             ready_replicas: s.ready_replicas,
@@ -78,6 +79,7 @@ pub(super) fn beta_up(
         endpoints: s.endpoints,
         observed_generation: stash.observed_generation,
         conditions: stash.conditions.clone(),
+        backup: stash.backup_status.clone(),
     });
     Hub {
         spec: v1::EtcdClusterSpec {
@@ -157,6 +159,7 @@ pub(super) fn alpha_down(
         stash.endpoints = s.endpoints;
         stash.observed_generation = s.observed_generation;
         stash.conditions = s.conditions;
+        stash.backup_status = s.backup;
         v1alpha1::EtcdClusterStatus {
             phase: s.phase,
             ready_replicas: s.ready_replicas,
@@ -199,6 +202,7 @@ pub(super) fn alpha_up(
         endpoints: stash.endpoints,
         observed_generation: stash.observed_generation,
         conditions: stash.conditions,
+        backup: stash.backup_status,
     });
     Hub {
         spec: v1::EtcdClusterSpec {

@@ -52,6 +52,25 @@ pub fn backup_claim(ec: &EtcdCluster) -> PersistentVolumeClaim {
     }
 }
 
+/// What `etcd-webhook backup` filed: the JSON line it prints and leaves as the Job pod's
+/// termination message, where the loop reads it (`status.backup.last`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct BackupReport {
+    pub uri: String,
+    pub size: u64,
+    pub sha256: String,
+    /// The snapshot holds every revision up to at least this one (the member's revision when
+    /// the snapshot began).
+    pub revision: u64,
+    /// The member it was taken from.
+    pub member: String,
+    /// When the snapshot was taken (RFC 3339).
+    pub time: String,
+    pub seconds: f64,
+    /// Scheduled snapshots retention deleted.
+    pub pruned: Vec<String>,
+}
+
 /// The folder the backup claim is mounted at in a snapshot pod.
 pub const BACKUP_MOUNT: &str = "/backup";
 
