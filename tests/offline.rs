@@ -390,7 +390,8 @@ fn render_prints_what_the_controller_creates_for_every_sample() {
     let out = run(&["render", "-f", v1.to_str().unwrap()], None);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("kind: CronJob") && text.contains("name: etcd-sample-final-snapshot"));
-    assert!(text.contains("aws s3 cp /work/snapshot.db \"s3://etcd-backups/etcd-sample/"));
+    assert!(text.contains("- --destination=s3://etcd-backups/etcd-sample"));
+    assert!(text.contains("- /etcd-webhook"));
     let out = run(&["render", "-f", v1.to_str().unwrap(), "-o", "json"], None);
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
     let kinds: Vec<&str> = list["items"]

@@ -68,6 +68,23 @@ pub fn storage_class_error(name: &str) -> Option<&'static str> {
          ending with a letter or digit",
     )
 }
+
+/// Why `destination` cannot take a cluster's snapshots (`/validate` and the loop say the same
+/// words): the backups file them in S3 or an S3-compatible store, or on the backup claim when
+/// the field is unset.
+pub fn backup_destination_error(destination: &str) -> Option<&'static str> {
+    let Some(rest) = destination.strip_prefix("s3://") else {
+        return Some(
+            "is not supported: use s3://bucket/prefix (S3 or an S3-compatible store), or leave it unset to keep snapshots on the volume claim NAME-backup",
+        );
+    };
+    let bucket = rest.split('/').next().unwrap_or("");
+    if bucket.is_empty() || destination.chars().any(char::is_whitespace) {
+        return Some("must name a bucket, like s3://bucket/prefix, with no spaces");
+    }
+    None
+}
+
 /// The most members a cluster may have (every version's schema and the rules).
 pub const MAX_SIZE: i32 = 7;
 

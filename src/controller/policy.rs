@@ -53,7 +53,12 @@ fn spec_storage_gib(ec: &EtcdCluster) -> Option<i64> {
 pub(super) fn check_spec(ec: &EtcdCluster) -> Result<(), Error> {
     use crate::admission::validate::{Operation, validate};
     let object = serde_json::to_value(ec).expect("an EtcdCluster serializes");
-    let verdict = validate(crate::api::Version::V1, Operation::Create, &object, None);
+    let mut verdict = validate(crate::api::Version::V1, Operation::Create, &object, None);
+    // A destination the backups cannot serve stops the backups only (BackupReady False with
+    // the same words, and a Warning), never the members: a cluster stored before the rule
+    // tightened keeps running.
+    let destination = crate::admission::Field::BackupDestination.path(crate::api::Version::V1);
+    verdict.violations.retain(|v| v.path != destination);
     if verdict.allowed() {
         Ok(())
     } else {

@@ -623,7 +623,7 @@ mod tests {
             [
                 r#"spec.backup.schedule: Invalid value: "0 25 * * *": must be a 5-field cron schedule: hour field "25": 25 is outside 0-23"#,
                 "spec.backup.retention: Invalid value: 0: must be between 1 and 100 snapshots",
-                r#"spec.backup.destination: Invalid value: "bucket": must be a URL like s3://bucket/prefix (leave it unset to keep snapshots on a volume)"#,
+                r#"spec.backup.destination: Invalid value: "bucket": is not supported: use s3://bucket/prefix (S3 or an S3-compatible store), or leave it unset to keep snapshots on the volume claim NAME-backup"#,
             ]
         );
         let m = messages(&create(

@@ -140,19 +140,11 @@ pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdic
                 "must be between 1 and 100 snapshots",
             ));
         }
-        if let Some(dest) = &backup.destination {
-            let ok = dest.split_once("://").is_some_and(|(scheme, rest)| {
-                !scheme.is_empty()
-                    && scheme.bytes().all(|b| b.is_ascii_alphanumeric())
-                    && !rest.is_empty()
-            }) && !dest.chars().any(char::is_whitespace);
-            if !ok {
-                out.violations.push(ctx.invalid(
-                    Field::BackupDestination,
-                    dest.clone(),
-                    "must be a URL like s3://bucket/prefix (leave it unset to keep snapshots on a volume)",
-                ));
-            }
+        if let Some(dest) = &backup.destination
+            && let Some(why) = crate::api::backup_destination_error(dest)
+        {
+            out.violations
+                .push(ctx.invalid(Field::BackupDestination, dest.clone(), why));
         }
     }
 }

@@ -22,20 +22,18 @@ pub enum BackupTarget {
 
 /// Why backups cannot be set up for a destination.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "backup destination {0:?} is not supported: use an s3:// URL, or leave it unset for the volume claim"
-)]
-pub struct UnsupportedDestination(pub String);
+#[error("spec.backup.destination {0:?} {1}")]
+pub struct UnsupportedDestination(pub String, pub &'static str);
 
 /// The backup target of a cluster, `None` when backups are off.
 pub fn backup_target(ec: &EtcdCluster) -> Option<Result<BackupTarget, UnsupportedDestination>> {
     let backup = ec.spec.backup.as_ref().filter(|b| b.enabled)?;
     Some(match backup.destination.as_deref() {
         None | Some("") => Ok(BackupTarget::Volume),
-        Some(d) if d.starts_with("s3://") && d.len() > "s3://".len() => {
-            Ok(BackupTarget::S3(d.trim_end_matches('/').to_owned()))
-        }
-        Some(d) => Err(UnsupportedDestination(d.to_owned())),
+        Some(d) => match crate::api::backup_destination_error(d) {
+            None => Ok(BackupTarget::S3(d.trim_end_matches('/').to_owned())),
+            Some(why) => Err(UnsupportedDestination(d.to_owned(), why)),
+        },
     })
 }
 

@@ -559,7 +559,7 @@ pub(crate) mod tests {
         );
         assert!(matches!(
             backup_target(&cluster("e", 3, Some(backup(Some("gs://b/p"))))),
-            Some(Err(UnsupportedDestination(_)))
+            Some(Err(UnsupportedDestination(..)))
         ));
     }
 
