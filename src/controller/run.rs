@@ -106,8 +106,7 @@ pub async fn run_with_etcd(
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
     let claims_stop = stop.clone();
     let claims_task = tokio::spawn(async move {
-        let quiet =
-            futures_util::stream::select(claims_events.map(|_| ()), pods_events.map(|_| ()));
+        let quiet = claims_events.map(|_| ());
         tokio::select! {
             () = quiet.for_each(|()| async {}) => {}
             () = claims_stop.cancelled() => {}
@@ -123,6 +122,9 @@ pub async fn run_with_etcd(
     .owns_stream(crons_events)
     .owns_stream(jobs_events)
     .owns_stream(configs_events)
+    // A backup pod that ends brings its cluster's pass (the loop records its report); member
+    // pods fill the cache only (their readiness comes through the StatefulSet's status).
+    .watches_stream(pods_events, backup_pod_owner)
     // Coalesce the bursts of events one pass causes (its own writes coming back through the
     // watches), so the next pass sees them all in the caches.
     .with_config(controller::Config::default().debounce(DEBOUNCE))
@@ -137,4 +139,28 @@ pub async fn run_with_etcd(
     .await;
     claims_task.abort();
     tracing::info!("controller stopped");
+}
+
+/// The cluster of a backup pod (scheduled or final snapshot) that has ended.
+fn backup_pod_owner(pod: Pod) -> Option<kube::runtime::reflector::ObjectRef<EtcdCluster>> {
+    use kube::ResourceExt;
+    let labels = pod.labels();
+    let component = labels.get("app.kubernetes.io/component")?;
+    if component != "backup" && component != "final-snapshot" {
+        return None;
+    }
+    let ended = pod
+        .status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()));
+    if !ended {
+        return None;
+    }
+    Some(
+        kube::runtime::reflector::ObjectRef::new(labels.get("app.kubernetes.io/instance")?)
+            .within(&pod.namespace()?),
+    )
 }

@@ -135,6 +135,75 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
         "{events:?}"
     );
 
+    // A backup run, played: the CronJob's pod template as the apiserver took it, as a pod, and
+    // its status as a kubelet leaves it (the container ended 0 with the report as its
+    // termination message). The loop records it: status.backup.last, BackupReady Succeeded,
+    // a BackupTaken Event, and `kubectl get ec` shows LAST BACKUP.
+    let cron = env.get_json(&["-n", ns, "cronjob", &format!("{name}-backup")]);
+    let template = &cron["spec"]["jobTemplate"]["spec"]["template"];
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{name}-backup-played"), "namespace": ns,
+            "labels": template["metadata"]["labels"]},
+        "spec": template["spec"]});
+    ok(
+        env.kubectl_in(&["apply", "-f", "-"], &pod.to_string()),
+        "the backup pod from the CronJob's template",
+    );
+    let report = json!({"uri": format!("/backup/{name}-snapshot-20261202T010000Z.db"),
+        "size": 40992, "sha256": "ab".repeat(32), "revision": 211, "member": format!("{name}-1"),
+        "time": "2026-12-02T01:00:00Z", "seconds": 0.2, "pruned": []});
+    let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [{
+        "name": "backup", "image": template["spec"]["containers"][0]["image"], "imageID": "",
+        "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+            "message": report.to_string(), "finishedAt": "2026-12-02T01:00:01Z"}}}]}});
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "pod",
+            &format!("{name}-backup-played"),
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ]),
+        "the played kubelet's status of the backup pod",
+    );
+    let recorded = wait_for("status.backup.last", Duration::from_secs(60), || {
+        let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
+        let last = ec["status"]["backup"]["last"].clone();
+        last.is_object().then_some(ec)
+    });
+    assert_eq!(
+        recorded["status"]["backup"]["last"]["uri"], report["uri"],
+        "{}",
+        recorded["status"]
+    );
+    let ready = recorded["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "BackupReady")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready["reason"], "Succeeded", "{ready}");
+    let table = ok(
+        env.kubectl(&["-n", ns, "get", "etcdcluster", name]),
+        "kubectl get ec",
+    );
+    assert!(table.contains("LAST BACKUP"), "{table}");
+    wait_for("the BackupTaken Event", Duration::from_secs(30), || {
+        let events = env.get_json(&["-n", ns, "events.events.k8s.io"]);
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "BackupTaken" && e["regarding"]["uid"] == uid.as_str())
+            .then_some(())
+    });
+
     // Deletion: the finalizer starts the final snapshot Job, then (no kubelet runs it) gives up
     // after --finalizer-timeout; the garbage collector removes what the cluster owned.
     let finalizers =
