@@ -48,6 +48,28 @@ pub enum Command {
     /// ones: what the backup Jobs run. Prints what it filed as JSON. Exit 0 filed, 1 etcd,
     /// 2 arguments, 3 a corrupt snapshot, 4 the store.
     Backup(BackupArgs),
+    /// Fetch a snapshot (`s3://bucket/key` or a file path) to a file, checking etcd's integrity
+    /// hash and, when given, its SHA-256: what a restore Job runs before `etcdutl snapshot
+    /// restore`. Prints what it fetched as JSON. Exit 0 fetched, 2 arguments, 3 a corrupt or
+    /// unexpected snapshot (nothing is left at --out), 4 the store.
+    FetchSnapshot(FetchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FetchArgs {
+    /// The snapshot: `s3://bucket/prefix/NAME-snapshot-<time>.db` or an absolute file path.
+    #[arg(long)]
+    pub from: String,
+    /// The SHA-256 (hex) the file must have, e.g. from the source cluster's
+    /// status.backup.last.sha256.
+    #[arg(long)]
+    pub sha256: Option<String>,
+    /// Where to write it.
+    #[arg(long)]
+    pub out: std::path::PathBuf,
+    /// Also write the JSON report here (the container's termination message path).
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// What a snapshot is taken for: the schedule (`NAME-snapshot-<time>.db`, pruned by

@@ -42,6 +42,9 @@ fn run(command: Command) -> anyhow::Result<i32> {
         Command::MigrateStorage(args) => commands::migrate_storage(&args),
         Command::Certs(args) => commands::certs(&args),
         Command::Backup(args) => i32::from(app::runtime()?.block_on(backup::command(&args))),
+        Command::FetchSnapshot(args) => {
+            i32::from(app::runtime()?.block_on(backup::fetch_command(&args)))
+        }
         Command::Serve(args) => {
             app::runtime()?.block_on(app::serve(*args))?;
             0

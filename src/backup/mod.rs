@@ -26,7 +26,7 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::io::AsyncWriteExt;
 
-use crate::cli::BackupArgs;
+use crate::cli::{BackupArgs, FetchArgs};
 use crate::controller::etcd::{Etcd, EtcdError, Gateway, MemberStatus};
 pub use crate::controller::render::BackupReport as Report;
 use snapshot::{Kind, Verified};
@@ -441,6 +441,121 @@ pub async fn command(args: &BackupArgs) -> u8 {
     code
 }
 
+/// Where a snapshot named by a URI is: its store, its path there.
+pub fn locate(from: &str) -> Result<(Destination, StorePath), Error> {
+    let (dir, name) = from
+        .rsplit_once('/')
+        .filter(|(_, name)| !name.is_empty())
+        .ok_or_else(|| Error::Usage(format!("snapshot {from:?} names no file")))?;
+    let destination = if dir == "s3:/" {
+        return Err(Error::Usage(format!("snapshot {from:?} names no bucket")));
+    } else if dir.is_empty() {
+        Destination::Folder("/".into())
+    } else {
+        Destination::parse(dir)?
+    };
+    let path = destination.path(name);
+    Ok((destination, path))
+}
+
+/// What `fetch-snapshot` wrote.
+#[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
+pub struct Fetched {
+    pub from: String,
+    pub out: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// Fetches the snapshot `args.from` to `args.out`, checking it as it arrives; a snapshot that
+/// fails a check leaves no file.
+pub async fn fetch(args: &FetchArgs) -> Result<Fetched, Error> {
+    use std::io::Write;
+    let (destination, path) = locate(&args.from)?;
+    let store = destination.open()?;
+    let fail = |step: &'static str, e: Box<dyn std::error::Error + Send + Sync>| Error::Store {
+        step,
+        uri: args.from.clone(),
+        source: e,
+    };
+    let got = store
+        .get(&path)
+        .await
+        .map_err(|e| fail("download", Box::new(e)))?;
+    let part = args.out.with_extension("part");
+    let write_err = |e: std::io::Error| fail("download", format!("{}: {e}", part.display()).into());
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&part).map_err(write_err)?);
+    let mut reader = snapshot::Reader::default();
+    let mut stream = got.into_stream();
+    let result = async {
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| fail("download", Box::new(e)))?;
+            out.write_all(&chunk).map_err(write_err)?;
+            reader.raw(&chunk);
+        }
+        out.flush()
+            .and_then(|()| out.get_ref().sync_all())
+            .map_err(write_err)?;
+        let verified = reader.finish_file().map_err(|source| Error::Corrupt {
+            member: args.from.clone(),
+            source,
+        })?;
+        if let Some(want) = &args.sha256
+            && !want.eq_ignore_ascii_case(&verified.sha256)
+        {
+            return Err(Error::Corrupt {
+                member: args.from.clone(),
+                source: snapshot::StreamError::Unexpected {
+                    want: want.to_ascii_lowercase(),
+                    got: verified.sha256.clone(),
+                },
+            });
+        }
+        Ok(verified)
+    }
+    .await;
+    match result {
+        Ok(verified) => {
+            std::fs::rename(&part, &args.out)
+                .map_err(|e| fail("download", format!("{}: {e}", args.out.display()).into()))?;
+            Ok(Fetched {
+                from: args.from.clone(),
+                out: args.out.display().to_string(),
+                size: verified.size,
+                sha256: verified.sha256,
+            })
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&part);
+            Err(e)
+        }
+    }
+}
+
+/// The `fetch-snapshot` subcommand: the report on stdout and in the termination message.
+pub async fn fetch_command(args: &FetchArgs) -> u8 {
+    let outcome = fetch(args).await;
+    let (line, code) = match &outcome {
+        Ok(f) => (serde_json::to_string(f).expect("serializes"), 0),
+        Err(e) => (
+            serde_json::json!({"failed": e.step(), "error": e.to_string()}).to_string(),
+            e.exit_code(),
+        ),
+    };
+    match &outcome {
+        Ok(_) => println!("{line}"),
+        Err(e) => tracing::error!(step = e.step(), "fetch failed: {e}"),
+    }
+    if let Some(path) = &args.report {
+        let mut text = line;
+        text.truncate(4096);
+        if let Err(e) = std::fs::write(path, text) {
+            tracing::warn!(path = %path.display(), "cannot write the report: {e}");
+        }
+    }
+    code
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -510,6 +625,17 @@ mod tests {
         for bad in ["s3://", "gs://b", "backup"] {
             let e = Destination::parse(bad).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad}: {e}");
+        }
+        let (d, p) = locate("s3://b/p/q/x.db").unwrap();
+        assert_eq!(d.uri("x.db"), "s3://b/p/q/x.db");
+        assert_eq!(p.as_ref(), "p/q/x.db");
+        let (d, p) = locate("/backup/x.db").unwrap();
+        assert_eq!(
+            (d, p.as_ref()),
+            (Destination::Folder("/backup".into()), "x.db")
+        );
+        for bad in ["s3://b/", "s3:///x.db", "x.db"] {
+            assert!(locate(bad).is_err(), "{bad}");
         }
     }
 }

@@ -26,6 +26,8 @@ pub enum StreamError {
         appended: String,
         computed: String,
     },
+    #[error("the snapshot's SHA-256 is {got}, not the {want} asked for")]
+    Unexpected { want: String, got: String },
     #[error(
         "the snapshot has no integrity hash ({0} bytes: a database and its 32-byte hash are a multiple of 512 bytes plus 32)"
     )]
@@ -164,6 +166,17 @@ impl Reader {
         Ok(())
     }
 
+    /// Feeds bytes of a snapshot file (not the gateway's messages).
+    pub fn raw(&mut self, bytes: &[u8]) {
+        self.bytes(bytes);
+    }
+
+    /// The file ended: complete and its hash holds, or why not.
+    pub fn finish_file(mut self) -> Result<Verified, StreamError> {
+        self.done = true;
+        self.finish()
+    }
+
     fn bytes(&mut self, blob: &[u8]) {
         self.size += blob.len() as u64;
         self.whole.update(blob);
@@ -216,9 +229,8 @@ pub enum FeedError {
 /// SHA-256 of the whole file, or why it does not hold.
 pub fn check(file: &[u8]) -> Result<Verified, StreamError> {
     let mut r = Reader::default();
-    r.bytes(file);
-    r.done = true;
-    r.finish()
+    r.raw(file);
+    r.finish_file()
 }
 
 fn preview(line: &[u8]) -> String {

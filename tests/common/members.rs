@@ -381,15 +381,25 @@ impl Net {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.pods[i].ns, "curl", "-s", "-m", "5"])
             .args(["-o", "-", "-w", "\n%{http_code}", "-X", method, url]);
-        if let Some(b) = body {
+        // The body through stdin: an argument is at most 128 KiB.
+        if body.is_some() {
             cmd.args([
                 "-H",
                 "Content-Type: application/json",
-                "--data",
-                &b.to_string(),
+                "--data-binary",
+                "@-",
             ]);
         }
-        let out = cmd.output().expect("curl");
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut child = cmd.spawn().expect("curl");
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            if let Some(b) = body {
+                let _ = stdin.write_all(b.to_string().as_bytes());
+            }
+        }
+        let out = child.wait_with_output().expect("curl");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
         (code.trim().parse().unwrap_or(0), body.to_owned())

@@ -8,6 +8,7 @@
 //	controlplane cert-manager-controller --kubeconfig FILE (certmanager.go)
 //	controlplane cainjector --kubeconfig FILE
 //	controlplane s3 --listen ADDR --data FILE --access-key KEY [--bucket NAME] (s3.go)
+//	controlplane etcdutl snapshot restore|status ... (etcdutl.go)
 //
 // The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
 // loopback Endpoints, so webhooks named by a service reference (as the shipped configurations do) are
@@ -37,7 +38,7 @@ import (
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 )
 
-const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector|s3 [flags]"
+const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector|s3|etcdutl [flags]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -65,6 +66,8 @@ func main() {
 		os.Exit(runCAInjector(rest))
 	case "s3":
 		os.Exit(runS3(rest))
+	case "etcdutl":
+		os.Exit(runEtcdutl(rest))
 	default:
 		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q\n%s\n", component, usage)
 		os.Exit(2)

@@ -223,3 +223,126 @@ pub fn final_snapshot_job(ec: &EtcdCluster, target: &BackupTarget, opts: &Render
         ..Default::default()
     }
 }
+
+/// Job `NAME-restore-<ordinal>`: member `ordinal`'s data directory made from a snapshot, on the
+/// member's own claim (`data-NAME-<ordinal>`, which the StatefulSet then adopts), before the
+/// member first starts. An init container of `--backup-image` fetches the snapshot and checks
+/// it (etcd's integrity hash, and `sha256` when given: a corrupt snapshot fails the Job and no
+/// data directory is made); then `etcdutl snapshot restore` from the member's own etcd image
+/// writes the data directory with the member's name, the cluster's initial members and a
+/// token of its own (`NAME.NS.<uid>`: new member and cluster IDs, unlike any former cluster
+/// under this name; every key and the snapshot's revision). Both commands run unconditionally (the etcd image has no shell): the loop runs
+/// these Jobs once, for the members a cluster starts with, never for a learner added later.
+pub fn restore_job(
+    ec: &EtcdCluster,
+    ordinal: i32,
+    from: &str,
+    sha256: Option<&str>,
+    opts: &RenderOptions,
+) -> Job {
+    let name = ec.name_any();
+    let member = format!("{name}-{ordinal}");
+    let restore_dir = "/restore";
+    let snapshot = format!("{restore_dir}/snapshot.db");
+    let mut fetch_args = vec![
+        "fetch-snapshot".to_owned(),
+        format!("--from={from}"),
+        format!("--out={snapshot}"),
+        "--report=/dev/termination-log".to_owned(),
+    ];
+    if let Some(sum) = sha256 {
+        fetch_args.push(format!("--sha256={sum}"));
+    }
+    let scratch = VolumeMount {
+        name: "restore".to_owned(),
+        mount_path: restore_dir.to_owned(),
+        ..Default::default()
+    };
+    let data = VolumeMount {
+        name: "data".to_owned(),
+        mount_path: DATA_MOUNT.to_owned(),
+        ..Default::default()
+    };
+    let fetch = Container {
+        name: "fetch".to_owned(),
+        image: Some(opts.backup_image.clone()),
+        command: Some(vec!["/etcd-webhook".to_owned()]),
+        args: Some(fetch_args),
+        env_from: from.starts_with("s3://").then(|| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource {
+                    name: format!("{name}-backup-credentials"),
+                    optional: Some(true),
+                }),
+                ..Default::default()
+            }]
+        }),
+        volume_mounts: Some(vec![scratch.clone()]),
+        security_context: Some(restricted_container()),
+        termination_message_policy: Some("File".to_owned()),
+        ..Default::default()
+    };
+    let restore = Container {
+        name: "restore".to_owned(),
+        image: Some(super::members::etcd_image(ec, opts)),
+        command: Some(vec!["/usr/local/bin/etcdutl".to_owned()]),
+        args: Some(vec![
+            "snapshot".to_owned(),
+            "restore".to_owned(),
+            snapshot,
+            format!("--name={member}"),
+            format!("--initial-cluster={}", initial_cluster(ec, ec.spec.size)),
+            // Its own token: a cluster ID no former cluster under this name had.
+            format!(
+                "--initial-cluster-token={}.{}",
+                cluster_token(ec),
+                ec.metadata.uid.as_deref().unwrap_or("restored")
+            ),
+            format!("--initial-advertise-peer-urls={}", peer_url(ec, ordinal)),
+            format!("--data-dir={DATA_DIR}"),
+        ]),
+        volume_mounts: Some(vec![scratch, data]),
+        security_context: Some(restricted_container()),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        ..Default::default()
+    };
+    Job {
+        metadata: meta(ec, format!("{name}-restore-{ordinal}"), "restore"),
+        spec: Some(JobSpec {
+            backoff_limit: Some(2),
+            active_deadline_seconds: Some(3600),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(ec, "restore")),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    init_containers: Some(vec![fetch]),
+                    containers: vec![restore],
+                    volumes: Some(vec![
+                        Volume {
+                            name: "restore".to_owned(),
+                            empty_dir: Some(Default::default()),
+                            ..Default::default()
+                        },
+                        Volume {
+                            name: "data".to_owned(),
+                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                claim_name: member_claim(ec, ordinal),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        },
+                    ]),
+                    restart_policy: Some("Never".to_owned()),
+                    security_context: Some(restricted_pod()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

@@ -198,7 +198,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
         format!(
             "--advertise-client-urls=http://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{CLIENT_PORT}"
         ),
-        format!("--initial-cluster-token={name}.{}", namespace(ec)),
+        format!("--initial-cluster-token={}", cluster_token(ec)),
     ];
     let (readiness, liveness) = probes(&ec.spec.version);
     let (affinity, spread) = member_placement(ec);
@@ -300,6 +300,12 @@ fn container_port(name: &str, port: i32) -> ContainerPort {
 }
 
 /// The claim names the StatefulSet gives its members' volumes.
+/// The members' `--initial-cluster-token` (and a restore's: a restored cluster is a new
+/// cluster under the same name).
+pub fn cluster_token(ec: &EtcdCluster) -> String {
+    format!("{}.{}", ec.name_any(), namespace(ec))
+}
+
 pub fn member_claim(ec: &EtcdCluster, ordinal: i32) -> String {
     format!("data-{}-{ordinal}", ec.name_any())
 }
