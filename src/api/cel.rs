@@ -146,7 +146,20 @@ pub fn rules(version: Version) -> Vec<(Field, ValidationRule)> {
     .into_iter()
     .chain(version_rules(version).into_iter().map(|r| (Field::Version, r)))
     .chain([(Field::Spec, class_presence_rule(version))])
+    .chain(restore_rule(version).map(|r| (Field::Spec, r)))
     .collect()
+}
+
+/// `spec.restore` is set at creation only (v1; the older versions keep it in the
+/// conversion-data annotation): a rule on the spec, so that setting or removing it is caught.
+fn restore_rule(version: Version) -> Option<ValidationRule> {
+    (version == Version::V1).then(|| ValidationRule {
+        field_path: Some(".restore".to_owned()),
+        rule: "has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)".to_owned(),
+        message: Some(crate::api::RESTORE_IMMUTABLE.to_owned()),
+        reason: Some(FORBIDDEN.to_owned()),
+        ..ValidationRule::default()
+    })
 }
 
 /// The storage class is set or left out at creation, for good: a rule on the spec, since a
@@ -251,7 +264,9 @@ mod tests {
             assert_eq!(at(Field::StorageSize), 1, "{version}");
             assert_eq!(at(Field::StorageClass), 1, "{version}");
             assert_eq!(at(Field::Version), 2, "{version}");
-            assert_eq!(at(Field::Spec), 1, "{version}");
+            // The storage class's presence; in v1 also spec.restore, set at creation only.
+            let spec_rules = if version == Version::V1 { 2 } else { 1 };
+            assert_eq!(at(Field::Spec), spec_rules, "{version}");
         }
     }
 

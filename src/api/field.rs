@@ -13,6 +13,7 @@ pub enum Field {
     BackupSchedule,
     BackupRetention,
     BackupDestination,
+    Restore,
 }
 
 impl Field {
@@ -34,8 +35,11 @@ impl Field {
             (Field::BackupSchedule, _) => "/spec/backup/schedule",
             (Field::BackupRetention, V::V1) => "/spec/backup/retention",
             (Field::BackupDestination, V::V1) => "/spec/backup/destination",
+            (Field::Restore, V::V1) => "/spec/restore",
             // Older versions hold these only in the conversion-data annotation.
-            (Field::BackupRetention | Field::BackupDestination, _) => return None,
+            (Field::BackupRetention | Field::BackupDestination | Field::Restore, _) => {
+                return None;
+            }
         })
     }
 
@@ -48,6 +52,7 @@ impl Field {
                 super::CONVERSION_ANNOTATION,
                 match self {
                     Field::BackupRetention => "backupRetention",
+                    Field::Restore => "restore",
                     _ => "backupDestination",
                 }
             ),

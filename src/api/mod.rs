@@ -85,6 +85,32 @@ pub fn backup_destination_error(destination: &str) -> Option<&'static str> {
     None
 }
 
+/// Why `from` cannot name a snapshot to restore (`/validate` and the loop say the same words).
+pub fn restore_source_error(from: &str) -> Option<&'static str> {
+    let Some(rest) = from.strip_prefix("s3://") else {
+        return Some(
+            "is not supported: use s3://bucket/prefix/NAME-snapshot-<time>.db (a snapshot on a backup volume claim: copy it to a bucket first)",
+        );
+    };
+    match rest.split_once('/') {
+        Some((bucket, key))
+            if !bucket.is_empty()
+                && !key.is_empty()
+                && !key.ends_with('/')
+                && !from.chars().any(char::is_whitespace) =>
+        {
+            None
+        }
+        _ => Some(
+            "must name a bucket and a snapshot file, like s3://bucket/prefix/NAME-snapshot-<time>.db",
+        ),
+    }
+}
+
+/// What `/validate` and the CRD say to a change of `spec.restore`.
+pub const RESTORE_IMMUTABLE: &str =
+    "is set at creation only: a cluster starts from a snapshot once, before its first member runs";
+
 /// The most members a cluster may have (every version's schema and the rules).
 pub const MAX_SIZE: i32 = 7;
 

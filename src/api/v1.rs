@@ -56,6 +56,25 @@ pub struct EtcdClusterSpec {
     /// Periodic snapshots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<Backup>,
+    /// Start the cluster from a snapshot instead of empty. Set at creation only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<Restore>,
+}
+
+/// The snapshot a new cluster starts from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Restore {
+    /// The snapshot, e.g. another cluster's `status.backup.last.uri`:
+    /// `s3://bucket/prefix/NAME-snapshot-<time>.db`, read with this cluster's Secret
+    /// `NAME-backup-credentials` (or the pod's identity).
+    #[schemars(length(max = 1024))]
+    pub from: String,
+    /// The SHA-256 (hex) the snapshot must have, e.g. the source's
+    /// `status.backup.last.sha256`. etcd's own integrity hash is checked either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-fA-F]{64}$"))]
+    pub sha256: Option<String>,
 }
 
 /// Periodic snapshot settings.

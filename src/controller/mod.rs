@@ -22,6 +22,7 @@ pub mod membership;
 mod policy;
 pub mod rbac;
 pub mod render;
+mod restore;
 mod run;
 mod scale;
 pub mod status;

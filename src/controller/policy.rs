@@ -8,7 +8,7 @@ use kube::runtime::events::EventType;
 
 use super::children::{Applied, Children};
 use super::status::{Activity, Observation};
-use super::{Context, Error, backup, render, scale, storage, upgrade};
+use super::{Context, Error, backup, render, restore, scale, storage, upgrade};
 use crate::api::v1::EtcdCluster;
 
 fn template_image(sts: &StatefulSet) -> Option<String> {
@@ -119,8 +119,12 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             let ready = seen.ready;
             members = scale::converge(ec, &kids, replicas, ready, &mut seen).await?;
         }
-    } else {
+    } else if restore::prepare(ec, &kids, &mut seen).await? {
         members = scale::bootstrap(ec, &kids).await?;
+    } else {
+        // Restoring: no StatefulSet until every member's data is in place.
+        members = 0;
+        apply_set = false;
     }
     if apply_set {
         let desired = render::stateful_set(ec, members, opts);

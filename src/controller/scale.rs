@@ -455,8 +455,10 @@ async fn label_voters(
 /// second cluster beside it (with `new`, the empty ones would form one of their own as soon as
 /// they are a quorum of `spec.size`: a cluster re-created larger on old claims).
 pub(super) async fn bootstrap(ec: &EtcdCluster, kids: &Children<'_>) -> Result<i32, Error> {
+    // A restored cluster's claims are its own (made for the restore): not a former cluster's.
     let former = match recorded_cluster_id(ec) {
         Some(_) => None,
+        None if ec.spec.restore.is_some() => None,
         None => Some(former_claims(ec, kids).await?),
     };
     let joins = former.as_ref().is_none_or(|f| !f.is_empty());

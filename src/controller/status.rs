@@ -32,6 +32,16 @@ pub struct Observation {
     pub progress: Option<String>,
     /// The backups' record after this pass (`None`: not read; the status keeps its own).
     pub backup: Option<crate::api::v1::BackupStatus>,
+    /// Where a cluster made from a snapshot is (`None`: not made from one).
+    pub restored: Option<Restored>,
+}
+
+/// A restore's progress (the `Restored` condition).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Restored {
+    Restoring { done: i32, of: i32 },
+    Failed(String),
+    Done,
 }
 
 /// The members by state, from `member list` and each member's `status`.
@@ -254,6 +264,28 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
     } else if let Some(c) = previous.and_then(|cs| cs.iter().find(|c| c.type_ == "Members")) {
         // Not read this pass (an error path): the last word stays.
         conditions.push(c.clone());
+    }
+    if let Some(restore) = &ec.spec.restore {
+        let restored = seen.restored.clone().unwrap_or(Restored::Done);
+        conditions.push(match restored {
+            Restored::Done => cond(
+                "Restored",
+                true,
+                "Restored",
+                format!("started from {}", restore.from),
+            ),
+            Restored::Restoring { done, of } => cond(
+                "Restored",
+                false,
+                "Restoring",
+                format!(
+                    "{done}/{of} members restored from {} (Jobs {}-restore-<i>); the members start when all are",
+                    restore.from,
+                    ec.metadata.name.as_deref().unwrap_or("")
+                ),
+            ),
+            Restored::Failed(message) => cond("Restored", false, "RestoreFailed", message),
+        });
     }
     let backup = seen
         .backup

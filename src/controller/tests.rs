@@ -1128,6 +1128,154 @@ async fn backup_runs_are_recorded_in_the_status_an_event_and_the_metric() {
     assert_eq!(backup_ready(&api)["reason"], "Succeeded");
 }
 
+fn restored_condition(api: &FakeApi) -> Value {
+    cluster_json(api)["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Restored")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// A cluster made from a snapshot: its members' claims and one restore Job each come first,
+/// and no StatefulSet while any Job runs (condition Restored False Restoring); once every Job
+/// has completed, the StatefulSet is made (Restored True, a Normal Restored Event), with no
+/// FormerVolumes warning about the claims the loop made itself.
+#[tokio::test]
+async fn a_restore_runs_one_job_per_member_before_the_stateful_set() {
+    let (api, ctx) = setup(3, None);
+    let from = "s3://b/p/src-snapshot-20261202T010000Z.db";
+    api.set(
+        EC,
+        "/spec/restore",
+        json!({"from": from, "sha256": "ab".repeat(32)}),
+    );
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(STS).is_none(), "no StatefulSet while restoring");
+    for i in 0..3 {
+        let claim = api
+            .get(&format!(
+                "/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-{i}"
+            ))
+            .expect("the member's claim, made ahead");
+        assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "10Gi");
+        let job = api
+            .get(&format!(
+                "/apis/batch/v1/namespaces/prod/jobs/etcd-restore-{i}"
+            ))
+            .expect("a restore Job per member");
+        let pod = &job["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["initContainers"][0]["args"][1],
+            format!("--from={from}")
+        );
+        assert_eq!(pod["containers"][0]["command"][0], "/usr/local/bin/etcdutl");
+        assert!(
+            pod["containers"][0]["args"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(format!("--name=etcd-{i}"))),
+            "{pod}"
+        );
+    }
+    let c = restored_condition(&api);
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("Restoring")),
+        "{c}"
+    );
+    complete_job(
+        &api,
+        "/apis/batch/v1/namespaces/prod/jobs/etcd-restore-0",
+        true,
+    );
+    complete_job(
+        &api,
+        "/apis/batch/v1/namespaces/prod/jobs/etcd-restore-1",
+        true,
+    );
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(STS).is_none());
+    assert!(
+        restored_condition(&api)["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("2/3 members restored")
+    );
+    complete_job(
+        &api,
+        "/apis/batch/v1/namespaces/prod/jobs/etcd-restore-2",
+        true,
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        api.get(STS).is_some(),
+        "the StatefulSet once all are restored"
+    );
+    let c = restored_condition(&api);
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("Restored")),
+        "{c}"
+    );
+    let told = events(&api.calls());
+    assert!(
+        told.contains(&("Normal".to_owned(), "Restored".to_owned())),
+        "{told:?}"
+    );
+    assert!(!told.iter().any(|(_, r)| r == "FormerVolumes"), "{told:?}");
+}
+
+/// A restore Job that fails (a snapshot that fails its check): no StatefulSet, ever; the
+/// cluster is Failed with Restored False RestoreFailed naming what the fetch said, and one
+/// Warning RestoreFailed.
+#[tokio::test]
+async fn a_failed_restore_starts_no_member_and_says_why() {
+    let (api, ctx) = setup(3, None);
+    api.set(EC, "/spec/restore", json!({"from": "s3://b/p/bad.db"}));
+    pass(&api, &ctx).await.unwrap();
+    complete_job(
+        &api,
+        "/apis/batch/v1/namespaces/prod/jobs/etcd-restore-1",
+        false,
+    );
+    let ec: EtcdCluster = serde_json::from_value(cluster_json(&api)).unwrap();
+    api.insert(
+        "/api/v1/namespaces/prod/pods/etcd-restore-1-x",
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd-restore-1-x", "namespace": "prod",
+                "labels": {"batch.kubernetes.io/job-name": "etcd-restore-1",
+                    "app.kubernetes.io/managed-by": "etcd-webhook",
+                    "app.kubernetes.io/instance": ec.metadata.name.clone().unwrap()}},
+            "spec": {"containers": [{"name": "restore", "image": "x"}]},
+            "status": {"initContainerStatuses": [{"name": "fetch", "image": "x", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 3, "message":
+                    "{\"failed\":\"verify\",\"error\":\"snapshot from s3://b/p/bad.db refused: the snapshot is corrupt\"}"}}}]}}),
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(STS).is_none(), "no member starts");
+    let status = cluster_json(&api)["status"].clone();
+    assert_eq!(status["phase"], "Failed", "{status}");
+    let c = restored_condition(&api);
+    assert_eq!(c["reason"], "RestoreFailed");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("etcd-restore-1: fetch exited 3: snapshot from s3://b/p/bad.db refused: the snapshot is corrupt"),
+        "{message}"
+    );
+    assert!(events(&api.calls()).contains(&("Warning".to_owned(), "RestoreFailed".to_owned())));
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        !events(&api.calls()).contains(&("Warning".to_owned(), "RestoreFailed".to_owned())),
+        "told once"
+    );
+}
+
 #[tokio::test]
 async fn deletion_with_backup_runs_the_final_snapshot_then_removes_the_finalizer() {
     let (api, ctx) = setup(3, Some(backup(None)));

@@ -645,6 +645,36 @@ mod tests {
         );
     }
 
+    /// `spec.restore`: an S3 snapshot at creation; never changed, set or removed after.
+    #[test]
+    fn restore_names_an_s3_snapshot_and_is_set_at_creation_only() {
+        let from = "s3://b/p/src-snapshot-20261202T010000Z.db";
+        let with = v1(json!({"size": 3, "restore": {"from": from}}));
+        assert!(create(Version::V1, &with).allowed());
+        for (bad, why) in [
+            ("/backup/x.db", "is not supported: use s3://bucket/prefix/NAME-snapshot-<time>.db"),
+            ("s3://b/", "must name a bucket and a snapshot file"),
+        ] {
+            let m = messages(&create(
+                Version::V1,
+                &v1(json!({"size": 3, "restore": {"from": bad}})),
+            ));
+            assert!(
+                m.len() == 1 && m[0].starts_with(&format!("spec.restore.from: Invalid value: {bad:?}: {why}")),
+                "{m:?}"
+            );
+        }
+        let without = v1(json!({"size": 3}));
+        let other = v1(json!({"size": 3, "restore": {"from": "s3://b/p/other.db"}}));
+        for (old, new) in [(&with, &without), (&without, &with), (&with, &other)] {
+            assert_eq!(
+                messages(&update(Version::V1, old, new)),
+                [format!("spec.restore: Forbidden: {}", crate::api::RESTORE_IMMUTABLE)]
+            );
+        }
+        assert!(update(Version::V1, &with, &with).allowed());
+    }
+
     #[test]
     fn every_violation_in_one_message() {
         let v = create(

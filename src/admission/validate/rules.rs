@@ -147,6 +147,15 @@ pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdic
                 .push(ctx.invalid(Field::BackupDestination, dest.clone(), why));
         }
     }
+    if let Some(restore) = &spec.restore
+        && let Some(why) = crate::api::restore_source_error(&restore.from)
+    {
+        out.violations.push(Violation {
+            path: format!("{}.from", ctx.path(Field::Restore)),
+            kind: Kind::Invalid(format!("{:?}", restore.from)),
+            detail: why.to_owned(),
+        });
+    }
 }
 
 pub(super) fn check_update(
@@ -199,6 +208,11 @@ pub(super) fn check_update(
             ),
         )),
         _ => {}
+    }
+
+    if old.restore != new.restore {
+        out.violations
+            .push(ctx.forbidden(Field::Restore, crate::api::RESTORE_IMMUTABLE));
     }
 
     if let (Ok(o), Ok(n)) = (

@@ -76,6 +76,8 @@ pub struct Stash {
     pub conditions: Option<Vec<Condition>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_status: Option<v1::BackupStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<v1::Restore>,
     /// Kept in every version (v1 included) while the object has a `backup` block.
     #[serde(default, flatten)]
     pub alpha_gaps: AlphaGaps,
@@ -300,9 +302,13 @@ pub(crate) mod tests {
                 1i32..=100,
                 option::of("s3://[a-z]{1,8}/[a-z]{0,8}"),
             )),
+            option::of((
+                "s3://[a-z]{1,8}/[a-z-]{1,12}\\.db",
+                option::of("[0-9a-f]{64}"),
+            )),
         )
-            .prop_map(|(size, (ma, mi, pa, zero), class, storage, backup)| {
-                v1::EtcdClusterSpec {
+            .prop_map(
+                |(size, (ma, mi, pa, zero), class, storage, backup, restore)| v1::EtcdClusterSpec {
                     size,
                     version: if zero {
                         format!("v0{ma}.{mi}.{pa}")
@@ -317,8 +323,9 @@ pub(crate) mod tests {
                         retention,
                         destination,
                     }),
-                }
-            })
+                    restore: restore.map(|(from, sha256)| v1::Restore { from, sha256 }),
+                },
+            )
     }
 
     pub fn v1_status() -> impl Strategy<Value = v1::EtcdClusterStatus> {

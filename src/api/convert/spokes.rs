@@ -32,7 +32,9 @@ pub(super) fn beta_down(
         storage_class,
         storage_size,
         backup,
+        restore,
     } = hub.spec;
+    stash.restore = restore;
     let backup = backup.map(|b| {
         stash_backup_extras(&mut stash, b.retention, b.destination);
         v1beta1::Backup {
@@ -88,6 +90,7 @@ pub(super) fn beta_up(
             storage_class: spec.storage.class_name,
             storage_size: spec.storage.size,
             backup,
+            restore: stash.restore.clone(),
         },
         status,
         alpha_gaps: stash.alpha_gaps,
@@ -124,7 +127,9 @@ pub(super) fn alpha_down(
         storage_class,
         storage_size,
         backup,
+        restore,
     } = hub.spec;
+    stash.restore = restore;
 
     let etcd_version = EtcdVersion::alpha_spelling(&version);
     if EtcdVersion::from_alpha_spelling(&etcd_version) != version {
@@ -211,6 +216,7 @@ pub(super) fn alpha_up(
             storage_class: spec.storage_class_name,
             storage_size,
             backup,
+            restore: stash.restore,
         },
         status,
         alpha_gaps,

@@ -224,6 +224,16 @@ pub fn final_snapshot_job(ec: &EtcdCluster, target: &BackupTarget, opts: &Render
     }
 }
 
+/// Member `ordinal`'s claim `data-NAME-<ordinal>` as the StatefulSet's claim template makes it,
+/// made ahead by the loop for a restore (the StatefulSet then uses it).
+pub fn member_claim_object(ec: &EtcdCluster, ordinal: i32) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: meta(ec, member_claim(ec, ordinal), "member"),
+        spec: Some(claim_spec(ec)),
+        ..Default::default()
+    }
+}
+
 /// Job `NAME-restore-<ordinal>`: member `ordinal`'s data directory made from a snapshot, on the
 /// member's own claim (`data-NAME-<ordinal>`, which the StatefulSet then adopts), before the
 /// member first starts. An init container of `--backup-image` fetches the snapshot and checks

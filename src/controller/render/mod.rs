@@ -309,6 +309,7 @@ pub(crate) mod tests {
                 storage_class: Some("ssd".to_owned()),
                 storage_size: "10Gi".to_owned(),
                 backup,
+                restore: None,
             },
         );
         ec.metadata.namespace = Some("prod".to_owned());

@@ -1,0 +1,144 @@
+//! A cluster made from a snapshot (`spec.restore`): before its StatefulSet exists, the loop
+//! makes each member's claim and runs one restore Job per member (the snapshot fetched and
+//! checked, then `etcdutl snapshot restore` into the claim); the StatefulSet is made only when
+//! every Job has completed, so a snapshot that fails its check never leaves a half-started
+//! cluster. A learner added later joins as any other (it is never restored).
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+
+use super::children::{Children, job_outcome};
+use super::status::{Observation, Restored};
+use super::{Error, render};
+use crate::api::v1::EtcdCluster;
+
+/// Makes the claims and the restore Jobs; whether every member is restored (the StatefulSet
+/// may be made). A cluster without `spec.restore`, or one that formed, needs nothing.
+pub(super) async fn prepare(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    seen: &mut Observation,
+) -> Result<bool, Error> {
+    let Some(restore) = &ec.spec.restore else {
+        return Ok(true);
+    };
+    if ec.annotations().contains_key(render::CLUSTER_ID_ANNOTATION) {
+        return Ok(true);
+    }
+    let ctx = kids.ctx;
+    if let Some(why) = crate::api::restore_source_error(&restore.from) {
+        let message = format!("spec.restore.from {:?} {why}", restore.from);
+        seen.restored = Some(Restored::Failed(message.clone()));
+        seen.failure = Some(("RestoreFailed", message));
+        return Ok(false);
+    }
+    let mut done = 0;
+    let mut failed = Vec::new();
+    for i in 0..ec.spec.size {
+        kids.ensure_created(&render::member_claim_object(ec, i))
+            .await?;
+        let (_, job) = kids
+            .ensure_created(&render::restore_job(
+                ec,
+                i,
+                &restore.from,
+                restore.sha256.as_deref(),
+                &ctx.settings.render,
+            ))
+            .await?;
+        match job_outcome(&job) {
+            Some(true) => done += 1,
+            Some(false) => failed.push(format!(
+                "{}: {}",
+                job.name_any(),
+                why_failed(kids, &job).await?
+            )),
+            None => {}
+        }
+    }
+    if !failed.is_empty() {
+        let message = format!(
+            "the restore from {} failed, so no member starts: {} (delete this EtcdCluster and create it again with a snapshot that passes)",
+            restore.from,
+            failed.join("; ")
+        );
+        let told = ec
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Restored" && c.reason == "RestoreFailed")
+            });
+        if !told {
+            ctx.event(ec, EventType::Warning, "RestoreFailed", message.clone())
+                .await;
+        }
+        seen.restored = Some(Restored::Failed(message.clone()));
+        seen.failure = Some(("RestoreFailed", message));
+        return Ok(false);
+    }
+    if done < ec.spec.size {
+        seen.restored = Some(Restored::Restoring {
+            done,
+            of: ec.spec.size,
+        });
+        return Ok(false);
+    }
+    ctx.event(
+        ec,
+        EventType::Normal,
+        "Restored",
+        format!(
+            "{} members restored from {}; starting them",
+            ec.spec.size, restore.from
+        ),
+    )
+    .await;
+    seen.restored = Some(Restored::Done);
+    Ok(true)
+}
+
+/// Why a restore Job failed: what its newest pod's containers said (the fetch's JSON report,
+/// or etcdutl's log tail).
+async fn why_failed(kids: &Children<'_>, job: &Job) -> Result<String, Error> {
+    let name = job.name_any();
+    let pods = kids.cached::<Pod>().await?;
+    let newest = pods
+        .iter()
+        .filter(|p| p.labels().get("batch.kubernetes.io/job-name") == Some(&name))
+        .max_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let said = newest
+        .and_then(|p| p.status.as_ref())
+        .into_iter()
+        .flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+        })
+        .filter_map(|c| {
+            let ended = c.state.as_ref()?.terminated.as_ref()?;
+            (ended.exit_code != 0).then(|| {
+                let message = ended.message.as_deref().unwrap_or("").trim();
+                let text = serde_json::from_str::<serde_json::Value>(message)
+                    .ok()
+                    .and_then(|r| r["error"].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| {
+                        message
+                            .chars()
+                            .rev()
+                            .take(300)
+                            .collect::<Vec<_>>()
+                            .into_iter()
+                            .rev()
+                            .collect()
+                    });
+                format!("{} exited {}: {text}", c.name, ended.exit_code)
+            })
+        })
+        .next();
+    Ok(said.unwrap_or_else(|| "the Job failed (its pods are gone; see its Events)".to_owned()))
+}
