@@ -346,6 +346,36 @@ pub fn denials_reach_the_user(env: &Env) {
             cel: false,
         },
         Denial {
+            name: "a restore changed after creation",
+            old: Some(v1(
+                "restored",
+                with(json!({"restore": {"from": "s3://b/p/a-snapshot-20261202T010000Z.db"}})),
+            )),
+            new: v1(
+                "restored",
+                with(json!({"restore": {"from": "s3://b/p/b-snapshot-20261202T010000Z.db"}})),
+            ),
+            cel: true,
+        },
+        Denial {
+            name: "a restore from a file on a claim",
+            old: None,
+            new: v1(
+                "restore-file",
+                with(json!({"restore": {"from": "/backup/a-snapshot-20261202T010000Z.db"}})),
+            ),
+            cel: false,
+        },
+        Denial {
+            name: "a backup destination the loop cannot serve",
+            old: None,
+            new: v1(
+                "gcs",
+                with(json!({"backup": {"enabled": true, "destination": "gs://bucket/etcd"}})),
+            ),
+            cel: false,
+        },
+        Denial {
             name: "bad cron in v1beta1",
             old: None,
             new: cluster(

@@ -652,7 +652,10 @@ mod tests {
         let with = v1(json!({"size": 3, "restore": {"from": from}}));
         assert!(create(Version::V1, &with).allowed());
         for (bad, why) in [
-            ("/backup/x.db", "is not supported: use s3://bucket/prefix/NAME-snapshot-<time>.db"),
+            (
+                "/backup/x.db",
+                "is not supported: use s3://bucket/prefix/NAME-snapshot-<time>.db",
+            ),
             ("s3://b/", "must name a bucket and a snapshot file"),
         ] {
             let m = messages(&create(
@@ -660,7 +663,9 @@ mod tests {
                 &v1(json!({"size": 3, "restore": {"from": bad}})),
             ));
             assert!(
-                m.len() == 1 && m[0].starts_with(&format!("spec.restore.from: Invalid value: {bad:?}: {why}")),
+                m.len() == 1
+                    && m[0]
+                        .starts_with(&format!("spec.restore.from: Invalid value: {bad:?}: {why}")),
                 "{m:?}"
             );
         }
@@ -669,7 +674,10 @@ mod tests {
         for (old, new) in [(&with, &without), (&without, &with), (&with, &other)] {
             assert_eq!(
                 messages(&update(Version::V1, old, new)),
-                [format!("spec.restore: Forbidden: {}", crate::api::RESTORE_IMMUTABLE)]
+                [format!(
+                    "spec.restore: Forbidden: {}",
+                    crate::api::RESTORE_IMMUTABLE
+                )]
             );
         }
         assert!(update(Version::V1, &with, &with).allowed());
