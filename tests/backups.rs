@@ -278,46 +278,35 @@ impl Setup {
         )
     }
 
-    /// Puts an object into the bucket, curl-signed.
-    fn s3_put(&self, key: &str, file: &Path) {
-        let url = format!("http://127.0.0.1:9000/{BUCKET}/{key}");
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.net.pods[JOB].ns, "curl", "-sf"])
+    /// A request to the bucket by curl, signed (SigV4) with the test's key; `put` uploads it.
+    fn s3(&self, query: &str, put: Option<&Path>) -> Vec<u8> {
+        let url = format!("http://127.0.0.1:9000/{BUCKET}{query}");
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.net.pods[JOB].ns, "curl", "-sf"])
             .args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
-            .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
-            .arg("-T")
-            .arg(file)
-            .arg(&url)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "PUT {url}: {:?}", out.status);
-    }
-
-    /// An object of the bucket, fetched with curl's own SigV4 signing.
-    fn s3_get(&self, key: &str) -> Vec<u8> {
-        let url = format!("http://127.0.0.1:9000/{BUCKET}/{key}");
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.net.pods[JOB].ns, "curl", "-sf"])
-            .args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
-            .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
-            .arg(&url)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "GET {url}: {:?}", out.status);
+            .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"));
+        if let Some(file) = put {
+            cmd.arg("-T").arg(file);
+        }
+        let out = cmd.arg(&url).output().unwrap();
+        assert!(out.status.success(), "{url}: {:?}", out.status);
         out.stdout
     }
 
-    /// The object keys of the bucket (ListObjectsV2, curl-signed).
+    /// Puts an object into the bucket.
+    fn s3_put(&self, key: &str, file: &Path) {
+        self.s3(&format!("/{key}"), Some(file));
+    }
+
+    /// An object of the bucket.
+    fn s3_get(&self, key: &str) -> Vec<u8> {
+        self.s3(&format!("/{key}"), None)
+    }
+
+    /// The object keys of the bucket (ListObjectsV2).
     fn s3_list(&self) -> Vec<String> {
-        let url = format!("http://127.0.0.1:9000/{BUCKET}?list-type=2");
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.net.pods[JOB].ns, "curl", "-sf"])
-            .args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
-            .arg(format!("{ACCESS_KEY}:{SECRET_KEY}"))
-            .arg(&url)
-            .output()
-            .unwrap();
-        let xml = String::from_utf8_lossy(&out.stdout).into_owned();
+        let out = self.s3("?list-type=2", None);
+        let xml = String::from_utf8_lossy(&out).into_owned();
         let mut keys: Vec<String> = xml
             .split("<Key>")
             .skip(1)

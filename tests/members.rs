@@ -383,12 +383,7 @@ impl Loop {
             if let Some(ordinal) = membership::volume_to_replace(&outcome) {
                 let i = ordinal as usize;
                 self.recreate(net, i);
-                let data = &net.pods[i].data;
-                std::fs::remove_dir_all(data).unwrap();
-                std::fs::create_dir_all(data).unwrap();
-                run(Command::new("chown")
-                    .arg(format!("{RUN_AS}:{RUN_AS}"))
-                    .arg(data));
+                empty_volume(net, i);
                 self.memory.replacing.remove(&ordinal);
             }
             net.config = render::members_config(
@@ -500,6 +495,16 @@ impl Loop {
     }
 }
 
+/// Pod `i`'s volume made anew: an empty folder the members' user owns.
+fn empty_volume(net: &Net, i: usize) {
+    let data = &net.pods[i].data;
+    std::fs::remove_dir_all(data).unwrap();
+    std::fs::create_dir_all(data).unwrap();
+    run(Command::new("chown")
+        .arg(format!("{RUN_AS}:{RUN_AS}"))
+        .arg(data));
+}
+
 /// A net of `max` pods for cluster `name`, of which the first `size` form a fresh cluster.
 fn formed(name: &str, size: i32, max: i32, release: Release) -> (Net, Loop) {
     let ec = cluster(name, size, release);
@@ -527,6 +532,24 @@ fn all_there(net: &Net, keys: &[String]) {
             );
         }
     }
+}
+
+/// Ends a writer half a second after the change `during`: no write failed, more than `min`
+/// were written, and every key reads back through every running member; the keys.
+fn writes_end(
+    net: &Net,
+    writing: &AtomicBool,
+    writes: std::thread::JoinHandle<(Vec<String>, u32)>,
+    min: usize,
+    during: &str,
+) -> Vec<String> {
+    std::thread::sleep(Duration::from_millis(500));
+    writing.store(false, Ordering::Relaxed);
+    let (keys, failed) = writes.join().unwrap();
+    assert_eq!(failed, 0, "failed writes during {during}");
+    assert!(keys.len() > min, "the writer wrote ({})", keys.len());
+    all_there(net, &keys);
+    keys
 }
 
 /// Grows the cluster to `size` with writes running; returns the failed writes.
@@ -873,12 +896,7 @@ fn a_hung_member_is_killed_by_its_liveness_probe_and_rejoins_with_its_data() {
     let exit = lp.exits[&(k as i32)].clone();
     assert_eq!(exit.code, 137, "SIGKILL after the grace period: {exit:?}");
     lp.settle(&mut net, Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(500));
-    writing.store(false, Ordering::Relaxed);
-    let (keys, failed) = writes.join().unwrap();
-    assert_eq!(failed, 0, "failed writes");
-    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
-    all_there(&net, &keys);
+    let keys = writes_end(&net, &writing, writes, 20, "the hung member");
     assert!(lp.calls.is_empty(), "membership calls: {:?}", lp.calls);
     assert_eq!(net.pods[k].starts, 2, "restarted once");
     eprintln!(
@@ -967,12 +985,7 @@ fn a_cluster_re_created_larger_on_old_volumes_grows_the_former_one_and_forms_no_
     for i in [1, 2] {
         net.stop(i);
         let _ = net.exited(i);
-        let data = &net.pods[i].data;
-        std::fs::remove_dir_all(data).unwrap();
-        std::fs::create_dir_all(data).unwrap();
-        run(Command::new("chown")
-            .arg(format!("{RUN_AS}:{RUN_AS}"))
-            .arg(data));
+        empty_volume(&net, i);
     }
 
     // What the loop renders now that it finds a member claim: join.
@@ -1354,12 +1367,7 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
         std::thread::sleep(Duration::from_millis(300));
     }
     lp.settle(&mut net, Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(500));
-    writing.store(false, Ordering::Relaxed);
-    let (keys, failed) = writes.join().unwrap();
-    assert_eq!(failed, 0, "failed writes during the upgrade");
-    assert!(keys.len() > 50, "the writer wrote ({})", keys.len());
-    all_there(&net, &keys);
+    let keys = writes_end(&net, &writing, writes, 50, "the upgrade");
     assert_eq!(restarts.len(), 3, "each member once: {restarts:?}");
     let ordinals: BTreeSet<i32> = restarts.iter().map(|(i, _)| *i).collect();
     assert_eq!(ordinals.len(), 3, "{restarts:?}");

@@ -415,23 +415,31 @@ async fn prune(
 /// The `backup` subcommand: the report on stdout and in the termination message; the exit
 /// code of the failed step otherwise.
 pub async fn command(args: &BackupArgs) -> u8 {
-    let outcome = run(args).await;
+    finish("backup", run(args).await, args.report.as_deref())
+}
+
+/// A subcommand's end: what it did as one JSON line on stdout, or the failed step logged; the
+/// same line (at most the 4 KiB the kubelet keeps) at `report`, the termination message path;
+/// the exit code.
+fn finish(
+    what: &str,
+    outcome: Result<impl serde::Serialize, Error>,
+    report: Option<&std::path::Path>,
+) -> u8 {
     let (line, code) = match &outcome {
-        Ok(report) => (
-            serde_json::to_string(report).expect("a report serializes"),
-            0,
-        ),
-        Err(e) => (
-            serde_json::json!({"failed": e.step(), "error": e.to_string()}).to_string(),
-            e.exit_code(),
-        ),
+        Ok(done) => (serde_json::to_string(done).expect("a report serializes"), 0),
+        Err(e) => {
+            tracing::error!(step = e.step(), "{what} failed: {e}");
+            (
+                serde_json::json!({"failed": e.step(), "error": e.to_string()}).to_string(),
+                e.exit_code(),
+            )
+        }
     };
-    match &outcome {
-        Ok(_) => println!("{line}"),
-        Err(e) => tracing::error!(step = e.step(), "backup failed: {e}"),
+    if outcome.is_ok() {
+        println!("{line}");
     }
-    if let Some(path) = &args.report {
-        // The kubelet keeps at most 4 KiB of the termination message.
+    if let Some(path) = report {
         let mut text = line;
         text.truncate(4096);
         if let Err(e) = std::fs::write(path, text) {
@@ -534,26 +542,7 @@ pub async fn fetch(args: &FetchArgs) -> Result<Fetched, Error> {
 
 /// The `fetch-snapshot` subcommand: the report on stdout and in the termination message.
 pub async fn fetch_command(args: &FetchArgs) -> u8 {
-    let outcome = fetch(args).await;
-    let (line, code) = match &outcome {
-        Ok(f) => (serde_json::to_string(f).expect("serializes"), 0),
-        Err(e) => (
-            serde_json::json!({"failed": e.step(), "error": e.to_string()}).to_string(),
-            e.exit_code(),
-        ),
-    };
-    match &outcome {
-        Ok(_) => println!("{line}"),
-        Err(e) => tracing::error!(step = e.step(), "fetch failed: {e}"),
-    }
-    if let Some(path) = &args.report {
-        let mut text = line;
-        text.truncate(4096);
-        if let Err(e) = std::fs::write(path, text) {
-            tracing::warn!(path = %path.display(), "cannot write the report: {e}");
-        }
-    }
-    code
+    finish("fetch", fetch(args).await, args.report.as_deref())
 }
 
 #[cfg(test)]

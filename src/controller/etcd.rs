@@ -74,15 +74,27 @@ impl Gateway {
         }
     }
 
+    /// `POST {endpoint}/v3/{path}` with a JSON body.
+    fn request(
+        endpoint: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<hyper::Request<Full<Bytes>>, EtcdError> {
+        hyper::Request::post(format!("{endpoint}/v3/{path}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .map_err(|e| EtcdError::Unreachable {
+                endpoint: endpoint.to_owned(),
+                reason: e.to_string(),
+            })
+    }
+
     async fn call(&self, endpoint: &str, path: &str, body: Value) -> Result<Value, EtcdError> {
         let unreachable = |reason: String| EtcdError::Unreachable {
             endpoint: endpoint.to_owned(),
             reason,
         };
-        let request = hyper::Request::post(format!("{endpoint}/v3/{path}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| unreachable(e.to_string()))?;
+        let request = Self::request(endpoint, path, &body)?;
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 use std::error::Error as _;
@@ -138,10 +150,7 @@ impl Gateway {
             endpoint: endpoint.to_owned(),
             reason,
         };
-        let request = hyper::Request::post(format!("{endpoint}/v3/{path}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| unreachable(e.to_string()))?;
+        let request = Self::request(endpoint, path, &body)?;
         let response = tokio::time::timeout(self.timeout, self.client.request(request))
             .await
             .map_err(|_| unreachable(format!("no answer within {:?}", self.timeout)))?

@@ -361,18 +361,7 @@ impl Net {
     /// Stops pod `i` (SIGTERM, then SIGKILL after 10 s).
     pub fn stop(&mut self, i: usize) {
         if let Some(mut child) = self.pods[i].proc.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if child.try_wait().ok().flatten().is_some() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            terminate(&mut child, Duration::from_secs(10));
         }
     }
 
@@ -679,20 +668,9 @@ impl Net {
     /// The kubelet kills pod `i`'s container (a failed liveness probe): SIGTERM, then SIGKILL
     /// once `grace` has passed. The process is left for [`Net::exited`] to report.
     pub fn kill(&mut self, i: usize, grace: Duration) {
-        let Some(child) = self.pods[i].proc.as_mut() else {
-            return;
-        };
-        let pid = child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if child.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Some(child) = self.pods[i].proc.as_mut() {
+            terminate(child, grace);
         }
-        let _ = child.kill();
-        let _ = child.wait();
     }
 
     /// Sends `signal` (`STOP`, `CONT`) to pod `i`'s process.
@@ -829,6 +807,22 @@ impl Probes {
         }
         ready
     }
+}
+
+/// SIGTERM, then SIGKILL once `grace` has passed; the process is reaped either way.
+fn terminate(child: &mut Child, grace: Duration) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// The kubelet's termination message from a log: its last 80 lines, at most 2 KiB.
