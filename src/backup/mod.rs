@@ -176,12 +176,12 @@ pub fn choose(
     members: &[crate::controller::etcd::Member],
     statuses: &[(u64, Result<MemberStatus, EtcdError>)],
 ) -> Result<(String, String, u64), String> {
-    let mut candidates: Vec<(bool, u64, &crate::controller::etcd::Member)> = Vec::new();
+    let mut candidates: Vec<(bool, u64, &crate::controller::etcd::Member, u64)> = Vec::new();
     let mut why = Vec::new();
     for m in members.iter().filter(|m| !m.is_learner && m.started()) {
         match statuses.iter().find(|(id, _)| *id == m.id).map(|(_, s)| s) {
             Some(Ok(s)) if s.healthy() && !m.client_urls.is_empty() => {
-                candidates.push((s.leader == m.id, s.raft_index, m));
+                candidates.push((s.leader == m.id, s.raft_index, m, s.header.revision));
             }
             Some(Ok(s)) => why.push(format!(
                 "{} unhealthy (leader {:x}, errors {:?})",
@@ -191,17 +191,10 @@ pub fn choose(
             None => why.push(format!("{}: not asked", m.name)),
         }
     }
-    candidates.sort_by_key(|(leader, index, _)| (*leader, std::cmp::Reverse(*index)));
+    candidates.sort_by_key(|(leader, index, ..)| (*leader, std::cmp::Reverse(*index)));
     candidates
         .first()
-        .map(|(_, _, m)| {
-            let revision = statuses
-                .iter()
-                .find(|(id, _)| *id == m.id)
-                .and_then(|(_, s)| s.as_ref().ok())
-                .map_or(0, |s| s.header.revision);
-            (m.client_urls[0].clone(), m.name.clone(), revision)
-        })
+        .map(|(_, _, m, revision)| (m.client_urls[0].clone(), m.name.clone(), *revision))
         .ok_or_else(|| {
             if why.is_empty() {
                 "the member list has no started voter".to_owned()

@@ -190,10 +190,8 @@ impl Reader {
 
     /// The stream ended: the snapshot is complete and its hash holds, or why not.
     pub fn finish(self) -> Result<Verified, StreamError> {
-        if !self.line.iter().all(u8::is_ascii_whitespace) {
-            return Err(StreamError::Truncated(self.size));
-        }
-        if !self.done {
+        // A message cut in half, or no message that said the end had come.
+        if !self.done || !self.line.iter().all(u8::is_ascii_whitespace) {
             return Err(StreamError::Truncated(self.size));
         }
         if self.size % 512 != HASH_LEN as u64 || self.tail.len() != HASH_LEN {

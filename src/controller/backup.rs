@@ -15,7 +15,7 @@ use kube::runtime::events::EventType;
 
 use super::children::{Applied, Children, job_outcome};
 use super::finalizer::{has_finalizer, remove_finalizer};
-use super::status::Observation;
+use super::status::{Observation, has_condition};
 use super::status_writer::update_status;
 use super::{Context, Error, render};
 use crate::api::v1::{BackupFailure, BackupStatus, EtcdCluster, SnapshotRecord};
@@ -46,14 +46,7 @@ pub(super) async fn schedule(
             }
         }
         Some(Err(unsupported)) => {
-            let was_warned = ec
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "BackupReady" && c.reason == "UnsupportedDestination")
-                });
+            let was_warned = has_condition(ec, "BackupReady", "UnsupportedDestination");
             kids.remove::<CronJob>(&cron_name).await?;
             if !was_warned {
                 ctx.event(

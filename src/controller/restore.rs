@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::children::{Children, job_outcome};
-use super::status::{Observation, Restored};
+use super::status::{Observation, Restored, has_condition};
 use super::{Error, render};
 use crate::api::v1::EtcdCluster;
 
@@ -64,15 +64,7 @@ pub(super) async fn prepare(
             restore.from,
             failed.join("; ")
         );
-        let told = ec
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "Restored" && c.reason == "RestoreFailed")
-            });
-        if !told {
+        if !has_condition(ec, "Restored", "RestoreFailed") {
             ctx.event(ec, EventType::Warning, "RestoreFailed", message.clone())
                 .await;
         }

@@ -155,6 +155,15 @@ fn within_limit(message: String) -> String {
     }
 }
 
+/// Whether `ec`'s status has the condition `type_` with `reason` (what the loop said before:
+/// a Warning it already gave is not given again).
+pub(super) fn has_condition(ec: &EtcdCluster, type_: &str, reason: &str) -> bool {
+    ec.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.reason == reason))
+}
+
 fn condition(
     type_: &str,
     ok: bool,
