@@ -202,6 +202,7 @@ pub fn review(args: &ReviewArgs) -> i32 {
         let settings = crate::admission::Settings {
             default_storage_class: args.default_storage_class.clone(),
             storage_classes: None,
+            secrets: None,
         };
         let decisions = offline::review(&input.documents, &old, args.strict, &settings)?;
         for d in &decisions {
@@ -258,6 +259,7 @@ pub fn render(args: &RenderArgs) -> i32 {
             &crate::admission::Settings {
                 default_storage_class: args.default_storage_class.clone(),
                 storage_classes: None,
+                secrets: None,
             },
         )?;
         for w in warnings {

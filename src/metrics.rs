@@ -44,6 +44,22 @@ pub struct ClusterLabels {
     pub name: String,
 }
 
+/// One member of a cluster.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabels {
+    pub namespace: String,
+    pub name: String,
+    pub member: String,
+}
+
+/// A cluster's members in one state (`leader`, `follower`, `learner`, `unhealthy`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberStateLabels {
+    pub namespace: String,
+    pub name: String,
+    pub state: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConversionLabels {
     pub from: &'static str,
@@ -99,6 +115,13 @@ pub struct Metrics {
     pub leader: Gauge,
     pub finalizers_in_progress: Gauge,
     pub backup_last_success: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub defragmentations: Family<ClusterLabels, Counter>,
+    pub defragmentation_freed_bytes: Family<ClusterLabels, Counter>,
+    pub defragmentation_seconds: Family<ClusterLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    pub nospace_alarm: Family<ClusterLabels, Gauge>,
+    pub cluster_members: Family<MemberStateLabels, Gauge>,
+    pub member_db_size: Family<MemberLabels, Gauge>,
+    pub member_db_size_in_use: Family<MemberLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -139,6 +162,13 @@ impl Metrics {
             leader: Gauge::default(),
             finalizers_in_progress: Gauge::default(),
             backup_last_success: Family::default(),
+            defragmentations: Family::default(),
+            defragmentation_freed_bytes: Family::default(),
+            defragmentation_seconds: Family::default(),
+            nospace_alarm: Family::default(),
+            cluster_members: Family::default(),
+            member_db_size: Family::default(),
+            member_db_size_in_use: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -250,6 +280,41 @@ impl Metrics {
             "backup_last_success_timestamp_seconds",
             "When the newest snapshot filed for each EtcdCluster was taken (Unix seconds; from status.backup.last; removed when the cluster goes)",
             m.backup_last_success.clone(),
+        );
+        registry.register(
+            "member_defragmentations",
+            "Defragmentations the loop made of an EtcdCluster's members (removed when the cluster goes)",
+            m.defragmentations.clone(),
+        );
+        registry.register(
+            "member_defragmentation_freed_bytes",
+            "Bytes the defragmentations gave back (database size before minus after)",
+            m.defragmentation_freed_bytes.clone(),
+        );
+        registry.register(
+            "member_defragmentation_seconds",
+            "Time the members were blocked by defragmentations, summed",
+            m.defragmentation_seconds.clone(),
+        );
+        registry.register(
+            "nospace_alarm",
+            "1 while a member of the EtcdCluster has etcd's NOSPACE alarm raised (writes refused)",
+            m.nospace_alarm.clone(),
+        );
+        registry.register(
+            "cluster_members",
+            "Members of each EtcdCluster by state as etcd last reported them: leader, follower, learner, or unhealthy (no answer, no leader, or an error)",
+            m.cluster_members.clone(),
+        );
+        registry.register(
+            "member_db_size_bytes",
+            "Each member's database on disk, as etcd last reported it",
+            m.member_db_size.clone(),
+        );
+        registry.register(
+            "member_db_size_in_use_bytes",
+            "The part of each member's database in use (the rest a defragmentation gives back)",
+            m.member_db_size_in_use.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::members::{Net, Release, writer};
+use etcd_webhook::api::SnapshotSource;
 use etcd_webhook::api::v1::EtcdCluster;
 use etcd_webhook::backup::snapshot;
 use etcd_webhook::controller::render::{self, BackupTarget, RenderOptions};
@@ -621,6 +622,19 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
         now >= revision,
         "revision {now} < the snapshot's {revision}"
     );
+    // The keys the report counted at its revision are the restored cluster's there.
+    let keys_then = report["keys"].as_u64().unwrap();
+    assert!(keys_then >= 1000, "{report}");
+    let at = dst
+        .net
+        .v3(
+            2,
+            "kv/range",
+            json!({"key": "AA==", "range_end": "AA==", "count_only": true,
+                "revision": revision.to_string()}),
+        )
+        .unwrap();
+    assert_eq!(at["count"], keys_then.to_string(), "{at}");
     let (cluster, members) = member_ids(&dst.net, 1);
     assert_ne!(cluster, src_cluster, "a new cluster ID");
     let names: Vec<&str> = members.iter().map(|(n, ..)| n.as_str()).collect();
@@ -644,7 +658,8 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
     let bad_file = dst.net.tmp.path().join("bad.db");
     std::fs::write(&bad_file, &bad).unwrap();
     dst.s3_put("dst/bad.db", &bad_file);
-    let job = render::restore_job(&dst.ec, 0, "s3://backups/dst/bad.db", None, &opts);
+    let bad_uri = SnapshotSource::parse("s3://backups/dst/bad.db").unwrap();
+    let job = render::restore_job(&dst.ec, 0, bad_uri, None, &opts);
     let pod = job.spec.unwrap().template.spec.unwrap();
     let scratch = dst.net.tmp.path().join("restore-bad");
     std::fs::create_dir_all(&scratch).unwrap();
@@ -667,6 +682,107 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
     );
 }
 
+/// Restore from a backup claim: a scheduled backup to the source's claim `src-backup`, then a
+/// new cluster restored from `pvc://src-backup/FILE` (the URI the loop records for a snapshot
+/// on the claim): each Job mounts the claim read-only, with no credentials, and the new cluster
+/// has every key. A file that is not a snapshot is refused by the fetch.
+#[test]
+fn a_snapshot_on_a_backup_claim_restores_into_a_new_cluster() {
+    let mut src = Setup::new("csrc", None, 3);
+    let keys = write_keys(&src.net, 300);
+    let (code, report, stderr) = src.run_job(false, ACCESS_KEY);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    let file = Path::new(report["uri"].as_str().unwrap())
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let sha = report["sha256"].as_str().unwrap().to_owned();
+    // The claim outlives its cluster (no ownerReference): its files, without the source.
+    let mut dst = Setup::with("cdst", None, 3, false);
+    let kept = dst.net.tmp.path().join("csrc-backup");
+    copy_dir(&src.claim, &kept);
+    drop(src);
+    let uri = format!("pvc://csrc-backup/{file}");
+    let job = render::restore_job(
+        &dst.ec,
+        0,
+        SnapshotSource::parse(&uri).unwrap(),
+        None,
+        &RenderOptions::default(),
+    );
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let source = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "source")
+        .unwrap();
+    let pvc = source.persistent_volume_claim.as_ref().unwrap();
+    assert_eq!(
+        (pvc.claim_name.as_str(), pvc.read_only),
+        ("csrc-backup", Some(true))
+    );
+    let fetch = &pod.init_containers.as_ref().unwrap()[0];
+    assert!(fetch.env_from.is_none(), "no credentials for a claim");
+    assert!(
+        fetch
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "source" && m.read_only == Some(true))
+    );
+
+    let (restored_in, ready_in) = restore_from(&mut dst, &uri, &sha, Some(&kept));
+    for i in 0..3 {
+        for key in keys.iter().step_by(29).chain(keys.last()) {
+            assert_eq!(
+                dst.net.get(i, key).as_deref(),
+                Some(format!("value of {key}").as_str()),
+                "{key} through cdst-{i}"
+            );
+        }
+    }
+    eprintln!(
+        "restore of 300 keys from a claim: {restored_in:?}, all ready {ready_in:?} after the start"
+    );
+
+    // Not a snapshot: refused, nothing left.
+    std::fs::write(kept.join("notes.db"), b"not a snapshot").unwrap();
+    let job = render::restore_job(
+        &dst.ec,
+        1,
+        SnapshotSource::parse("pvc://csrc-backup/notes.db").unwrap(),
+        None,
+        &RenderOptions::default(),
+    );
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let scratch = dst.net.tmp.path().join("restore-notes");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let (code, message, out) = dst.run_container(
+        &pod.init_containers.as_ref().unwrap()[0],
+        &[
+            ("/restore", scratch.as_path()),
+            (render::RESTORE_SOURCE_MOUNT, kept.as_path()),
+        ],
+        &scratch.join("report"),
+    );
+    assert_eq!(code, 3, "{message}\n{out}");
+    assert!(
+        !scratch.join("snapshot.db").exists(),
+        "nothing left for etcdutl"
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
 /// Writes about `bytes` of 64 KiB values through member 0, 16 to a transaction (1 MiB, under
 /// etcd's 1.5 MiB request limit).
 fn write_values(net: &Net, bytes: usize) {
@@ -687,18 +803,32 @@ fn write_values(net: &Net, bytes: usize) {
 /// each member's folder, owned by the members' user as fsGroup would make it), then starts the
 /// members: (restored after, all ready after).
 fn restore(dst: &mut Setup, uri: &str, sha: &str) -> (Duration, Duration) {
+    restore_from(dst, uri, sha, None)
+}
+
+/// [`restore`] from `uri`, an `s3://` or a `pvc://` snapshot whose claim is the folder `claim`.
+fn restore_from(
+    dst: &mut Setup,
+    uri: &str,
+    sha: &str,
+    claim: Option<&Path>,
+) -> (Duration, Duration) {
     let opts = RenderOptions::default();
+    let source = SnapshotSource::parse(uri).unwrap();
     let started = Instant::now();
     for i in 0..3 {
-        let job = render::restore_job(&dst.ec, i as i32, uri, Some(sha), &opts);
+        let job = render::restore_job(&dst.ec, i as i32, source, Some(sha), &opts);
         let pod = job.spec.unwrap().template.spec.unwrap();
         let scratch = dst.net.tmp.path().join(format!("restore-{i}"));
         std::fs::create_dir_all(&scratch).unwrap();
         let data = dst.net.pods[i].data.clone();
-        let mounts = [
+        let mut mounts = vec![
             ("/restore", scratch.as_path()),
             ("/var/lib/etcd", data.as_path()),
         ];
+        if let Some(claim) = claim {
+            mounts.push((render::RESTORE_SOURCE_MOUNT, claim));
+        }
         let fetch = &pod.init_containers.as_ref().unwrap()[0];
         let (code, message, out) = dst.run_container(fetch, &mounts, &scratch.join("fetch-report"));
         assert_eq!(code, 0, "fetch for member {i}: {message}\n{out}");

@@ -54,9 +54,21 @@ fn crd_has_storage_v1_deprecations_and_webhook_conversion() {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        // v1 alone has status.backup (the older versions keep it in the stash annotation).
+        // v1 alone has status.backup and status.leader (the older versions keep them in the
+        // stash annotation).
         if is_v1 {
-            assert_eq!(cols, ["PHASE", "SIZE", "READY", "LAST BACKUP", "AGE"]);
+            assert_eq!(
+                cols,
+                [
+                    "PHASE",
+                    "SIZE",
+                    "READY",
+                    "LEADER",
+                    "VERSION",
+                    "LAST BACKUP",
+                    "AGE"
+                ]
+            );
         } else {
             assert_eq!(cols, ["PHASE", "SIZE", "READY", "AGE"]);
         }

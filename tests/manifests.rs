@@ -693,6 +693,11 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
         controller::RBAC_RULES,
         &format!("{n}: ClusterRole"),
     );
+    grants(
+        role.rules.as_deref().unwrap_or_default(),
+        controller::credentials::CREDENTIALS_RBAC_RULES,
+        &format!("{n}: ClusterRole (the credentials look)"),
+    );
     let role_name = role.metadata.name.clone().unwrap();
     // The caBundle self-check: get on exactly the three objects by name, Events; bound
     // cluster-wide in every install (they are cluster-scoped).

@@ -30,6 +30,7 @@ use common::members::{
 };
 use etcd_webhook::api::v1::EtcdCluster;
 use etcd_webhook::controller::etcd::{Etcd, Gateway};
+use etcd_webhook::controller::maintenance::{self, Plan, Rules};
 use etcd_webhook::controller::membership::{self, Inputs, Memory, Outcome, Step, Timeouts};
 use etcd_webhook::controller::render::{self, RenderOptions};
 use etcd_webhook::controller::upgrade;
@@ -331,30 +332,19 @@ impl Loop {
         let (exits, cluster_id) = (&self.exits, self.cluster_id);
         // What the pass records in the ConfigMap before a removal.
         let recorded = std::sync::Mutex::new(None);
-        let outcome = in_netns(&net.controller_ns, || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async {
-                    let gateway = Gateway::default();
-                    let etcd = Etcd {
-                        transport: &gateway,
-                        endpoints,
-                    };
-                    let record = async |m: &Memory| {
-                        *recorded.lock().unwrap() = Some(m.clone());
-                        Ok(())
-                    };
-                    let input = Inputs {
-                        exits,
-                        before,
-                        cluster_id,
-                        now: Timestamp::now(),
-                        timeouts,
-                    };
-                    membership::pass(ec, &etcd, input, record).await
-                })
+        let outcome = through_gateway(&net.controller_ns, endpoints, async |etcd| {
+            let record = async |m: &Memory| {
+                *recorded.lock().unwrap() = Some(m.clone());
+                Ok(())
+            };
+            let input = Inputs {
+                exits,
+                before,
+                cluster_id,
+                now: Timestamp::now(),
+                timeouts,
+            };
+            membership::pass(ec, etcd, input, record).await
         });
         if let Some(e) = &outcome.failed {
             eprintln!("{:?} failed: {e}", outcome.step);
@@ -507,7 +497,15 @@ fn empty_volume(net: &Net, i: usize) {
 
 /// A net of `max` pods for cluster `name`, of which the first `size` form a fresh cluster.
 fn formed(name: &str, size: i32, max: i32, release: Release) -> (Net, Loop) {
-    let ec = cluster(name, size, release);
+    formed_from(cluster(name, size, release), max)
+}
+
+/// [`formed`] from a cluster of the caller's making.
+fn formed_from(ec: EtcdCluster, max: i32) -> (Net, Loop) {
+    let (name, size) = (ec.metadata.name.clone().unwrap(), ec.spec.size);
+    let release =
+        Release::of_image(&format!(":{}", ec.spec.version)).expect("a release the harness runs");
+    let name = name.as_str();
     let names: Vec<String> = (0..max).map(|i| format!("{name}-{i}")).collect();
     let mut net = Net::new(NAMESPACE, name, &names, release);
     net.config = render::bootstrap_config(&ec, size, false).data.unwrap();
@@ -1397,5 +1395,313 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
     eprintln!(
         "upgrade v3.5.35 -> v3.6.4: restarts {restarts:?}; {} writes, 0 failed",
         keys.len()
+    );
+}
+
+/// Runs `f` as the loop would, in the controller's network namespace, on a runtime of its own,
+/// with etcd reached through the gateway at `endpoints`.
+fn through_gateway<T: Send>(
+    ns: &str,
+    endpoints: Vec<String>,
+    f: impl AsyncFnOnce(&Etcd<'_>) -> T + Send,
+) -> T {
+    in_netns(ns, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let gateway = Gateway::default();
+                let etcd = Etcd {
+                    transport: &gateway,
+                    endpoints,
+                };
+                f(&etcd).await
+            })
+    })
+}
+
+/// The loop's upkeep on what a membership pass read: its plan, and what running it did (in the
+/// controller's namespace, through the gateway, as the loop calls it).
+fn upkeep(net: &mut Net, lp: &mut Loop) -> (Plan, maintenance::Done) {
+    let outcome = lp.pass(net);
+    let members = outcome.members.clone().expect("a member list");
+    let endpoints = net.endpoints();
+    let ec = lp.ec.clone();
+    let endpoint = move |m: &etcd_webhook::controller::etcd::Member| {
+        let i = membership::ordinal(&ec, m)?;
+        endpoints.get(i as usize).cloned()
+    };
+    let rules = Rules::of(&lp.ec.spec);
+    let plan = maintenance::plan(&members, &outcome.health, &rules, None, &endpoint);
+    let done = through_gateway(&net.controller_ns, net.endpoints(), async |etcd| {
+        maintenance::run(etcd, &members, plan.clone(), &rules, &endpoint).await
+    });
+    (plan, done)
+}
+
+/// `(dbSize, dbSizeInUse)` of member `i`.
+fn db_size(net: &Net, i: usize) -> (u64, u64) {
+    let s = net.v3(i, "maintenance/status", json!({})).unwrap();
+    let n = |k: &str| s[k].as_str().unwrap_or("0").parse::<u64>().unwrap();
+    (n("dbSize"), n("dbSizeInUse"))
+}
+
+/// Values of `kib` KiB under `key`, base64 for the gateway.
+fn put_big(net: &Net, i: usize, key: &str, kib: usize, fill: u8) -> Result<(), String> {
+    use base64::Engine as _;
+    let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+    let body = json!({"key": b64(key.as_bytes()), "value": b64(&vec![fill; kib * 1024])});
+    let url = format!("http://{}:2379/v3/kv/put", net.pods[i].addr);
+    match net.http(i, "POST", &url, Some(&body)) {
+        (200, _) => Ok(()),
+        (code, text) => Err(format!("HTTP {code}: {text}")),
+    }
+}
+
+/// The member that leads, by pod index.
+fn leader_of(net: &Net) -> usize {
+    let status = net.v3(0, "maintenance/status", json!({})).unwrap();
+    let leader = status["leader"].as_str().unwrap().to_owned();
+    (0..net.pods.len())
+        .find(|&i| {
+            net.v3(i, "maintenance/status", json!({})).unwrap()["header"]["member_id"]
+                == leader.as_str()
+        })
+        .unwrap()
+}
+
+/// Fragmentation: 12 MiB of values written, deleted and compacted leaves most of each database
+/// free; the upkeep defragments the members one at a time, followers first and the leader
+/// last, with a client writing through all three endpoints throughout: 0 failed writes, and
+/// each database falls by what the Events say. With one voter of three down, nothing starts.
+#[test]
+fn a_fragmented_cluster_is_defragmented_leader_last_with_no_failed_write() {
+    let (mut net, mut lp) = formed("frag", 3, 3, Release::V3_6_4);
+    for k in 0..192 {
+        put_big(&net, 0, &format!("/big/{k}"), 64, b'f').unwrap();
+    }
+    let deleted = net
+        .v3(
+            0,
+            "kv/deleterange",
+            json!({"key": "L2JpZy8=", "range_end": "L2JpZzA="}),
+        )
+        .unwrap();
+    let revision = deleted["header"]["revision"].as_str().unwrap().to_owned();
+    net.v3(
+        0,
+        "kv/compaction",
+        json!({"revision": revision, "physical": true}),
+    )
+    .unwrap();
+    // The followers apply the compaction on their own time, and bbolt counts the pages it
+    // freed as free only once later transactions commit: a few small writes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut before: Vec<(u64, u64)> = (0..3).map(|i| db_size(&net, i)).collect();
+    let mut tick = 0;
+    while !before.iter().all(|(size, used)| size - used > 8 << 20) && Instant::now() < deadline {
+        assert!(net.put(0, &format!("/tick/{tick}"), "t"));
+        tick += 1;
+        std::thread::sleep(Duration::from_millis(200));
+        before = (0..3).map(|i| db_size(&net, i)).collect();
+    }
+    assert!(
+        before.iter().all(|(size, used)| size - used > 8 << 20),
+        "{before:?}"
+    );
+
+    // One voter down: the plan waits and nothing is called.
+    net.stop(2);
+    let outcome = lp.pass(&mut net);
+    let members = outcome.members.clone().unwrap();
+    let endpoints = net.endpoints();
+    let ec = lp.ec.clone();
+    let endpoint = move |m: &etcd_webhook::controller::etcd::Member| {
+        endpoints
+            .get(membership::ordinal(&ec, m)? as usize)
+            .cloned()
+    };
+    let plan = maintenance::plan(
+        &members,
+        &outcome.health,
+        &Rules::of(&lp.ec.spec),
+        None,
+        &endpoint,
+    );
+    assert_eq!(
+        plan,
+        Plan::Wait("voter frag-2 does not serve".to_owned()),
+        "{plan:?}"
+    );
+    lp.settle(&mut net, Duration::from_secs(60));
+
+    let leader = net.pods[leader_of(&net)].name.clone();
+    let writing = Arc::new(AtomicBool::new(true));
+    let addrs = net.pods.iter().map(|p| p.addr.clone()).collect();
+    let writes = writer_any(net.controller_ns.clone(), addrs, writing.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    let (plan, done) = upkeep(&mut net, &mut lp);
+    assert!(matches!(plan, Plan::Defragment(_)), "{plan:?}");
+    assert!(done.failed.is_none() && done.stopped.is_none(), "{done:?}");
+    let order: Vec<&str> = done.defragmented.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(order.len(), 3, "{done:?}");
+    assert_eq!(order[2], leader, "the leader last: {order:?}");
+    writes_end(&net, &writing, writes, 10, "the defragmentations");
+    for d in &done.defragmented {
+        assert!(d.freed() > 8 << 20, "{d:?}");
+        eprintln!(
+            "defragmented {}: {:.1} MiB -> {:.1} MiB in {:?}",
+            d.name,
+            d.before as f64 / 1048576.0,
+            d.after as f64 / 1048576.0,
+            d.took
+        );
+    }
+    // Done: nothing due any more.
+    let (plan, _) = upkeep(&mut net, &mut lp);
+    assert_eq!(plan, Plan::Idle);
+}
+
+/// NOSPACE: a cluster with a 16 MiB quota (spec.maintenance.quotaBackendBytes) whose few keys
+/// are overwritten with 256 KiB values until etcd raises the alarm and refuses writes; one run
+/// of the upkeep compacts, defragments every member (the leader last) and disarms: writes are
+/// taken again and every key is there with its last value. With data that really needs the
+/// quota, the alarm stays and the upkeep reports QuotaExceeded instead.
+#[test]
+fn nospace_is_recovered_by_compaction_defragmentation_and_a_disarm() {
+    nospace_recovery("nospace", Release::V3_6_4);
+}
+
+/// The same on etcd v3.5.1 (its gateway spells the alarm calls and sizes the same way).
+#[test]
+fn etcd_3_5_1_recovers_from_nospace_too() {
+    nospace_recovery("nospace35", Release::V3_5_1);
+}
+
+fn nospace_recovery(name: &str, release: Release) {
+    let mut ec = cluster(name, 3, release);
+    ec.spec.maintenance = Some(etcd_webhook::api::v1::Maintenance {
+        quota_backend_bytes: Some(16 << 20),
+        ..Default::default()
+    });
+    let (mut net, mut lp) = formed_from(ec, 3);
+    let container = member_container(&lp.ec);
+    assert!(
+        container
+            .args
+            .as_ref()
+            .unwrap()
+            .contains(&"--quota-backend-bytes=16777216".to_owned()),
+        "the rendered quota"
+    );
+    let mut last = BTreeMap::new();
+    let mut refused = None;
+    let mut crossing = None;
+    for n in 0..400u32 {
+        let key = format!("/o/{}", n % 4);
+        match put_big(&net, 0, &key, 256, (n % 251) as u8) {
+            Ok(()) => {
+                last.insert(key, (n % 251) as u8);
+            }
+            Err(e) => {
+                // etcd applies the put that crosses the quota and then answers NOSPACE (its
+                // quota applier checks after the write), or refuses it outright once the
+                // alarm is up: either value may be the key's.
+                crossing = Some((key, (n % 251) as u8));
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("etcd refused a write at the quota");
+    assert!(refused.contains("database space exceeded"), "{refused}");
+    assert!(
+        put_big(&net, 1, "/small", 1, b's').is_err(),
+        "writes refused everywhere"
+    );
+    let leader = net.pods[leader_of(&net)].name.clone();
+
+    let started = Instant::now();
+    let (plan, done) = upkeep(&mut net, &mut lp);
+    let took = started.elapsed();
+    assert!(matches!(plan, Plan::Recover { .. }), "{plan:?}");
+    assert!(done.disarmed && done.failed.is_none(), "{done:?}");
+    assert_eq!(done.defragmented.len(), 3);
+    assert_eq!(done.defragmented[2].name, leader);
+    eprintln!(
+        "NOSPACE recovered in {took:?}: compacted below {:?}, {}",
+        done.compacted,
+        done.defragmented
+            .iter()
+            .map(|d| format!(
+                "{} {:.1} -> {:.1} MiB in {:?}",
+                d.name,
+                d.before as f64 / 1048576.0,
+                d.after as f64 / 1048576.0,
+                d.took
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for i in 0..3 {
+        put_big(&net, i, &format!("/after/{i}"), 1, b'a').unwrap();
+    }
+    use base64::Engine as _;
+    for (key, fill) in &last {
+        for i in 0..3 {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(key);
+            let got = net.v3(i, "kv/range", json!({"key": b64})).unwrap();
+            let value = base64::engine::general_purpose::STANDARD
+                .decode(got["kvs"][0]["value"].as_str().unwrap())
+                .unwrap();
+            let applied_anyway = crossing
+                .as_ref()
+                .is_some_and(|(k, f)| k == key && value.iter().all(|b| b == f));
+            assert!(
+                value.len() == 256 * 1024 && (value.iter().all(|b| b == fill) || applied_anyway),
+                "{key} through {i}"
+            );
+        }
+    }
+    let (plan, _) = upkeep(&mut net, &mut lp);
+    assert_eq!(plan, Plan::Idle, "no alarm, nothing due");
+
+    // Data that needs the quota: new keys until NOSPACE, recovered while the data leaves a
+    // fifth of the quota free, until it does not: no disarm then, QuotaExceeded.
+    let mut n = 0;
+    let mut recoveries = 0;
+    let in_use = loop {
+        while put_big(&net, 0, &format!("/fill/{n}"), 256, b'q').is_ok() {
+            n += 1;
+            assert!(n < 400, "the quota was never reached");
+        }
+        let (plan, done) = upkeep(&mut net, &mut lp);
+        assert!(matches!(plan, Plan::Recover { .. }), "{plan:?}");
+        if let Some(in_use) = done.quota_exceeded {
+            assert!(!done.disarmed, "{done:?}");
+            break in_use;
+        }
+        assert!(done.disarmed, "{done:?}");
+        recoveries += 1;
+        assert!(recoveries < 5, "never over the quota: {done:?}");
+    };
+    eprintln!(
+        "QuotaExceeded after {n} new 256 KiB keys and {recoveries} more recoveries: {in_use} bytes in use"
+    );
+    assert!(in_use * 100 > (16 << 20) * 80, "{in_use}");
+    // A repeat while over the quota compacts (nothing new) and defragments nobody.
+    let (_, again) = upkeep(&mut net, &mut lp);
+    assert!(
+        again.defragmented.is_empty() && again.quota_exceeded.is_some(),
+        "{again:?}"
+    );
+    assert!(
+        put_big(&net, 0, "/still", 1, b's').is_err(),
+        "still read-only"
+    );
+    assert!(
+        net.get(1, "/fill/0").is_some(),
+        "reads work, nothing deleted"
     );
 }

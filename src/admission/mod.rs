@@ -3,6 +3,7 @@
 //! policy included). The webhook layer decodes, calls it and encodes; `offline` calls it
 //! directly.
 
+pub mod credentials;
 pub mod cron;
 pub mod defaults;
 pub mod request;

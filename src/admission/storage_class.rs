@@ -19,6 +19,8 @@ pub struct Settings {
     pub default_storage_class: Option<String>,
     /// The cluster's StorageClasses as last seen; `None` when the server cannot read them.
     pub storage_classes: Option<Arc<dyn StorageClasses>>,
+    /// Whether a credentials Secret exists (`/validate`'s warning); `None`: never looked at.
+    pub secrets: Option<Arc<dyn super::credentials::SecretNames>>,
 }
 
 impl fmt::Debug for Settings {
@@ -26,6 +28,7 @@ impl fmt::Debug for Settings {
         f.debug_struct("Settings")
             .field("default_storage_class", &self.default_storage_class)
             .field("storage_classes", &self.storage_classes.is_some())
+            .field("secrets", &self.secrets.is_some())
             .finish()
     }
 }
@@ -207,6 +210,7 @@ mod tests {
         let settings = Settings {
             default_storage_class: Some("gp3".into()),
             storage_classes: None,
+            secrets: None,
         };
         let o = |v: Value| json!({"spec": v});
         assert_eq!(

@@ -14,6 +14,7 @@ pub enum Field {
     BackupRetention,
     BackupDestination,
     Restore,
+    Maintenance,
 }
 
 impl Field {
@@ -36,8 +37,15 @@ impl Field {
             (Field::BackupRetention, V::V1) => "/spec/backup/retention",
             (Field::BackupDestination, V::V1) => "/spec/backup/destination",
             (Field::Restore, V::V1) => "/spec/restore",
+            (Field::Maintenance, V::V1) => "/spec/maintenance",
             // Older versions hold these only in the conversion-data annotation.
-            (Field::BackupRetention | Field::BackupDestination | Field::Restore, _) => {
+            (
+                Field::BackupRetention
+                | Field::BackupDestination
+                | Field::Restore
+                | Field::Maintenance,
+                _,
+            ) => {
                 return None;
             }
         })
@@ -53,6 +61,7 @@ impl Field {
                 match self {
                     Field::BackupRetention => "backupRetention",
                     Field::Restore => "restore",
+                    Field::Maintenance => "maintenance",
                     _ => "backupDestination",
                 }
             ),

@@ -85,31 +85,110 @@ pub fn backup_destination_error(destination: &str) -> Option<&'static str> {
     None
 }
 
+/// Where `spec.restore.from` points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotSource<'a> {
+    /// `s3://bucket/key`: read with the cluster's Secret `NAME-backup-credentials` or the
+    /// pod's own identity.
+    S3(&'a str),
+    /// `pvc://CLAIM/FILE`: a file at the top of a volume claim in the cluster's namespace,
+    /// such as a backup claim `NAME-backup` (which outlives its cluster).
+    Claim { claim: &'a str, file: &'a str },
+}
+
+/// The scheme of a snapshot on a volume claim (`status.backup.last.uri` of a backup to the
+/// claim, and `spec.restore.from`).
+pub const CLAIM_SCHEME: &str = "pvc://";
+
+/// The URI of the snapshot `file` at the top of the volume claim `claim`.
+pub fn claim_uri(claim: &str, file: &str) -> String {
+    format!("{CLAIM_SCHEME}{claim}/{file}")
+}
+
+impl<'a> SnapshotSource<'a> {
+    /// Reads `from`; the error is what `/validate` and the loop say (the same words).
+    pub fn parse(from: &'a str) -> Result<SnapshotSource<'a>, &'static str> {
+        if from.chars().any(char::is_whitespace) {
+            return Err("must not contain spaces");
+        }
+        if let Some(rest) = from.strip_prefix("s3://") {
+            return match rest.split_once('/') {
+                Some((bucket, key))
+                    if !bucket.is_empty() && !key.is_empty() && !key.ends_with('/') =>
+                {
+                    Ok(SnapshotSource::S3(from))
+                }
+                _ => Err(
+                    "must name a bucket and a snapshot file, like s3://bucket/prefix/NAME-snapshot-<time>.db",
+                ),
+            };
+        }
+        if let Some(rest) = from.strip_prefix(CLAIM_SCHEME) {
+            return match rest.split_once('/') {
+                Some((claim, file))
+                    if dns1123(claim, false)
+                        && !file.is_empty()
+                        && !file.contains('/')
+                        && file != "."
+                        && file != ".." =>
+                {
+                    Ok(SnapshotSource::Claim { claim, file })
+                }
+                _ => Err(
+                    "must name a volume claim of this namespace and a file at its top, like pvc://NAME-backup/NAME-snapshot-<time>.db",
+                ),
+            };
+        }
+        Err(
+            "is not supported: use s3://bucket/prefix/NAME-snapshot-<time>.db, or pvc://NAME-backup/NAME-snapshot-<time>.db for a snapshot on a volume claim of this namespace",
+        )
+    }
+}
+
 /// Why `from` cannot name a snapshot to restore (`/validate` and the loop say the same words).
 pub fn restore_source_error(from: &str) -> Option<&'static str> {
-    let Some(rest) = from.strip_prefix("s3://") else {
-        return Some(
-            "is not supported: use s3://bucket/prefix/NAME-snapshot-<time>.db (a snapshot on a backup volume claim: copy it to a bucket first)",
-        );
-    };
-    match rest.split_once('/') {
-        Some((bucket, key))
-            if !bucket.is_empty()
-                && !key.is_empty()
-                && !key.ends_with('/')
-                && !from.chars().any(char::is_whitespace) =>
-        {
-            None
-        }
-        _ => Some(
-            "must name a bucket and a snapshot file, like s3://bucket/prefix/NAME-snapshot-<time>.db",
-        ),
-    }
+    SnapshotSource::parse(from).err()
 }
 
 /// What `/validate` and the CRD say to a change of `spec.restore`.
 pub const RESTORE_IMMUTABLE: &str =
     "is set at creation only: a cluster starts from a snapshot once, before its first member runs";
+
+/// The smallest backend quota `spec.maintenance.quotaBackendBytes` may set (16 MiB).
+pub const QUOTA_MIN_BYTES: i64 = 16 << 20;
+/// The largest backend quota, set or derived: etcd's recommended maximum (8 GiB).
+pub const QUOTA_MAX_BYTES: i64 = 8 << 30;
+/// The share of the volume the quota may take, in percent: the rest is for the WAL and
+/// snapshots.
+pub const QUOTA_VOLUME_PERCENT: i64 = 80;
+/// History kept by auto compaction when `autoCompactionRetention` is unset.
+pub const AUTO_COMPACTION_RETENTION: &str = "1h";
+/// `defragThresholdPercent` when unset.
+pub const DEFRAG_THRESHOLD_PERCENT: i32 = 50;
+/// The least space a defragmentation must give back to be worth blocking a member for.
+pub const DEFRAG_MIN_FREE_BYTES: i64 = 1 << 20;
+
+/// The most a member's backend may hold: `quotaBackendBytes`, or 80% of the volume at most
+/// 8 GiB.
+pub fn quota_backend_bytes(spec: &v1::EtcdClusterSpec) -> i64 {
+    if let Some(q) = spec
+        .maintenance
+        .as_ref()
+        .and_then(|m| m.quota_backend_bytes)
+    {
+        return q;
+    }
+    quota_of_volume(&spec.storage_size)
+}
+
+/// 80% of a volume of `storage_size` (whole GiB), at most 8 GiB.
+pub fn quota_of_volume(storage_size: &str) -> i64 {
+    let volume = storage_size
+        .parse::<StorageSize>()
+        .map(|s| s.gib().saturating_mul(1 << 30))
+        .unwrap_or(QUOTA_MAX_BYTES);
+    (volume.saturating_mul(QUOTA_VOLUME_PERCENT) / 100).min(QUOTA_MAX_BYTES)
+}
 
 /// The most members a cluster may have (every version's schema and the rules).
 pub const MAX_SIZE: i32 = 7;

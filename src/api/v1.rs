@@ -23,6 +23,8 @@ use super::{Phase, defaults};
     printcolumn(name = "PHASE", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "SIZE", type_ = "integer", json_path = ".spec.size"),
     printcolumn(name = "READY", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "LEADER", type_ = "string", json_path = ".status.leader"),
+    printcolumn(name = "VERSION", type_ = "string", json_path = ".spec.version"),
     printcolumn(
         name = "LAST BACKUP",
         type_ = "date",
@@ -59,6 +61,36 @@ pub struct EtcdClusterSpec {
     /// Start the cluster from a snapshot instead of empty. Set at creation only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<Restore>,
+    /// etcd's upkeep: its space quota, compaction of old revisions, defragmentation. Unset
+    /// fields take the defaults each names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<Maintenance>,
+}
+
+/// etcd's upkeep: how much it may store, how much history it keeps, when the loop
+/// defragments a member.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Maintenance {
+    /// etcd's backend quota in bytes (`--quota-backend-bytes`): past it etcd raises the NOSPACE
+    /// alarm and refuses writes. Unset: 80% of `storageSize` (room for the WAL and snapshots),
+    /// at most 8 GiB, so it grows with the volume. Set: at least 16 MiB, at most 80% of
+    /// `storageSize` and 8 GiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = super::QUOTA_MIN_BYTES, max = super::QUOTA_MAX_BYTES))]
+    pub quota_backend_bytes: Option<i64>,
+    /// How much history etcd keeps (`--auto-compaction-mode=periodic`,
+    /// `--auto-compaction-retention`): a duration such as `30m` or `1h`; `0` keeps every
+    /// revision (never compacts). Unset: `1h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(0|[1-9][0-9]{0,3}(s|m|h))$"), length(max = 8))]
+    pub auto_compaction_retention: Option<String>,
+    /// Defragment a member when the space it could give back (`dbSize - dbSizeInUse`) is at
+    /// least this percentage of its database (and at least 1 MiB); `0` never defragments
+    /// (except to recover from NOSPACE). Unset: 50.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 99))]
+    pub defrag_threshold_percent: Option<i32>,
 }
 
 /// The snapshot a new cluster starts from.
@@ -67,7 +99,9 @@ pub struct EtcdClusterSpec {
 pub struct Restore {
     /// The snapshot, e.g. another cluster's `status.backup.last.uri`:
     /// `s3://bucket/prefix/NAME-snapshot-<time>.db`, read with this cluster's Secret
-    /// `NAME-backup-credentials` (or the pod's identity).
+    /// `NAME-backup-credentials` (or the pod's identity), or
+    /// `pvc://NAME-backup/NAME-snapshot-<time>.db`, a file on a volume claim of this
+    /// namespace (mounted read-only by one restore Job at a time).
     #[schemars(length(max = 1024))]
     pub from: String,
     /// The SHA-256 (hex) the snapshot must have, e.g. the source's
@@ -117,6 +151,49 @@ pub struct EtcdClusterStatus {
     /// newer than that snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupStatus>,
+    /// The member that leads, as etcd last said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub leader: Option<String>,
+    /// Every member as etcd last reported it (sizes to the MiB, so a database that grows a
+    /// little does not rewrite the status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub members: Option<Vec<MemberState>>,
+}
+
+/// One member, as etcd reports it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberState {
+    /// The member's name (its pod), or its ID when it has never started.
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// etcd's member ID, hex.
+    #[schemars(length(max = 16))]
+    pub id: String,
+    /// `Leader`, `Follower` or `Learner`.
+    #[schemars(length(max = 16))]
+    pub role: String,
+    /// It answered with a leader known and no error.
+    pub healthy: bool,
+    /// The etcd release it runs (empty when it did not answer).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 32))]
+    pub version: String,
+    /// Its database on disk, and the part in use, in bytes rounded down to the MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_size: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_size_in_use: Option<i64>,
+    /// The alarms it has raised (`NOSPACE`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4))]
+    pub alarms: Vec<String>,
+    /// When the loop last defragmented it (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub last_defragmentation: Option<String>,
 }
 
 /// The backups' record in the status.
@@ -137,8 +214,9 @@ pub struct BackupStatus {
 pub struct SnapshotRecord {
     /// When the snapshot was taken (RFC 3339).
     pub time: String,
-    /// Where it is: `s3://bucket/prefix/NAME-snapshot-<time>.db`, or its path on the backup
-    /// claim.
+    /// Where it is: `s3://bucket/prefix/NAME-snapshot-<time>.db`, or
+    /// `pvc://NAME-backup/NAME-snapshot-<time>.db` on the backup claim (what
+    /// `spec.restore.from` takes).
     pub uri: String,
     /// Bytes (the database and etcd's appended hash).
     pub size: i64,
@@ -146,6 +224,9 @@ pub struct SnapshotRecord {
     pub sha256: String,
     /// The snapshot holds every revision up to at least this one.
     pub revision: i64,
+    /// How many keys the store held at `revision` (a restored cluster has as many there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<i64>,
     /// The member it was taken from.
     pub member: String,
 }

@@ -78,13 +78,15 @@ pub(super) async fn cert_secret_client(
 }
 
 /// Starts the webhook's own reads of the cluster where they apply: the caBundle self-check
-/// (tls::cabundle) and the StorageClasses `/validate` warns about. `on` without a usable
+/// (tls::cabundle), the StorageClasses `/validate` warns about and its look for a credentials
+/// Secret. `on` without a usable
 /// Kubernetes config is an error, `auto` outside a pod or without one is a log line.
 pub(super) async fn start_cabundle_check(
     args: &ServeArgs,
     store: Arc<CertStore>,
     metrics: Arc<Metrics>,
     storage_classes: Arc<crate::controller::storage_classes::Cache>,
+    secrets: Arc<crate::controller::credentials::Lookup>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     match args.cabundle_check {
@@ -105,6 +107,7 @@ pub(super) async fn start_cabundle_check(
         return Ok(());
     };
     let client = kube::Client::try_from(config).map_err(Error::KubeClient)?;
+    secrets.set_client(client.clone());
     tokio::spawn(crate::controller::storage_classes::run(
         client.clone(),
         storage_classes,

@@ -152,6 +152,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
     let store = CertStore::new();
     let readiness = Readiness::new(store.clone());
     let storage_classes = Arc::new(crate::controller::storage_classes::Cache::default());
+    let secrets = Arc::new(crate::controller::credentials::Lookup::default());
     let state = Arc::new(webhook::AppState {
         max_body_bytes: args.max_body_bytes,
         max_convert_body_bytes: args.max_convert_body_bytes,
@@ -161,6 +162,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
         settings: crate::admission::Settings {
             default_storage_class: args.default_storage_class.clone(),
             storage_classes: Some(storage_classes.clone()),
+            secrets: Some(secrets.clone()),
         },
     });
     let server_stop = CancellationToken::new();
@@ -252,6 +254,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
             store.clone(),
             metrics.clone(),
             storage_classes,
+            secrets,
             server_stop.clone(),
         )
         .await?;

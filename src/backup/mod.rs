@@ -230,7 +230,14 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
     .await;
     let (endpoint, member, revision) =
         choose(&listed.members, &statuses).map_err(Error::NoVoter)?;
-    tracing::info!(%member, %endpoint, "taking the snapshot");
+    let keys = etcd
+        .key_count(&endpoint, revision)
+        .await
+        .map_err(|e| Error::Snapshot {
+            member: member.clone(),
+            source: Box::new(e),
+        })?;
+    tracing::info!(%member, %endpoint, revision, keys, "taking the snapshot");
 
     // 2. The snapshot, checked as it arrives.
     let at = time::OffsetDateTime::now_utc();
@@ -268,9 +275,11 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
         uri,
         size: verified.size,
         sha256: verified.sha256,
-        // etcd's snapshot stream carries no header in every release (3.6 sends none): the
-        // member's revision just before it began, which the snapshot holds at least.
-        revision: verified.revision.max(revision),
+        // The member's revision just before the snapshot began, which it holds at least, and
+        // the one the keys were counted at (the stream's own header, which 3.6 does not send,
+        // is never lower).
+        revision,
+        keys: Some(keys),
         member,
         time: at
             .format(&time::format_description::well_known::Rfc3339)

@@ -90,6 +90,7 @@ pub(super) enum Run {
 /// The runs of `ec`'s backup pods that have ended, with when they ended.
 pub(super) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, String, Run)> {
     let name = ec.name_any();
+    let claim = render::backup_claim(ec).name_any();
     pods.iter()
         .filter(|p| p.namespace() == ec.namespace())
         .filter(|p| {
@@ -113,13 +114,19 @@ pub(super) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, Strin
                 .terminated
                 .as_ref()?;
             let at = ended.finished_at.as_ref().map(|t| t.0)?;
-            Some((at, p.name_any(), run_of(ended, at)))
+            Some((at, p.name_any(), run_of(ended, at, &claim)))
         })
         .collect()
 }
 
 /// A run from its container's end: the report `etcd-webhook backup` wrote, or the exit.
-fn run_of(ended: &k8s_openapi::api::core::v1::ContainerStateTerminated, at: Timestamp) -> Run {
+/// A snapshot filed on the backup claim `claim` is recorded as `pvc://CLAIM/FILE`, the URI
+/// `spec.restore.from` takes (the pod's mount path means nothing outside it).
+fn run_of(
+    ended: &k8s_openapi::api::core::v1::ContainerStateTerminated,
+    at: Timestamp,
+    claim: &str,
+) -> Run {
     let message = ended.message.as_deref().unwrap_or("");
     let report: Option<serde_json::Value> = serde_json::from_str(message).ok();
     let failed = |step: &str, message: String| {
@@ -134,10 +141,18 @@ fn run_of(ended: &k8s_openapi::api::core::v1::ContainerStateTerminated, at: Time
             match serde_json::from_value::<render::BackupReport>(r) {
                 Ok(r) => Run::Filed(SnapshotRecord {
                     time: r.time,
-                    uri: r.uri,
+                    uri: match r
+                        .uri
+                        .strip_prefix(render::BACKUP_MOUNT)
+                        .and_then(|f| f.strip_prefix('/'))
+                    {
+                        Some(file) if !file.contains('/') => crate::api::claim_uri(claim, file),
+                        _ => r.uri,
+                    },
                     size: i64::try_from(r.size).unwrap_or(i64::MAX),
                     sha256: r.sha256,
                     revision: i64::try_from(r.revision).unwrap_or(i64::MAX),
+                    keys: r.keys.map(|k| i64::try_from(k).unwrap_or(i64::MAX)),
                     member: r.member,
                 }),
                 Err(e) => failed("run", format!("a report that cannot be read: {e}")),
@@ -194,8 +209,12 @@ pub(super) fn record(
                     EventType::Normal,
                     "BackupTaken",
                     format!(
-                        "{} ({} bytes, revision {}, from {}; pod {pod})",
-                        r.uri, r.size, r.revision, r.member
+                        "{} ({} bytes, revision {}{}, from {}; pod {pod})",
+                        r.uri,
+                        r.size,
+                        r.revision,
+                        r.keys.map(|k| format!(", {k} keys")).unwrap_or_default(),
+                        r.member
                     ),
                 ));
                 status.last = Some(r.clone());
@@ -255,7 +274,7 @@ pub(super) async fn observe(
     Ok(())
 }
 
-fn labels(ec: &EtcdCluster) -> ClusterLabels {
+pub(super) fn labels(ec: &EtcdCluster) -> ClusterLabels {
     ClusterLabels {
         namespace: ec.namespace().unwrap_or_default(),
         name: ec.name_any(),
@@ -264,7 +283,30 @@ fn labels(ec: &EtcdCluster) -> ClusterLabels {
 
 /// The cluster's per-cluster metrics go with it.
 pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
-    ctx.metrics.backup_last_success.remove(&labels(ec));
+    let l = labels(ec);
+    ctx.metrics.backup_last_success.remove(&l);
+    ctx.metrics.defragmentations.remove(&l);
+    ctx.metrics.defragmentation_freed_bytes.remove(&l);
+    ctx.metrics.defragmentation_seconds.remove(&l);
+    ctx.metrics.nospace_alarm.remove(&l);
+    for state in super::maintenance::MEMBER_STATES {
+        ctx.metrics
+            .cluster_members
+            .remove(&crate::metrics::MemberStateLabels {
+                namespace: l.namespace.clone(),
+                name: l.name.clone(),
+                state: (*state).to_owned(),
+            });
+    }
+    for m in ec.status.iter().flat_map(|s| s.members.iter().flatten()) {
+        let member = crate::metrics::MemberLabels {
+            namespace: l.namespace.clone(),
+            name: l.name.clone(),
+            member: m.name.clone(),
+        };
+        ctx.metrics.member_db_size.remove(&member);
+        ctx.metrics.member_db_size_in_use.remove(&member);
+    }
 }
 
 /// Deletion: the final snapshot (when backups are on) as a Job, waited for by requeueing,

@@ -253,11 +253,33 @@ pub struct MemberStatus {
     /// data directory).
     #[serde(default)]
     pub header: Header,
+    /// The backend's size on disk, and the part of it in use (the rest a defragmentation
+    /// gives back).
+    #[serde(rename = "dbSize", default, deserialize_with = "opt_u64")]
+    pub db_size: u64,
+    #[serde(rename = "dbSizeInUse", default, deserialize_with = "opt_u64")]
+    pub db_size_in_use: u64,
+    /// The etcd release the member runs.
+    #[serde(default)]
+    pub version: String,
 }
 
 impl MemberStatus {
     pub fn healthy(&self) -> bool {
         self.leader != 0 && self.errors.is_empty()
+    }
+
+    /// Has a leader, and every error it reports is an alarm (`memberID:.. alarm:NOSPACE`):
+    /// it serves reads, and the maintenance calls that clear the alarm.
+    pub fn serving(&self) -> bool {
+        self.leader != 0 && self.errors.iter().all(|e| e.contains("alarm:"))
+    }
+
+    /// Whether it reports the alarm `name` (e.g. `NOSPACE`).
+    pub fn alarm(&self, name: &str) -> bool {
+        self.errors
+            .iter()
+            .any(|e| e.contains(&format!("alarm:{name}")))
     }
 }
 
@@ -382,6 +404,104 @@ impl Etcd<'_> {
             .post(endpoint, path, json!({"ID": id.to_string()}))
             .await?;
         Ok(decode::<Members>(endpoint, v)?.members)
+    }
+
+    /// How many keys the store held at `revision`, as the member `endpoint` reads it locally
+    /// (serializable: no quorum needed); a snapshot taken at or after `revision` holds that
+    /// revision with exactly these keys.
+    pub async fn key_count(&self, endpoint: &str, revision: u64) -> Result<u64, EtcdError> {
+        #[derive(Deserialize)]
+        struct Counted {
+            #[serde(default, deserialize_with = "opt_u64")]
+            count: u64,
+        }
+        let v = self
+            .transport
+            .post(
+                endpoint,
+                "kv/range",
+                // Every key: from "\0" with range_end "\0" (base64 "AA==").
+                json!({"key": "AA==", "range_end": "AA==", "count_only": true,
+                    "serializable": true, "revision": revision.to_string()}),
+            )
+            .await?;
+        Ok(decode::<Counted>(endpoint, v)?.count)
+    }
+
+    /// Compacts the history below `revision` and waits until it is physically gone (the
+    /// space is then free for a defragmentation to give back). Whether this call compacted
+    /// anything: a revision compacted already is no error, and `false`.
+    pub async fn compact(&self, endpoint: &str, revision: u64) -> Result<bool, EtcdError> {
+        let asked = self
+            .transport
+            .post(
+                endpoint,
+                "kv/compaction",
+                json!({"revision": revision.to_string(), "physical": true}),
+            )
+            .await;
+        match asked {
+            Err(EtcdError::Refused { message, .. })
+                if message.contains("required revision has been compacted") =>
+            {
+                Ok(false)
+            }
+            other => other.map(|_| true),
+        }
+    }
+
+    /// Defragments the member `endpoint` (it serves nothing until it is done).
+    pub async fn defragment(&self, endpoint: &str) -> Result<(), EtcdError> {
+        self.transport
+            .post(endpoint, "maintenance/defragment", json!({}))
+            .await
+            .map(|_| ())
+    }
+
+    /// The alarms raised in the cluster: (member ID, alarm name).
+    pub async fn alarms(&self, endpoint: &str) -> Result<Vec<(u64, String)>, EtcdError> {
+        #[derive(Deserialize)]
+        struct Alarm {
+            #[serde(rename = "memberID", default, deserialize_with = "opt_u64")]
+            member: u64,
+            #[serde(default)]
+            alarm: Value,
+        }
+        #[derive(Deserialize)]
+        struct Alarms {
+            #[serde(default)]
+            alarms: Vec<Alarm>,
+        }
+        let v = self
+            .transport
+            .post(endpoint, "maintenance/alarm", json!({"action": "GET"}))
+            .await?;
+        Ok(decode::<Alarms>(endpoint, v)?
+            .alarms
+            .into_iter()
+            .map(|a| {
+                // The gateway names the enum ("NOSPACE"); an older one may send its number.
+                let name = match a.alarm {
+                    Value::String(s) => s,
+                    Value::Number(n) if n.as_u64() == Some(1) => "NOSPACE".to_owned(),
+                    Value::Number(n) if n.as_u64() == Some(2) => "CORRUPT".to_owned(),
+                    other => other.to_string(),
+                };
+                (a.member, name)
+            })
+            .collect())
+    }
+
+    /// Disarms the alarm `name` of member `member`.
+    pub async fn disarm(&self, endpoint: &str, member: u64, name: &str) -> Result<(), EtcdError> {
+        self.transport
+            .post(
+                endpoint,
+                "maintenance/alarm",
+                json!({"action": "DEACTIVATE", "memberID": member.to_string(), "alarm": name}),
+            )
+            .await
+            .map(|_| ())
     }
 
     /// `endpoint status` of one member.

@@ -15,9 +15,11 @@
 
 mod backup;
 mod children;
+pub mod credentials;
 pub mod etcd;
 mod finalizer;
 pub mod leader;
+pub mod maintenance;
 pub mod membership;
 mod policy;
 pub mod rbac;

@@ -185,6 +185,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
 
     kids.ensure(&render::pod_disruption_budget(ec, seen.voters))
         .await?;
+    super::maintenance::tend(ec, &kids, &mut seen).await;
 
     backup::schedule(ec, &kids, &mut seen).await?;
     backup::observe(ec, &kids, &mut seen).await?;

@@ -5,13 +5,14 @@
 //! cluster. A learner added later joins as any other (it is never restored).
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::children::{Children, job_outcome};
 use super::status::{Observation, Restored, has_condition};
 use super::{Error, render};
+use crate::api::SnapshotSource;
 use crate::api::v1::EtcdCluster;
 
 /// Makes the claims and the restore Jobs; whether every member is restored (the StatefulSet
@@ -25,14 +26,34 @@ pub(super) async fn prepare(
         return Ok(true);
     };
     if ec.annotations().contains_key(render::CLUSTER_ID_ANNOTATION) {
+        seen.restored = Some(Restored::Done);
         return Ok(true);
     }
     let ctx = kids.ctx;
-    if let Some(why) = crate::api::restore_source_error(&restore.from) {
-        let message = format!("spec.restore.from {:?} {why}", restore.from);
-        seen.restored = Some(Restored::Failed(message.clone()));
-        seen.failure = Some(("RestoreFailed", message));
-        return Ok(false);
+    let source = match SnapshotSource::parse(&restore.from) {
+        Ok(source) => source,
+        Err(why) => {
+            let message = format!("spec.restore.from {:?} {why}", restore.from);
+            seen.restored = Some(Restored::Failed(message.clone()));
+            seen.failure = Some(("RestoreFailed", message));
+            return Ok(false);
+        }
+    };
+    // A claim is read by one Job at a time (ReadWriteOnce attaches to one node), and must be
+    // there: until it is, nothing is made and the condition says what is missing.
+    let one_at_a_time = matches!(source, SnapshotSource::Claim { .. });
+    if let SnapshotSource::Claim { claim, .. } = source {
+        let found = kids
+            .api::<PersistentVolumeClaim>()
+            .get_opt(claim)
+            .await
+            .map_err(|e| Error::kube("get", "PersistentVolumeClaim", claim, e))?;
+        if found.is_none() {
+            seen.restored = Some(Restored::Waiting(format!(
+                "the volume claim {claim} that spec.restore.from names does not exist in this namespace; no member starts until it does"
+            )));
+            return Ok(false);
+        }
     }
     let mut done = 0;
     let mut failed = Vec::new();
@@ -43,7 +64,7 @@ pub(super) async fn prepare(
             .ensure_created(&render::restore_job(
                 ec,
                 i,
-                &restore.from,
+                source,
                 restore.sha256.as_deref(),
                 &ctx.settings.render,
             ))
@@ -55,7 +76,11 @@ pub(super) async fn prepare(
                 job.name_any(),
                 why_failed(kids, &job).await?
             )),
+            None if one_at_a_time => break,
             None => {}
+        }
+        if one_at_a_time && !failed.is_empty() {
+            break;
         }
     }
     if !failed.is_empty() {

@@ -243,6 +243,12 @@ pub(super) async fn converge(
         seen.settle = true;
     }
     seen.membership = Some(state);
+    seen.etcd = Some(super::status::EtcdView {
+        members: members.clone(),
+        health: outcome.health.clone(),
+        steady: outcome.step == Step::Steady && outcome.failed.is_none(),
+        defragmented: Vec::new(),
+    });
     Ok(membership::replicas(ec, members))
 }
 

@@ -34,12 +34,104 @@ pub struct Observation {
     pub backup: Option<crate::api::v1::BackupStatus>,
     /// Where a cluster made from a snapshot is (`None`: not made from one).
     pub restored: Option<Restored>,
+    /// The member list and statuses the membership pass read, for the upkeep (`None`: not
+    /// read, or a membership step was made this pass).
+    pub etcd: Option<EtcdView>,
+    /// etcd's space (`None`: not judged this pass; the status keeps its last word).
+    pub space: Option<Space>,
+}
+
+/// The members as etcd reported them this pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdView {
+    pub members: Vec<super::etcd::Member>,
+    pub health: std::collections::BTreeMap<u64, super::etcd::MemberStatus>,
+    /// The membership pass made no call and none failed: the upkeep may plan.
+    pub steady: bool,
+    /// The members the upkeep defragmented this pass.
+    pub defragmented: Vec<String>,
+}
+
+/// The members' states for the status: role, health, release, sizes to the MiB, alarms, and
+/// the time of the last defragmentation (this pass's at `now`, else the one recorded before).
+fn member_states(
+    view: &EtcdView,
+    before: Option<&[crate::api::v1::MemberState]>,
+    now: &Time,
+) -> (Option<String>, Vec<crate::api::v1::MemberState>) {
+    let mib = |b: u64| i64::try_from(b >> 20 << 20).unwrap_or(i64::MAX);
+    let leader_id = view.health.values().map(|h| h.leader).find(|&l| l != 0);
+    let mut leader = None;
+    let states = view
+        .members
+        .iter()
+        .map(|m| {
+            let name = if m.started() {
+                m.name.clone()
+            } else {
+                format!("{:x}", m.id)
+            };
+            let status = view.health.get(&m.id);
+            let role = if m.is_learner {
+                "Learner"
+            } else if leader_id == Some(m.id) {
+                leader = Some(name.clone());
+                "Leader"
+            } else {
+                "Follower"
+            };
+            let last_defragmentation = if view.defragmented.contains(&name) {
+                Some(now.0.to_string())
+            } else {
+                before
+                    .into_iter()
+                    .flatten()
+                    .find(|b| b.name == name)
+                    .and_then(|b| b.last_defragmentation.clone())
+            };
+            crate::api::v1::MemberState {
+                id: format!("{:x}", m.id),
+                role: role.to_owned(),
+                healthy: status.is_some_and(|s| s.healthy()),
+                version: status.map(|s| s.version.clone()).unwrap_or_default(),
+                db_size: status.map(|s| mib(s.db_size)),
+                db_size_in_use: status.map(|s| mib(s.db_size_in_use)),
+                alarms: status
+                    .map(|s| {
+                        s.errors
+                            .iter()
+                            .filter_map(|e| e.split("alarm:").nth(1))
+                            .map(|a| a.trim().to_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                last_defragmentation,
+                name,
+            }
+        })
+        .collect();
+    (leader, states)
+}
+
+/// Whether etcd takes writes, as far as its quota goes (the `Degraded` condition).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Space {
+    Ok,
+    /// The NOSPACE alarm is raised and the loop is recovering (what it waits for, or did).
+    NoSpace(String),
+    /// The data needs more than the quota: writes stay refused until it grows.
+    QuotaExceeded(String),
 }
 
 /// A restore's progress (the `Restored` condition).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Restored {
-    Restoring { done: i32, of: i32 },
+    Restoring {
+        done: i32,
+        of: i32,
+    },
+    /// The snapshot's source is not there yet (a claim that does not exist).
+    Waiting(String),
     Failed(String),
     Done,
 }
@@ -270,20 +362,57 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
     if let Some(m) = &seen.membership {
         let (ok, reason, message) = m.condition(size);
         conditions.push(cond("Members", ok, reason, message));
-    } else if let Some(c) = previous.and_then(|cs| cs.iter().find(|c| c.type_ == "Members")) {
+        // Available: the cluster serves (a quorum of its voters is healthy), even while a
+        // member is down or being replaced; Ready asks for every member.
+        let quorum = m.voters / 2 + 1;
+        conditions.push(match (m.reachable, m.healthy_voters >= quorum) {
+            (true, true) => cond(
+                "Available",
+                true,
+                "QuorumHealthy",
+                format!(
+                    "{} of {} voters healthy (quorum {quorum})",
+                    m.healthy_voters, m.voters
+                ),
+            ),
+            (true, false) => cond(
+                "Available",
+                false,
+                "QuorumLost",
+                format!(
+                    "{} of {} voters healthy, below the quorum of {quorum}: etcd takes no writes",
+                    m.healthy_voters, m.voters
+                ),
+            ),
+            (false, _) => cond(
+                "Available",
+                false,
+                "NoAnswer",
+                "no member answered the loop".to_owned(),
+            ),
+        });
+    } else {
         // Not read this pass (an error path): the last word stays.
-        conditions.push(c.clone());
+        conditions.extend(
+            previous
+                .into_iter()
+                .flatten()
+                .filter(|c| c.type_ == "Members" || c.type_ == "Available")
+                .cloned(),
+        );
     }
     if let Some(restore) = &ec.spec.restore {
-        let restored = seen.restored.clone().unwrap_or(Restored::Done);
-        conditions.push(match restored {
-            Restored::Done => cond(
+        let last = || previous.and_then(|cs| cs.iter().find(|c| c.type_ == "Restored"));
+        conditions.extend(match seen.restored.clone() {
+            // Not judged this pass (an error path before the restore step): the last word stays.
+            None => last().cloned(),
+            Some(Restored::Done) => Some(cond(
                 "Restored",
                 true,
                 "Restored",
                 format!("started from {}", restore.from),
-            ),
-            Restored::Restoring { done, of } => cond(
+            )),
+            Some(Restored::Restoring { done, of }) => Some(cond(
                 "Restored",
                 false,
                 "Restoring",
@@ -292,9 +421,31 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                     restore.from,
                     ec.metadata.name.as_deref().unwrap_or("")
                 ),
-            ),
-            Restored::Failed(message) => cond("Restored", false, "RestoreFailed", message),
+            )),
+            Some(Restored::Waiting(message)) => {
+                Some(cond("Restored", false, "WaitingForSource", message))
+            }
+            Some(Restored::Failed(message)) => {
+                Some(cond("Restored", false, "RestoreFailed", message))
+            }
         });
+    }
+    match &seen.space {
+        None => conditions.extend(
+            previous
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Degraded"))
+                .cloned(),
+        ),
+        Some(Space::Ok) => conditions.push(cond(
+            "Degraded",
+            false,
+            "WithinQuota",
+            "every member takes writes: no NOSPACE alarm".to_owned(),
+        )),
+        Some(Space::NoSpace(m)) => conditions.push(cond("Degraded", true, "NoSpace", m.clone())),
+        Some(Space::QuotaExceeded(m)) => {
+            conditions.push(cond("Degraded", true, "QuotaExceeded", m.clone()))
+        }
     }
     let backup = seen
         .backup
@@ -350,7 +501,22 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
             ),
         });
     }
+    let last = ec.status.as_ref();
+    let (leader, members) = match &seen.etcd {
+        Some(view) => {
+            let (leader, states) =
+                member_states(view, last.and_then(|s| s.members.as_deref()), &now);
+            (leader, Some(states))
+        }
+        // Not read this pass: the last word stays.
+        None => (
+            last.and_then(|s| s.leader.clone()),
+            last.and_then(|s| s.members.clone()),
+        ),
+    };
     EtcdClusterStatus {
+        leader,
+        members,
         phase: Some(phase),
         ready_replicas: Some(seen.ready),
         endpoints: Some(render::endpoints(ec, size)),
@@ -441,6 +607,75 @@ mod tests {
         let c = s.conditions.unwrap();
         assert_eq!(c[0].last_transition_time, at(600));
         assert_eq!(c[0].status, "False");
+    }
+
+    #[test]
+    fn a_pass_that_never_reached_the_restore_keeps_its_last_word() {
+        let mut ec = cluster("etcd", 3, None);
+        ec.spec.restore = Some(crate::api::v1::Restore {
+            from: "s3://b/etcd-snapshot-1.db".to_owned(),
+            sha256: None,
+        });
+        let restoring = Observation {
+            restored: Some(Restored::Restoring { done: 1, of: 3 }),
+            ..Default::default()
+        };
+        ec.status = Some(desired(&ec, &restoring, at(100)));
+        let restored = |s: &EtcdClusterStatus| {
+            s.conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Restored")
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        // An apply failed before the restore step: not "Restored True".
+        let failed = Observation {
+            failure: Some(("ApplyFailed", "forbidden".to_owned())),
+            ..Default::default()
+        };
+        let s = desired(&ec, &failed, at(200));
+        assert_eq!(
+            restored(&s),
+            Some(("False".to_owned(), "Restoring".to_owned()))
+        );
+        // A new cluster's first pass that failed early says nothing yet.
+        ec.status = None;
+        assert_eq!(restored(&desired(&ec, &failed, at(300))), None);
+    }
+
+    #[test]
+    fn available_while_a_quorum_serves_ready_only_with_every_member() {
+        let ec = cluster("etcd", 3, None);
+        let seen = |healthy| Observation {
+            ready: healthy,
+            membership: Some(Membership {
+                reachable: true,
+                voters: 3,
+                healthy_voters: healthy,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let of = |s: &EtcdClusterStatus, t: &str| {
+            let c = s
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == t)
+                .unwrap();
+            (c.status.clone(), c.reason.clone())
+        };
+        let two = desired(&ec, &seen(2), at(1));
+        assert_eq!(
+            of(&two, "Available"),
+            ("True".to_owned(), "QuorumHealthy".to_owned())
+        );
+        assert_eq!(of(&two, "Ready").0, "False");
+        let one = desired(&ec, &seen(1), at(2));
+        assert_eq!(
+            of(&one, "Available"),
+            ("False".to_owned(), "QuorumLost".to_owned())
+        );
     }
 
     #[test]

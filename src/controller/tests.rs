@@ -328,6 +328,57 @@ async fn running_three_with(settings: Settings) -> (FakeApi, Arc<Context>) {
     (api, ctx)
 }
 
+/// The status lists every member as etcd reported it (role, health), names the leader, and
+/// says the members take writes (Degraded False); a pass that reads nothing keeps that word.
+#[tokio::test]
+async fn the_status_lists_every_member_and_the_leader() {
+    let (api, ctx) = running_three().await;
+    let status = cluster_json(&api)["status"].clone();
+    let members = status["members"].as_array().expect("status.members");
+    assert_eq!(members.len(), 3, "{status}");
+    let leaders: Vec<&Value> = members.iter().filter(|m| m["role"] == "Leader").collect();
+    assert_eq!(leaders.len(), 1, "{status}");
+    assert_eq!(status["leader"], leaders[0]["name"]);
+    assert!(members.iter().all(|m| m["healthy"] == true), "{status}");
+    let degraded = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("False"), Some("WithinQuota"))
+    );
+    let available = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Available")
+        .cloned()
+        .unwrap();
+    assert_eq!(available["reason"], "QuorumHealthy", "{available}");
+    assert_eq!(
+        available["message"], "3 of 3 voters healthy (quorum 2)",
+        "{available}"
+    );
+    let metrics = ctx.metrics.encode();
+    for line in [
+        r#"etcd_webhook_cluster_members{namespace="prod",name="etcd",state="leader"} 1"#,
+        r#"etcd_webhook_cluster_members{namespace="prod",name="etcd",state="follower"} 2"#,
+        r#"etcd_webhook_cluster_members{namespace="prod",name="etcd",state="unhealthy"} 0"#,
+        r#"etcd_webhook_member_db_size_bytes{namespace="prod",name="etcd",member="etcd-0"} "#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    // A second pass with nothing new writes nothing.
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let calls = api.calls();
+    assert!(writes(&calls).is_empty(), "{:?}", describe(&writes(&calls)));
+}
+
 fn members_config(api: &FakeApi) -> Value {
     api.get(CONFIG).expect("the members' ConfigMap")["data"].clone()
 }
@@ -992,6 +1043,17 @@ fn backup_pod(api: &FakeApi, name: &str, code: i32, message: &str, at: &str) {
     );
 }
 
+/// A backup pod that ended with `etcd-webhook backup`'s report of a snapshot filed at `uri`
+/// (taken at `time`, the pod ending a second later); the report.
+fn filed(api: &FakeApi, pod: &str, uri: &str, sha: &str, revision: u64, time: &str) -> Value {
+    let report = json!({"uri": uri, "size": 40992, "sha256": sha.repeat(32),
+        "revision": revision, "keys": 57, "member": "etcd-2",
+        "time": time, "seconds": 0.2, "pruned": []});
+    let ended = time.replacen(":00:00", ":00:01", 1);
+    backup_pod(api, pod, 0, &report.to_string(), &ended);
+    report
+}
+
 fn backup_events(calls: &[Call]) -> Vec<(String, String, String)> {
     calls
         .iter()
@@ -1031,21 +1093,20 @@ async fn backup_runs_are_recorded_in_the_status_an_event_and_the_metric() {
     let (api, ctx) = setup(3, Some(backup(Some("s3://b/p"))));
     pass(&api, &ctx).await.unwrap();
     assert_eq!(backup_ready(&api)["reason"], "Scheduled");
-    let report = json!({"uri": "s3://b/p/etcd-snapshot-20261202T010000Z.db", "size": 40992,
-        "sha256": "ab".repeat(32), "revision": 211, "member": "etcd-2",
-        "time": "2026-12-02T01:00:00.25Z", "seconds": 0.2, "pruned": []});
-    backup_pod(
+    let report = filed(
         &api,
         "etcd-backup-1-a",
-        0,
-        &report.to_string(),
-        "2026-12-02T01:00:01Z",
+        "s3://b/p/etcd-snapshot-20261202T010000Z.db",
+        "ab",
+        211,
+        "2026-12-02T01:00:00Z",
     );
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     let status = cluster_json(&api)["status"].clone();
     assert_eq!(status["backup"]["last"]["uri"], report["uri"]);
     assert_eq!(status["backup"]["last"]["revision"], 211);
+    assert_eq!(status["backup"]["last"]["keys"], 57);
     assert_eq!(backup_ready(&api)["status"], "True");
     assert_eq!(backup_ready(&api)["reason"], "Succeeded");
     let told = backup_events(&api.calls());
@@ -1061,7 +1122,7 @@ async fn backup_runs_are_recorded_in_the_status_an_event_and_the_metric() {
     let metrics = ctx.metrics.encode();
     assert!(
         metrics.contains(
-            "etcd_webhook_backup_last_success_timestamp_seconds{namespace=\"prod\",name=\"etcd\"} 1796173200.25"
+            "etcd_webhook_backup_last_success_timestamp_seconds{namespace=\"prod\",name=\"etcd\"} 1796173200"
         ),
         "{metrics}"
     );
@@ -1111,21 +1172,89 @@ async fn backup_runs_are_recorded_in_the_status_an_event_and_the_metric() {
         "{message}"
     );
 
-    let later = json!({"uri": "s3://b/p/etcd-snapshot-20261202T040000Z.db", "size": 41000,
-        "sha256": "cd".repeat(32), "revision": 300, "member": "etcd-0",
-        "time": "2026-12-02T04:00:00Z", "seconds": 0.2, "pruned": []});
-    backup_pod(
+    let later = filed(
         &api,
         "etcd-backup-4-a",
-        0,
-        &later.to_string(),
-        "2026-12-02T04:00:01Z",
+        "s3://b/p/etcd-snapshot-20261202T040000Z.db",
+        "cd",
+        300,
+        "2026-12-02T04:00:00Z",
     );
     pass(&api, &ctx).await.unwrap();
     let status = cluster_json(&api)["status"].clone();
     assert_eq!(status["backup"]["last"]["uri"], later["uri"]);
     assert!(status["backup"]["lastFailure"].is_null(), "{status}");
     assert_eq!(backup_ready(&api)["reason"], "Succeeded");
+}
+
+/// A snapshot filed on the backup claim is recorded as `pvc://NAME-backup/FILE`, the URI a
+/// new cluster's `spec.restore.from` takes, not the pod's mount path.
+#[tokio::test]
+async fn a_snapshot_on_the_claim_is_recorded_as_a_uri_a_restore_takes() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    filed(
+        &api,
+        "etcd-backup-1-a",
+        "/backup/etcd-snapshot-20261202T010000Z.db",
+        "ab",
+        211,
+        "2026-12-02T01:00:00Z",
+    );
+    pass(&api, &ctx).await.unwrap();
+    let uri = cluster_json(&api)["status"]["backup"]["last"]["uri"].clone();
+    assert_eq!(uri, "pvc://etcd-backup/etcd-snapshot-20261202T010000Z.db");
+    assert_eq!(
+        crate::api::restore_source_error(uri.as_str().unwrap()),
+        None
+    );
+}
+
+/// A restore from a claim: nothing is made while the claim is missing (Restored False
+/// WaitingForSource, not Failed); once it is there, one Job at a time, each mounting it
+/// read-only, the next only after the one before has completed.
+#[tokio::test]
+async fn a_restore_from_a_claim_waits_for_it_then_runs_one_job_at_a_time() {
+    let (api, ctx) = setup(3, None);
+    let from = "pvc://src-backup/src-snapshot-20261202T010000Z.db";
+    api.set(EC, "/spec/restore", json!({"from": from}));
+    let job = |i: i32| format!("/apis/batch/v1/namespaces/prod/jobs/etcd-restore-{i}");
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(&job(0)).is_none() && api.get(STS).is_none());
+    let c = restored_condition(&api);
+    assert_eq!(c["reason"], "WaitingForSource", "{c}");
+    assert!(c["message"].as_str().unwrap().contains("src-backup"), "{c}");
+    assert_ne!(cluster_json(&api)["status"]["phase"], "Failed");
+    api.insert(
+        "/api/v1/namespaces/prod/persistentvolumeclaims/src-backup",
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "src-backup", "namespace": "prod"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}}),
+    );
+    for i in 0..3 {
+        pass(&api, &ctx).await.unwrap();
+        let made = api.get(&job(i)).expect("the next Job");
+        let pod = &made["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["initContainers"][0]["args"][1],
+            "--from=/source/src-snapshot-20261202T010000Z.db"
+        );
+        let source = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "source")
+            .unwrap();
+        assert_eq!(source["persistentVolumeClaim"]["readOnly"], true);
+        if i < 2 {
+            assert!(api.get(&job(i + 1)).is_none(), "one at a time");
+        }
+        assert!(api.get(STS).is_none());
+        complete_job(&api, &job(i), true);
+    }
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(STS).is_some());
+    assert_eq!(restored_condition(&api)["reason"], "Restored");
 }
 
 fn restored_condition(api: &FakeApi) -> Value {

@@ -37,8 +37,21 @@ async fn answer(
     let start = Instant::now();
     let endpoint = webhook.name();
     let req = state.admission_request(endpoint, headers, body).await?;
+    // The one look outside the request: a credentials Secret, only where S3 starts being used.
+    let missing = match (webhook, &state.settings.secrets) {
+        (Webhook::Validate, Some(secrets)) if secrets.can_look() => {
+            match admission::credentials::to_check(&req) {
+                Some(check) => (secrets.exists(&check.namespace, &check.secret).await
+                    == Some(false))
+                .then(|| check.warning()),
+                None => None,
+            }
+        }
+        _ => None,
+    };
     match admission::review(webhook, &req, &state.settings) {
-        Ok(answer) => {
+        Ok(mut answer) => {
+            answer.warnings.extend(missing);
             let result = if answer.allowed { "allowed" } else { "denied" };
             state.count_admission(endpoint, Some(&req), result);
             log_decision(webhook, &req, &answer, start);

@@ -747,6 +747,7 @@ pub fn cel_rules_agree_with_the_webhook(env: &Env) {
 /// `--default-storage-class`: a new cluster naming no class gets that one written in; one naming
 /// a class the cluster lacks, or one that cannot grow, is admitted with a warning kubectl shows;
 /// a class added later is seen without a restart; a growth of a class that cannot grow warns.
+/// The same replica warns about a missing credentials Secret of backups or a restore to S3.
 pub fn storage_classes_are_filled_in_and_warned_about(env: &Env) {
     let ns = "e2e-classes";
     env.create_namespace(ns);
@@ -810,6 +811,36 @@ pub fn storage_classes_are_filled_in_and_warned_about(env: &Env) {
         let (_, stderr) = dry_run(json!({"size": 3}));
         (!stderr.contains("Warning")).then_some(())
     });
+    // Backups to S3 and a restore from S3 with no Secret c-backup-credentials: a warning (the
+    // look is the install's grant, get on secrets); none from a claim; none once it exists.
+    let to_s3 = json!({"size": 3, "backup": {"enabled": true, "schedule": "0 * * * *",
+        "destination": "s3://e2e-bucket/etcd"}});
+    let (_, stderr) = dry_run(to_s3.clone());
+    assert!(
+        stderr.contains("Warning: spec.backup.destination: Secret c-backup-credentials not found in e2e-classes; backups will use the pods' own cloud identity"),
+        "{stderr}"
+    );
+    let (_, stderr) = dry_run(json!({"size": 3, "restore": {"from": "s3://e2e-bucket/etcd/x.db"}}));
+    assert!(
+        stderr.contains("Warning: spec.restore.from: Secret c-backup-credentials not found"),
+        "{stderr}"
+    );
+    let (_, stderr) = dry_run(json!({"size": 3, "restore": {"from": "pvc://src-backup/x.db"}}));
+    assert!(!stderr.contains("Warning"), "{stderr}");
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "create",
+            "secret",
+            "generic",
+            "c-backup-credentials",
+            "--from-literal=AWS_ACCESS_KEY_ID=e2e",
+        ]),
+        "the credentials Secret",
+    );
+    let (_, stderr) = dry_run(to_s3);
+    assert!(!stderr.contains("Warning"), "{stderr}");
     // A stored cluster, then a patch of it (kubectl's exit status and stderr).
     let create = |name: &str, spec: Value, what: &str| {
         ok(

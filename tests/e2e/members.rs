@@ -544,8 +544,30 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     std::thread::sleep(Duration::from_millis(500));
     patch_size(&cp, 3);
     let t = Instant::now();
-    wait_running(&cp, 3, Duration::from_secs(120));
+    let running = wait_running(&cp, 3, Duration::from_secs(120));
     let grow_secs = t.elapsed().as_secs_f64();
+    // Every member in the status as etcd reports it, the leader named, written through the
+    // real apiserver (the schema took them), and within its quota.
+    let status = &running["status"];
+    let members = status["members"].as_array().expect("status.members");
+    assert_eq!(members.len(), 3, "{status}");
+    assert!(
+        members
+            .iter()
+            .all(|m| m["healthy"] == true && m["dbSize"].as_i64().is_some()),
+        "{status}"
+    );
+    let leader: Vec<&Value> = members.iter().filter(|m| m["role"] == "Leader").collect();
+    assert_eq!(leader.len(), 1, "{status}");
+    assert_eq!(status["leader"], leader[0]["name"], "{status}");
+    assert!(
+        status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "Degraded" && c["reason"] == "WithinQuota"),
+        "{status}"
+    );
     writing.store(false, Ordering::Relaxed);
     let (keys, failed) = scale_writes.join().unwrap();
     assert_eq!(failed, 0, "writes failed during the scale-up");

@@ -176,8 +176,11 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
         let last = ec["status"]["backup"]["last"].clone();
         last.is_object().then_some(ec)
     });
+    // On the claim, recorded as the URI a restore takes.
+    let snapshot_uri = format!("pvc://{name}-backup/{name}-snapshot-20261202T010000Z.db");
     assert_eq!(
-        recorded["status"]["backup"]["last"]["uri"], report["uri"],
+        recorded["status"]["backup"]["last"]["uri"],
+        snapshot_uri.as_str(),
         "{}",
         recorded["status"]
     );
@@ -193,7 +196,9 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
         env.kubectl(&["-n", ns, "get", "etcdcluster", name]),
         "kubectl get ec",
     );
-    assert!(table.contains("LAST BACKUP"), "{table}");
+    for column in ["LAST BACKUP", "LEADER", "VERSION"] {
+        assert!(table.contains(column), "{column}: {table}");
+    }
     wait_for("the BackupTaken Event", Duration::from_secs(30), || {
         let events = env.get_json(&["-n", ns, "events.events.k8s.io"]);
         events["items"]
@@ -247,6 +252,53 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
             .iter()
             .any(|e| e["regarding"]["uid"] == uid.as_str() && e["type"] == "Warning"),
         "the finalizer's timeout is reported as a Warning Event: {events}"
+    );
+
+    // A new cluster from the snapshot on the claim that outlived it: the apiserver takes the
+    // first restore Job as rendered (the claim mounted read-only), and only the first (one at
+    // a time on a claim); no StatefulSet while it has not run (no kubelet here).
+    let restored = "loop-again";
+    env.create_cluster(
+        ns,
+        restored,
+        json!({"size": 3, "version": "v3.5.10", "storageSize": "1Gi",
+               "restore": {"from": snapshot_uri}}),
+    );
+    let job = wait_for("the first restore Job", Duration::from_secs(60), || {
+        get_opt(env, ns, "job", &format!("{restored}-restore-0"))
+    });
+    let pod = &job["spec"]["template"]["spec"];
+    let source = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "source")
+        .cloned()
+        .unwrap_or_else(|| panic!("{pod}"));
+    assert_eq!(
+        source["persistentVolumeClaim"],
+        json!({"claimName": format!("{name}-backup"), "readOnly": true})
+    );
+    let condition = wait_for("Restored Restoring", Duration::from_secs(30), || {
+        let ec = env.get_json(&["-n", ns, "etcdcluster", restored]);
+        ec["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Restored" && c["reason"] == "Restoring")
+            .cloned()
+    });
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("0/3 members restored"),
+        "{condition}"
+    );
+    assert!(get_opt(env, ns, "job", &format!("{restored}-restore-1")).is_none());
+    assert!(get_opt(env, ns, "statefulset", restored).is_none());
+    ok(
+        env.kubectl(&["-n", ns, "delete", "etcdcluster", restored, "--wait=false"]),
+        "delete the restoring EtcdCluster",
     );
 }
 

@@ -645,18 +645,33 @@ mod tests {
         );
     }
 
-    /// `spec.restore`: an S3 snapshot at creation; never changed, set or removed after.
+    /// `spec.restore`: a snapshot in a bucket or on a claim, at creation; never changed, set or
+    /// removed after.
     #[test]
-    fn restore_names_an_s3_snapshot_and_is_set_at_creation_only() {
+    fn restore_names_a_snapshot_and_is_set_at_creation_only() {
         let from = "s3://b/p/src-snapshot-20261202T010000Z.db";
         let with = v1(json!({"size": 3, "restore": {"from": from}}));
         assert!(create(Version::V1, &with).allowed());
+        let claim = "pvc://src-backup/src-snapshot-20261202T010000Z.db";
+        assert!(
+            create(
+                Version::V1,
+                &v1(json!({"size": 3, "restore": {"from": claim}}))
+            )
+            .allowed()
+        );
+        let on_claim = "must name a volume claim of this namespace and a file at its top";
         for (bad, why) in [
             (
                 "/backup/x.db",
-                "is not supported: use s3://bucket/prefix/NAME-snapshot-<time>.db",
+                "is not supported: use s3://bucket/prefix/NAME-snapshot-<time>.db, or pvc://",
             ),
             ("s3://b/", "must name a bucket and a snapshot file"),
+            ("s3://b/a b.db", "must not contain spaces"),
+            ("pvc://src-backup/", on_claim),
+            ("pvc://src-backup/dir/x.db", on_claim),
+            ("pvc://src-backup/..", on_claim),
+            ("pvc://Src_Backup/x.db", on_claim),
         ] {
             let m = messages(&create(
                 Version::V1,
@@ -681,6 +696,42 @@ mod tests {
             );
         }
         assert!(update(Version::V1, &with, &with).allowed());
+    }
+
+    /// `spec.maintenance`: a quota within 16 MiB and 80% of the volume, a retention etcd
+    /// reads, a percentage; the older versions' stash is judged the same way.
+    #[test]
+    fn maintenance_fits_the_volume() {
+        let ok = v1(json!({"size": 3, "storageSize": "1Gi", "maintenance": {
+            "quotaBackendBytes": 16777216, "autoCompactionRetention": "30m",
+            "defragThresholdPercent": 0}}));
+        assert!(create(Version::V1, &ok).allowed());
+        for (m, starts) in [
+            (
+                json!({"quotaBackendBytes": 900_000_000}),
+                "spec.maintenance.quotaBackendBytes: Invalid value: 900000000: must be between 16777216 (16 MiB) and 858993459: 80% of storageSize 1Gi",
+            ),
+            (
+                json!({"quotaBackendBytes": 1024}),
+                "spec.maintenance.quotaBackendBytes: Invalid value: 1024:",
+            ),
+            (
+                json!({"autoCompactionRetention": "1d"}),
+                "spec.maintenance.autoCompactionRetention: Invalid value: \"1d\": must be 0",
+            ),
+            (
+                json!({"autoCompactionRetention": "05m"}),
+                "spec.maintenance.autoCompactionRetention",
+            ),
+            (
+                json!({"defragThresholdPercent": 100}),
+                "spec.maintenance.defragThresholdPercent: Invalid value: 100:",
+            ),
+        ] {
+            let obj = v1(json!({"size": 3, "storageSize": "1Gi", "maintenance": m}));
+            let got = messages(&create(Version::V1, &obj));
+            assert!(got.len() == 1 && got[0].starts_with(starts), "{got:?}");
+        }
     }
 
     #[test]

@@ -147,6 +147,9 @@ pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdic
                 .push(ctx.invalid(Field::BackupDestination, dest.clone(), why));
         }
     }
+    if let Some(m) = &spec.maintenance {
+        check_maintenance(ctx, spec, m, out);
+    }
     if let Some(restore) = &spec.restore
         && let Some(why) = crate::api::restore_source_error(&restore.from)
     {
@@ -155,6 +158,57 @@ pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdic
             kind: Kind::Invalid(format!("{:?}", restore.from)),
             detail: why.to_owned(),
         });
+    }
+}
+
+/// `spec.maintenance`: a quota that fits the volume, a retention etcd reads, a percentage.
+fn check_maintenance(
+    ctx: &Ctx,
+    spec: &v1::EtcdClusterSpec,
+    m: &v1::Maintenance,
+    out: &mut Verdict,
+) {
+    use crate::api::{QUOTA_MAX_BYTES, QUOTA_MIN_BYTES, QUOTA_VOLUME_PERCENT, quota_of_volume};
+    let at = |name: &str, value: String, detail: String| Violation {
+        path: format!("{}.{name}", ctx.path(Field::Maintenance)),
+        kind: Kind::Invalid(value),
+        detail,
+    };
+    if let Some(q) = m.quota_backend_bytes {
+        let most = quota_of_volume(&spec.storage_size);
+        if !(QUOTA_MIN_BYTES..=most).contains(&q) {
+            out.violations.push(at(
+                "quotaBackendBytes",
+                q.to_string(),
+                format!(
+                    "must be between {QUOTA_MIN_BYTES} (16 MiB) and {most}: {QUOTA_VOLUME_PERCENT}% of storageSize {}, at most {QUOTA_MAX_BYTES} (8 GiB), so the WAL and snapshots fit beside it",
+                    spec.storage_size
+                ),
+            ));
+        }
+    }
+    if let Some(r) = &m.auto_compaction_retention {
+        let ok = r == "0"
+            || r.len() <= 5
+                && r.ends_with(['s', 'm', 'h'])
+                && r[..r.len() - 1].parse::<u16>().is_ok_and(|n| n > 0)
+                && !r.starts_with('0');
+        if !ok {
+            out.violations.push(at(
+                "autoCompactionRetention",
+                format!("{r:?}"),
+                "must be 0 (keep every revision) or a duration of up to 4 digits in s, m or h, like 30m or 1h".to_owned(),
+            ));
+        }
+    }
+    if let Some(p) = m.defrag_threshold_percent
+        && !(0..=99).contains(&p)
+    {
+        out.violations.push(at(
+            "defragThresholdPercent",
+            p.to_string(),
+            "must be between 0 (only to recover from NOSPACE) and 99".to_owned(),
+        ));
     }
 }
 

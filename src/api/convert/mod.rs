@@ -77,7 +77,13 @@ pub struct Stash {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_status: Option<v1::BackupStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub members: Option<Vec<v1::MemberState>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<v1::Restore>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<v1::Maintenance>,
     /// Kept in every version (v1 included) while the object has a `backup` block.
     #[serde(default, flatten)]
     pub alpha_gaps: AlphaGaps,
@@ -302,28 +308,46 @@ pub(crate) mod tests {
                 1i32..=100,
                 option::of("s3://[a-z]{1,8}/[a-z]{0,8}"),
             )),
-            option::of((
-                "s3://[a-z]{1,8}/[a-z-]{1,12}\\.db",
-                option::of("[0-9a-f]{64}"),
-            )),
+            (
+                option::of((
+                    "s3://[a-z]{1,8}/[a-z-]{1,12}\\.db",
+                    option::of("[0-9a-f]{64}"),
+                )),
+                option::of((
+                    option::of(crate::api::QUOTA_MIN_BYTES..crate::api::QUOTA_MAX_BYTES),
+                    option::of("(0|[1-9][0-9]{0,2}(s|m|h))"),
+                    option::of(0i32..100),
+                )),
+            ),
         )
             .prop_map(
-                |(size, (ma, mi, pa, zero), class, storage, backup, restore)| v1::EtcdClusterSpec {
-                    size,
-                    version: if zero {
-                        format!("v0{ma}.{mi}.{pa}")
-                    } else {
-                        format!("v{ma}.{mi}.{pa}")
-                    },
-                    storage_class: class,
-                    storage_size: storage,
-                    backup: backup.map(|(enabled, schedule, retention, destination)| v1::Backup {
-                        enabled,
-                        schedule: schedule.to_owned(),
-                        retention,
-                        destination,
-                    }),
-                    restore: restore.map(|(from, sha256)| v1::Restore { from, sha256 }),
+                |(size, (ma, mi, pa, zero), class, storage, backup, (restore, maintenance))| {
+                    v1::EtcdClusterSpec {
+                        size,
+                        version: if zero {
+                            format!("v0{ma}.{mi}.{pa}")
+                        } else {
+                            format!("v{ma}.{mi}.{pa}")
+                        },
+                        storage_class: class,
+                        storage_size: storage,
+                        backup: backup.map(|(enabled, schedule, retention, destination)| {
+                            v1::Backup {
+                                enabled,
+                                schedule: schedule.to_owned(),
+                                retention,
+                                destination,
+                            }
+                        }),
+                        restore: restore.map(|(from, sha256)| v1::Restore { from, sha256 }),
+                        maintenance: maintenance.map(|(quota, retention, threshold)| {
+                            v1::Maintenance {
+                                quota_backend_bytes: quota,
+                                auto_compaction_retention: retention,
+                                defrag_threshold_percent: threshold,
+                            }
+                        }),
+                    }
                 },
             )
     }
@@ -336,9 +360,20 @@ pub(crate) mod tests {
             option::of(0i64..1000),
             option::of(vec(condition(), 0..3)),
             option::of(backup_status()),
+            option::of("[a-z]{1,5}-[0-6]"),
+            option::of(vec(member_state(), 0..4)),
         )
             .prop_map(
-                |(phase, ready_replicas, endpoints, observed_generation, conditions, backup)| {
+                |(
+                    phase,
+                    ready_replicas,
+                    endpoints,
+                    observed_generation,
+                    conditions,
+                    backup,
+                    leader,
+                    members,
+                )| {
                     v1::EtcdClusterStatus {
                         phase,
                         ready_replicas,
@@ -346,6 +381,37 @@ pub(crate) mod tests {
                         observed_generation,
                         conditions,
                         backup,
+                        leader,
+                        members,
+                    }
+                },
+            )
+    }
+
+    fn member_state() -> impl Strategy<Value = v1::MemberState> {
+        (
+            "[a-z]{1,5}-[0-6]",
+            "[0-9a-f]{1,16}",
+            prop_oneof![Just("Leader"), Just("Follower"), Just("Learner")],
+            any::<bool>(),
+            "(v3\\.[56]\\.[0-9]{1,2})?",
+            option::of(0i64..1 << 33),
+            option::of(0i64..1 << 33),
+            vec(Just("NOSPACE".to_owned()), 0..2),
+            option::of("2026-12-0[1-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]Z"),
+        )
+            .prop_map(
+                |(name, id, role, healthy, version, db_size, db_size_in_use, alarms, last)| {
+                    v1::MemberState {
+                        name,
+                        id,
+                        role: role.to_owned(),
+                        healthy,
+                        version,
+                        db_size,
+                        db_size_in_use,
+                        alarms,
+                        last_defragmentation: last,
                     }
                 },
             )
@@ -358,18 +424,20 @@ pub(crate) mod tests {
             0i64..1_000_000_000,
             "[0-9a-f]{64}",
             0i64..1_000_000,
+            proptest::option::of(0i64..1_000_000),
             "[a-z]{1,5}-[0-6]",
         )
-            .prop_map(
-                |(time, uri, size, sha256, revision, member)| v1::SnapshotRecord {
+            .prop_map(|(time, uri, size, sha256, revision, keys, member)| {
+                v1::SnapshotRecord {
                     time,
                     uri,
                     size,
                     sha256,
                     revision,
+                    keys,
                     member,
-                },
-            );
+                }
+            });
         let failure = (
             "2026-12-0[1-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]Z",
             "(upload|snapshot|verify)",

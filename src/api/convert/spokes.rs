@@ -33,8 +33,10 @@ pub(super) fn beta_down(
         storage_size,
         backup,
         restore,
+        maintenance,
     } = hub.spec;
     stash.restore = restore;
+    stash.maintenance = maintenance;
     let backup = backup.map(|b| {
         stash_backup_extras(&mut stash, b.retention, b.destination);
         v1beta1::Backup {
@@ -55,6 +57,8 @@ pub(super) fn beta_down(
         stash.observed_generation = s.observed_generation;
         stash.conditions = s.conditions;
         stash.backup_status = s.backup;
+        stash.leader = s.leader;
+        stash.members = s.members;
         v1beta1::EtcdClusterStatus {
             phase: s.phase,
             ready_replicas: s.ready_replicas,
@@ -82,6 +86,8 @@ pub(super) fn beta_up(
         observed_generation: stash.observed_generation,
         conditions: stash.conditions.clone(),
         backup: stash.backup_status.clone(),
+        leader: stash.leader.clone(),
+        members: stash.members.clone(),
     });
     Hub {
         spec: v1::EtcdClusterSpec {
@@ -91,6 +97,7 @@ pub(super) fn beta_up(
             storage_size: spec.storage.size,
             backup,
             restore: stash.restore.clone(),
+            maintenance: stash.maintenance.clone(),
         },
         status,
         alpha_gaps: stash.alpha_gaps,
@@ -128,8 +135,10 @@ pub(super) fn alpha_down(
         storage_size,
         backup,
         restore,
+        maintenance,
     } = hub.spec;
     stash.restore = restore;
+    stash.maintenance = maintenance;
 
     let etcd_version = EtcdVersion::alpha_spelling(&version);
     if EtcdVersion::from_alpha_spelling(&etcd_version) != version {
@@ -165,6 +174,8 @@ pub(super) fn alpha_down(
         stash.observed_generation = s.observed_generation;
         stash.conditions = s.conditions;
         stash.backup_status = s.backup;
+        stash.leader = s.leader;
+        stash.members = s.members;
         v1alpha1::EtcdClusterStatus {
             phase: s.phase,
             ready_replicas: s.ready_replicas,
@@ -208,6 +219,8 @@ pub(super) fn alpha_up(
         observed_generation: stash.observed_generation,
         conditions: stash.conditions,
         backup: stash.backup_status,
+        leader: stash.leader,
+        members: stash.members,
     });
     Hub {
         spec: v1::EtcdClusterSpec {
@@ -217,6 +230,7 @@ pub(super) fn alpha_up(
             storage_size,
             backup,
             restore: stash.restore,
+            maintenance: stash.maintenance,
         },
         status,
         alpha_gaps,

@@ -10,6 +10,7 @@ use kube::ResourceExt;
 
 use super::members::claim_spec;
 use super::*;
+use crate::api::SnapshotSource;
 
 /// Where snapshots go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +61,10 @@ pub struct BackupReport {
     /// The snapshot holds every revision up to at least this one (the member's revision when
     /// the snapshot began).
     pub revision: u64,
+    /// The keys the store held at `revision` (what a restore has at that revision); absent
+    /// from the reports of releases before it was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<u64>,
     /// The member it was taken from.
     pub member: String,
     /// When the snapshot was taken (RFC 3339).
@@ -71,6 +76,9 @@ pub struct BackupReport {
 
 /// The folder the backup claim is mounted at in a snapshot pod.
 pub const BACKUP_MOUNT: &str = "/backup";
+
+/// The folder a restore Job mounts the claim of a `pvc://` snapshot at (read-only).
+pub const RESTORE_SOURCE_MOUNT: &str = "/source";
 
 /// A snapshot pod: one container of `--backup-image` running `/etcd-webhook backup`, which
 /// takes the snapshot from a healthy voter through the client Service, checks etcd's integrity
@@ -241,12 +249,15 @@ pub fn member_claim_object(ec: &EtcdCluster, ordinal: i32) -> PersistentVolumeCl
 /// data directory is made); then `etcdutl snapshot restore` from the member's own etcd image
 /// writes the data directory with the member's name, the cluster's initial members and a
 /// token of its own (`NAME.NS.<uid>`: new member and cluster IDs, unlike any former cluster
-/// under this name; every key and the snapshot's revision). Both commands run unconditionally (the etcd image has no shell): the loop runs
-/// these Jobs once, for the members a cluster starts with, never for a learner added later.
+/// under this name; every key and the snapshot's revision). Both commands run unconditionally
+/// (the etcd image has no shell): the loop runs these Jobs once, for the members a cluster
+/// starts with, never for a learner added later. A `pvc://` snapshot's claim is mounted
+/// read-only at [`RESTORE_SOURCE_MOUNT`]; the loop runs those Jobs one at a time, since a
+/// ReadWriteOnce claim attaches to one node at a time.
 pub fn restore_job(
     ec: &EtcdCluster,
     ordinal: i32,
-    from: &str,
+    source: SnapshotSource<'_>,
     sha256: Option<&str>,
     opts: &RenderOptions,
 ) -> Job {
@@ -254,6 +265,30 @@ pub fn restore_job(
     let member = format!("{name}-{ordinal}");
     let restore_dir = "/restore";
     let snapshot = format!("{restore_dir}/snapshot.db");
+    // A claim is mounted read-only and its file read like any other (the same checks).
+    let (from, source_volume) = match source {
+        SnapshotSource::S3(uri) => (uri.to_owned(), None),
+        SnapshotSource::Claim { claim, file } => (
+            format!("{RESTORE_SOURCE_MOUNT}/{file}"),
+            Some(Volume {
+                name: "source".to_owned(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.to_owned(),
+                    read_only: Some(true),
+                }),
+                ..Default::default()
+            }),
+        ),
+    };
+    let mut fetch_mounts = vec![];
+    if source_volume.is_some() {
+        fetch_mounts.push(VolumeMount {
+            name: "source".to_owned(),
+            mount_path: RESTORE_SOURCE_MOUNT.to_owned(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
     let mut fetch_args = vec![
         "fetch-snapshot".to_owned(),
         format!("--from={from}"),
@@ -278,7 +313,7 @@ pub fn restore_job(
         image: Some(opts.backup_image.clone()),
         command: Some(vec!["/etcd-webhook".to_owned()]),
         args: Some(fetch_args),
-        env_from: from.starts_with("s3://").then(|| {
+        env_from: matches!(source, SnapshotSource::S3(_)).then(|| {
             vec![EnvFromSource {
                 secret_ref: Some(SecretEnvSource {
                     name: format!("{name}-backup-credentials"),
@@ -287,7 +322,7 @@ pub fn restore_job(
                 ..Default::default()
             }]
         }),
-        volume_mounts: Some(vec![scratch.clone()]),
+        volume_mounts: Some(fetch_mounts.into_iter().chain([scratch.clone()]).collect()),
         security_context: Some(restricted_container()),
         termination_message_policy: Some("File".to_owned()),
         ..Default::default()
@@ -329,21 +364,26 @@ pub fn restore_job(
                 spec: Some(PodSpec {
                     init_containers: Some(vec![fetch]),
                     containers: vec![restore],
-                    volumes: Some(vec![
-                        Volume {
-                            name: "restore".to_owned(),
-                            empty_dir: Some(Default::default()),
-                            ..Default::default()
-                        },
-                        Volume {
-                            name: "data".to_owned(),
-                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                                claim_name: member_claim(ec, ordinal),
+                    volumes: Some(
+                        [
+                            Volume {
+                                name: "restore".to_owned(),
+                                empty_dir: Some(Default::default()),
                                 ..Default::default()
-                            }),
-                            ..Default::default()
-                        },
-                    ]),
+                            },
+                            Volume {
+                                name: "data".to_owned(),
+                                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                    claim_name: member_claim(ec, ordinal),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            },
+                        ]
+                        .into_iter()
+                        .chain(source_volume)
+                        .collect(),
+                    ),
                     restart_policy: Some("Never".to_owned()),
                     security_context: Some(restricted_pod()),
                     automount_service_account_token: Some(false),

@@ -199,6 +199,21 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
             "--advertise-client-urls=http://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{CLIENT_PORT}"
         ),
         format!("--initial-cluster-token={}", cluster_token(ec)),
+        // The quota follows the volume (a growth raises it, through a restart one member at a
+        // time); history is compacted on a period so the database never grows without end.
+        format!(
+            "--quota-backend-bytes={}",
+            crate::api::quota_backend_bytes(&ec.spec)
+        ),
+        "--auto-compaction-mode=periodic".to_owned(),
+        format!(
+            "--auto-compaction-retention={}",
+            ec.spec
+                .maintenance
+                .as_ref()
+                .and_then(|m| m.auto_compaction_retention.as_deref())
+                .unwrap_or(crate::api::AUTO_COMPACTION_RETENTION)
+        ),
     ];
     let (readiness, liveness) = probes(&ec.spec.version);
     let (affinity, spread) = member_placement(ec);

@@ -310,6 +310,7 @@ pub(crate) mod tests {
                 storage_size: "10Gi".to_owned(),
                 backup,
                 restore: None,
+                maintenance: None,
             },
         );
         ec.metadata.namespace = Some("prod".to_owned());
