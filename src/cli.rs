@@ -105,6 +105,10 @@ pub struct BackupArgs {
     /// Seconds for each etcd call (the snapshot stream itself has no limit).
     #[arg(long, default_value_t = 10)]
     pub timeout_seconds: u64,
+    /// A TLS cluster's client certificate: a folder with `ca.crt`, `tls.crt` and `tls.key`
+    /// (the Secret `NAME-client-tls` mounted); the members are checked against `ca.crt` only.
+    #[arg(long)]
+    pub tls_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -698,6 +698,11 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
         controller::credentials::CREDENTIALS_RBAC_RULES,
         &format!("{n}: ClusterRole (the credentials look)"),
     );
+    grants(
+        role.rules.as_deref().unwrap_or_default(),
+        controller::certificates::CERTIFICATES_RBAC_RULES,
+        &format!("{n}: ClusterRole (member TLS)"),
+    );
     let role_name = role.metadata.name.clone().unwrap();
     // The caBundle self-check: get on exactly the three objects by name, Events; bound
     // cluster-wide in every install (they are cluster-scoped).

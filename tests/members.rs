@@ -26,10 +26,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::members::{
-    Backoff, Exit, Net, Probes, RUN_AS, Release, in_netns, run, writer, writer_any,
+    Backoff, Exit, Net, Probes, RUN_AS, Release, in_netns, run, writer, writer_any, writer_to,
 };
 use etcd_webhook::api::v1::EtcdCluster;
-use etcd_webhook::controller::etcd::{Etcd, Gateway};
+use etcd_webhook::controller::etcd::{self, ClientTls, Etcd, Gateway};
 use etcd_webhook::controller::maintenance::{self, Plan, Rules};
 use etcd_webhook::controller::membership::{self, Inputs, Memory, Outcome, Step, Timeouts};
 use etcd_webhook::controller::render::{self, RenderOptions};
@@ -327,12 +327,11 @@ impl Loop {
     /// One reconcile, then the StatefulSet controller and the kubelet.
     fn pass(&mut self, net: &mut Net) -> Outcome {
         self.observe(net);
-        let endpoints = net.endpoints();
         let (ec, before, timeouts) = (&self.ec, &self.memory, self.timeouts);
         let (exits, cluster_id) = (&self.exits, self.cluster_id);
         // What the pass records in the ConfigMap before a removal.
         let recorded = std::sync::Mutex::new(None);
-        let outcome = through_gateway(&net.controller_ns, endpoints, async |etcd| {
+        let outcome = through_gateway(net, async |etcd| {
             let record = async |m: &Memory| {
                 *recorded.lock().unwrap() = Some(m.clone());
                 Ok(())
@@ -502,12 +501,20 @@ fn formed(name: &str, size: i32, max: i32, release: Release) -> (Net, Loop) {
 
 /// [`formed`] from a cluster of the caller's making.
 fn formed_from(ec: EtcdCluster, max: i32) -> (Net, Loop) {
+    formed_with(ec, max, None)
+}
+
+/// [`formed_from`]; a TLS cluster's Secrets issued by `ca`.
+fn formed_with(ec: EtcdCluster, max: i32, ca: Option<&TestCa>) -> (Net, Loop) {
     let (name, size) = (ec.metadata.name.clone().unwrap(), ec.spec.size);
     let release =
         Release::of_image(&format!(":{}", ec.spec.version)).expect("a release the harness runs");
     let name = name.as_str();
     let names: Vec<String> = (0..max).map(|i| format!("{name}-{i}")).collect();
     let mut net = Net::new(NAMESPACE, name, &names, release);
+    if let Some(ca) = ca {
+        net.secrets = ca.issue(&ec, net.tmp.path(), "");
+    }
     net.config = render::bootstrap_config(&ec, size, false).data.unwrap();
     let mut lp = Loop::new(ec, size);
     for i in 0..size as usize {
@@ -559,11 +566,7 @@ fn grow_with_writes(net: &mut Net, lp: &mut Loop, size: i32, strays: usize) -> u
         .template;
     lp.ec.spec.size = size;
     let writing = Arc::new(AtomicBool::new(true));
-    let writes = writer(
-        net.pods[0].ns.clone(),
-        net.pods[0].addr.clone(),
-        writing.clone(),
-    );
+    let writes = writer_to(vec![net.target(0, 0)], writing.clone());
     std::thread::sleep(Duration::from_millis(500));
     lp.settle(net, Duration::from_secs(120));
     std::thread::sleep(Duration::from_millis(500));
@@ -1399,19 +1402,28 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
 }
 
 /// Runs `f` as the loop would, in the controller's network namespace, on a runtime of its own,
-/// with etcd reached through the gateway at `endpoints`.
-fn through_gateway<T: Send>(
-    ns: &str,
-    endpoints: Vec<String>,
-    f: impl AsyncFnOnce(&Etcd<'_>) -> T + Send,
-) -> T {
-    in_netns(ns, || {
+/// with etcd reached through the gateway at the net's endpoints (for a TLS cluster with the
+/// client certificate of its `client-tls` Secret, as the loop reads it).
+fn through_gateway<T: Send>(net: &Net, f: impl AsyncFnOnce(&Etcd<'_>) -> T + Send) -> T {
+    let endpoints = net.endpoints();
+    let identity = net.secrets.get("client-tls").map(|dir| {
+        let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+        ClientTls {
+            ca: read("ca.crt"),
+            cert: read("tls.crt"),
+            key: read("tls.key"),
+        }
+    });
+    in_netns(&net.controller_ns, || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
             .block_on(async {
-                let gateway = Gateway::default();
+                let gateway = match &identity {
+                    None => Gateway::default(),
+                    Some(id) => Gateway::with_tls(etcd::CALL_TIMEOUT, id).unwrap(),
+                };
                 let etcd = Etcd {
                     transport: &gateway,
                     endpoints,
@@ -1434,7 +1446,7 @@ fn upkeep(net: &mut Net, lp: &mut Loop) -> (Plan, maintenance::Done) {
     };
     let rules = Rules::of(&lp.ec.spec);
     let plan = maintenance::plan(&members, &outcome.health, &rules, None, &endpoint);
-    let done = through_gateway(&net.controller_ns, net.endpoints(), async |etcd| {
+    let done = through_gateway(net, async |etcd| {
         maintenance::run(etcd, &members, plan.clone(), &rules, &endpoint).await
     });
     (plan, done)
@@ -1452,7 +1464,7 @@ fn put_big(net: &Net, i: usize, key: &str, kib: usize, fill: u8) -> Result<(), S
     use base64::Engine as _;
     let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
     let body = json!({"key": b64(key.as_bytes()), "value": b64(&vec![fill; kib * 1024])});
-    let url = format!("http://{}:2379/v3/kv/put", net.pods[i].addr);
+    let url = format!("{}/v3/kv/put", net.target(i, i).base);
     match net.http(i, "POST", &url, Some(&body)) {
         (200, _) => Ok(()),
         (code, text) => Err(format!("HTTP {code}: {text}")),
@@ -1704,4 +1716,255 @@ fn nospace_recovery(name: &str, release: Release) {
         net.get(1, "/fill/0").is_some(),
         "reads work, nothing deleted"
     );
+}
+
+/// cert-manager's CA Issuer, played: a CA, and each leaf Certificate the loop renders for a
+/// TLS cluster signed by it with the names and usages that Certificate asks for.
+struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl TestCa {
+    fn new(name: &str) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// The three Secrets of `ec` as the kubelet mounts them (folders under `dir`, files 0440
+    /// root:65532, by volume name); `tag` marks the leaves' common names (a renewal's).
+    fn issue(
+        &self,
+        ec: &EtcdCluster,
+        dir: &std::path::Path,
+        tag: &str,
+    ) -> BTreeMap<String, std::path::PathBuf> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+        let mut secrets = BTreeMap::new();
+        for (purpose, volume) in [
+            (render::Purpose::Peer, "peer-tls"),
+            (render::Purpose::Server, "server-tls"),
+            (render::Purpose::Client, "client-tls"),
+        ] {
+            let spec = render::leaf_certificate(ec, purpose)["spec"].clone();
+            let names: Vec<String> = spec["dnsNames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| n.as_str().unwrap().to_owned())
+                .collect();
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(names).unwrap();
+            params.distinguished_name.push(
+                DnType::CommonName,
+                format!("{}{tag}", spec["commonName"].as_str().unwrap()),
+            );
+            params.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            params.extended_key_usages = spec["usages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|u| match u.as_str().unwrap() {
+                    "server auth" => Some(ExtendedKeyUsagePurpose::ServerAuth),
+                    "client auth" => Some(ExtendedKeyUsagePurpose::ClientAuth),
+                    _ => None,
+                })
+                .collect();
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            let folder = dir.join(volume);
+            std::fs::create_dir_all(&folder).unwrap();
+            for (file, text) in [
+                ("ca.crt", self.pem.clone()),
+                ("tls.crt", cert.pem()),
+                ("tls.key", key.serialize_pem()),
+            ] {
+                // A new file moved over the old one, as the kubelet's `..data` swap makes
+                // the new contents appear at once.
+                let staged = folder.join(format!(".{file}.new"));
+                std::fs::write(&staged, text).unwrap();
+                run(Command::new("chown")
+                    .arg(format!("0:{RUN_AS}"))
+                    .arg(&staged));
+                run(Command::new("chmod").arg("0440").arg(&staged));
+                std::fs::rename(&staged, folder.join(file)).unwrap();
+            }
+            secrets.insert(volume.to_owned(), folder);
+        }
+        secrets
+    }
+}
+
+/// The common name of the certificate member `i` serves on its client port, as a client with
+/// the cluster's client certificate sees it.
+fn served_name(net: &Net, i: usize) -> String {
+    let target = net.target(i, i);
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &target.ns,
+            "curl",
+            "-sv",
+            "-m",
+            "5",
+            "-o",
+            "/dev/null",
+        ])
+        .args(target.curl_tls())
+        .arg(format!("{}/version", target.base))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    log.lines()
+        .find_map(|l| l.trim().strip_prefix("*  subject: CN="))
+        .unwrap_or_else(|| panic!("no server certificate in curl's log:\n{log}"))
+        .to_owned()
+}
+
+/// A TLS cluster (`spec.tls`) from the rendering: members on `https://` peer and client URLs
+/// with client certificates required, certificates from the Secrets of the Certificates the
+/// loop renders; the loop grows it 1 -> 3 through its gateway with the client certificate
+/// (learners added and promoted, no write failed); a client with no certificate, with one
+/// of another CA, or on plain HTTP is refused; every leaf renewed on disk (new keys, same CA)
+/// is served from the next connection on, with writes running: no write fails and no member
+/// restarts.
+#[test]
+fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no_failed_write() {
+    let mut ec = cluster("tls", 1, Release::V3_6_4);
+    ec.spec.tls = Some(etcd_webhook::api::v1::Tls::default());
+    let ca = TestCa::new("tls-ca");
+    let (mut net, mut lp) = formed_with(ec, 3, Some(&ca));
+    assert!(net.endpoints()[0].starts_with("https://tls-0.tls.prod.svc:2379"));
+    assert_eq!(
+        grow_with_writes(&mut net, &mut lp, 3, 0),
+        0,
+        "failed writes 1 -> 3 over TLS"
+    );
+    let adds = lp
+        .calls
+        .iter()
+        .filter(|s| matches!(s, Step::AddLearner { .. }))
+        .count();
+    let promotes = lp
+        .calls
+        .iter()
+        .filter(|s| matches!(s, Step::Promote { .. }))
+        .count();
+    assert_eq!((adds, promotes), (2, 2), "{:?}", lp.calls);
+
+    // Who is refused.
+    let target = net.target(0, 0);
+    let attempt = |extra: &[String], url: &str| {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &target.ns,
+                "curl",
+                "-sf",
+                "-m",
+                "5",
+                "-o",
+                "/dev/null",
+            ])
+            .args(extra)
+            .args(["-H", "Content-Type: application/json", "--data", "{}"])
+            .arg(url)
+            .status()
+            .unwrap()
+            .code()
+            .unwrap_or(-1)
+    };
+    // A refusal is the member ending the handshake or the connection, or an HTTP error answer
+    // (curl's 35, 52, 55, 56, 22: which one depends on when the TLS 1.3 alert arrives) -
+    // never curl's own usage error (2), a name or a connection that failed (6, 7) or a
+    // timeout (28), which would make a refusal pass without asking the member.
+    let refused = |extra: &[String], url: &str, who: &str| {
+        let code = attempt(extra, url);
+        assert!(
+            code != 0 && !matches!(code, 2 | 6 | 7 | 28),
+            "{who}: curl exit code {code} (0: let in)"
+        );
+        code
+    };
+    let list = format!("{}/v3/cluster/member/list", target.base);
+    assert_eq!(
+        attempt(&target.curl_tls(), &list),
+        0,
+        "the client certificate is refused"
+    );
+    let client = &net.secrets["client-tls"];
+    let ca_only = vec![
+        "--cacert".to_owned(),
+        client.join("ca.crt").display().to_string(),
+    ];
+    let no_cert = refused(&ca_only, &list, "a client with no certificate");
+    let stranger = TestCa::new("stranger").issue(&lp.ec, &net.tmp.path().join("stranger"), "");
+    let foreign = vec![
+        "--cacert".to_owned(),
+        client.join("ca.crt").display().to_string(),
+        "--cert".to_owned(),
+        stranger["client-tls"].join("tls.crt").display().to_string(),
+        "--key".to_owned(),
+        stranger["client-tls"].join("tls.key").display().to_string(),
+    ];
+    let other_ca = refused(&foreign, &list, "another CA's client certificate");
+    let plain = format!("http://{}:2379/v3/cluster/member/list", net.pods[0].addr);
+    let plain_client = refused(&[], &plain, "plain HTTP on the client port");
+    let peer_plain = format!("http://{}:2380/members", net.pods[0].addr);
+    let plain_peer = refused(&[], &peer_plain, "plain HTTP on the peer port");
+    eprintln!(
+        "refused (curl exit codes): no certificate {no_cert}, another CA's {other_ca}, plain HTTP on the client port {plain_client} and on the peer port {plain_peer}"
+    );
+
+    // Every leaf renewed (new keys, the same CA) with writes through every member.
+    let before: Vec<u32> = net.pods.iter().map(|p| p.starts).collect();
+    assert_eq!(served_name(&net, 0), "tls-server");
+    let writing = Arc::new(AtomicBool::new(true));
+    let writes = tls_writer(&net, &writing);
+    std::thread::sleep(Duration::from_millis(500));
+    let renewed = Instant::now();
+    let _ = ca.issue(&lp.ec, net.tmp.path(), "-renewed");
+    let mut seen = Vec::new();
+    for i in 0..3 {
+        seen.push(served_name(&net, i));
+    }
+    let served_after = renewed.elapsed();
+    // Writes go on for a while on the renewed certificates.
+    std::thread::sleep(Duration::from_millis(1500));
+    // The loop's next pass presents the renewed client certificate.
+    let outcome = lp.pass(&mut net);
+    assert!(outcome.failed.is_none(), "{:?}", outcome.failed);
+    let keys = writes_end(&net, &writing, writes, 20, "the renewal of every leaf");
+    assert_eq!(
+        seen, ["tls-server-renewed"; 3],
+        "the renewed certificate is served"
+    );
+    let after: Vec<u32> = net.pods.iter().map(|p| p.starts).collect();
+    assert_eq!(before, after, "a member restarted");
+    eprintln!(
+        "TLS: grown 1 -> 3 with calls {:?}; every leaf renewed with {} writes and 0 failed, the renewed server certificate served by all 3 members {served_after:?} after the files changed",
+        lp.calls,
+        keys.len()
+    );
+}
+
+/// A writer through every member of a TLS net, each write to the first that takes it.
+fn tls_writer(net: &Net, writing: &Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<String>, u32)> {
+    writer_to(
+        (0..net.pods.len()).map(|j| net.target(0, j)).collect(),
+        writing.clone(),
+    )
 }

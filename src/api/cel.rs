@@ -147,6 +147,7 @@ pub fn rules(version: Version) -> Vec<(Field, ValidationRule)> {
     .chain(version_rules(version).into_iter().map(|r| (Field::Version, r)))
     .chain([(Field::Spec, class_presence_rule(version))])
     .chain(restore_rule(version).map(|r| (Field::Spec, r)))
+    .chain(tls_rule(version).map(|r| (Field::Spec, r)))
     .collect()
 }
 
@@ -157,6 +158,18 @@ fn restore_rule(version: Version) -> Option<ValidationRule> {
         field_path: Some(".restore".to_owned()),
         rule: "has(self.restore) == has(oldSelf.restore) && (!has(self.restore) || self.restore == oldSelf.restore)".to_owned(),
         message: Some(crate::api::RESTORE_IMMUTABLE.to_owned()),
+        reason: Some(FORBIDDEN.to_owned()),
+        ..ValidationRule::default()
+    })
+}
+
+/// `spec.tls` likewise (v1; the older versions keep it in the conversion-data annotation).
+fn tls_rule(version: Version) -> Option<ValidationRule> {
+    (version == Version::V1).then(|| ValidationRule {
+        field_path: Some(".tls".to_owned()),
+        rule: "has(self.tls) == has(oldSelf.tls) && (!has(self.tls) || self.tls == oldSelf.tls)"
+            .to_owned(),
+        message: Some(crate::api::TLS_IMMUTABLE.to_owned()),
         reason: Some(FORBIDDEN.to_owned()),
         ..ValidationRule::default()
     })
@@ -264,8 +277,9 @@ mod tests {
             assert_eq!(at(Field::StorageSize), 1, "{version}");
             assert_eq!(at(Field::StorageClass), 1, "{version}");
             assert_eq!(at(Field::Version), 2, "{version}");
-            // The storage class's presence; in v1 also spec.restore, set at creation only.
-            let spec_rules = if version == Version::V1 { 2 } else { 1 };
+            // The storage class's presence; in v1 also spec.restore and spec.tls, set at
+            // creation only.
+            let spec_rules = if version == Version::V1 { 3 } else { 1 };
             assert_eq!(at(Field::Spec), spec_rules, "{version}");
         }
     }

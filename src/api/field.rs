@@ -15,6 +15,7 @@ pub enum Field {
     BackupDestination,
     Restore,
     Maintenance,
+    Tls,
 }
 
 impl Field {
@@ -38,12 +39,14 @@ impl Field {
             (Field::BackupDestination, V::V1) => "/spec/backup/destination",
             (Field::Restore, V::V1) => "/spec/restore",
             (Field::Maintenance, V::V1) => "/spec/maintenance",
+            (Field::Tls, V::V1) => "/spec/tls",
             // Older versions hold these only in the conversion-data annotation.
             (
                 Field::BackupRetention
                 | Field::BackupDestination
                 | Field::Restore
-                | Field::Maintenance,
+                | Field::Maintenance
+                | Field::Tls,
                 _,
             ) => {
                 return None;
@@ -62,6 +65,7 @@ impl Field {
                     Field::BackupRetention => "backupRetention",
                     Field::Restore => "restore",
                     Field::Maintenance => "maintenance",
+                    Field::Tls => "tls",
                     _ => "backupDestination",
                 }
             ),

@@ -154,6 +154,14 @@ pub fn restore_source_error(from: &str) -> Option<&'static str> {
 pub const RESTORE_IMMUTABLE: &str =
     "is set at creation only: a cluster starts from a snapshot once, before its first member runs";
 
+/// What `/validate` and the CRD say to a change of `spec.tls`.
+pub const TLS_IMMUTABLE: &str = "is set at creation only: members cannot move between plain HTTP and TLS in place; take a backup, create a cluster with the TLS you want and restore it from that snapshot (README: Member TLS)";
+
+/// Whether the members of a cluster with `spec` talk TLS.
+pub fn tls_on(spec: &v1::EtcdClusterSpec) -> bool {
+    spec.tls.as_ref().is_some_and(|t| t.enabled != Some(false))
+}
+
 /// The smallest backend quota `spec.maintenance.quotaBackendBytes` may set (16 MiB).
 pub const QUOTA_MIN_BYTES: i64 = 16 << 20;
 /// The largest backend quota, set or derived: etcd's recommended maximum (8 GiB).

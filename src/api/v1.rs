@@ -65,6 +65,54 @@ pub struct EtcdClusterSpec {
     /// fields take the defaults each names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<Maintenance>,
+    /// TLS on the members' peer and client ports, with client certificates required on both.
+    /// Set at creation only: members cannot move between plain HTTP and TLS in place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Tls>,
+}
+
+/// TLS for a cluster's members: `https://` peer and client URLs, `--client-cert-auth` and
+/// `--peer-client-cert-auth`, certificates in the Secrets `NAME-peer-tls`, `NAME-server-tls`
+/// and `NAME-client-tls` (keys `tls.crt`, `tls.key`, `ca.crt`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Tls {
+    /// `false` keeps the members on plain HTTP; unset or `true` turns TLS on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Who makes the three Secrets: `CertManager` (unset): the loop makes cert-manager
+    /// Certificates for them; `Secrets`: you do, before the cluster starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<CertificateSource>,
+    /// The cert-manager issuer that signs the members' certificates. Unset: a CA of the
+    /// cluster's own, made with cert-manager (Issuer `NAME-selfsigned`, Certificate `NAME-ca`,
+    /// Issuer `NAME-ca`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer_ref: Option<IssuerRef>,
+}
+
+/// Who makes a TLS cluster's Secrets.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum CertificateSource {
+    CertManager,
+    Secrets,
+}
+
+/// A cert-manager issuer.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// `Issuer` (unset, in the cluster's namespace) or `ClusterIssuer`, or an external
+    /// issuer's kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub kind: Option<String>,
+    /// Unset: `cert-manager.io`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub group: Option<String>,
 }
 
 /// etcd's upkeep: how much it may store, how much history it keeps, when the loop

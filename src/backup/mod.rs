@@ -54,6 +54,8 @@ pub enum Error {
     },
     #[error("{0}")]
     Usage(String),
+    #[error("the client certificate: {0}")]
+    Tls(String),
 }
 
 impl Error {
@@ -65,6 +67,7 @@ impl Error {
             Error::Corrupt { .. } => "verify",
             Error::Store { step, .. } => step,
             Error::Usage(_) => "arguments",
+            Error::Tls(_) => "read the client certificate",
         }
     }
 
@@ -72,7 +75,7 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::NoVoter(_) | Error::Snapshot { .. } => 1,
-            Error::Usage(_) => 2,
+            Error::Usage(_) | Error::Tls(_) => 2,
             Error::Corrupt { .. } => 3,
             Error::Store { .. } => 4,
         }
@@ -208,7 +211,22 @@ pub fn choose(
 pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
     let started = Instant::now();
     let destination = Destination::parse(&args.destination)?;
-    let gateway = Gateway::new(Duration::from_secs(args.timeout_seconds.max(1)));
+    let timeout = Duration::from_secs(args.timeout_seconds.max(1));
+    let gateway = match &args.tls_dir {
+        None => Gateway::new(timeout),
+        Some(dir) => {
+            let read = |name: &str| {
+                std::fs::read(dir.join(name))
+                    .map_err(|e| Error::Tls(format!("{}: {e}", dir.join(name).display())))
+            };
+            let identity = crate::controller::etcd::ClientTls {
+                ca: read(crate::controller::render::TLS_CA)?,
+                cert: read(crate::controller::render::TLS_CERT)?,
+                key: read(crate::controller::render::TLS_KEY)?,
+            };
+            Gateway::with_tls(timeout, &identity).map_err(|e| Error::Tls(e.to_string()))?
+        }
+    };
     let etcd = Etcd {
         transport: &gateway,
         endpoints: args.endpoints.clone(),

@@ -284,6 +284,10 @@ pub(super) fn labels(ec: &EtcdCluster) -> ClusterLabels {
 /// The cluster's per-cluster metrics go with it.
 pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
     let l = labels(ec);
+    ctx.identities
+        .lock()
+        .unwrap()
+        .remove(&format!("{}/{}", l.namespace, l.name));
     ctx.metrics.backup_last_success.remove(&l);
     ctx.metrics.defragmentations.remove(&l);
     ctx.metrics.defragmentation_freed_bytes.remove(&l);

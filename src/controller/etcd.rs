@@ -3,16 +3,22 @@
 //! has. No gRPC stack: the binary stays small, and the four calls membership needs (list, add,
 //! promote, remove) and `status` are all on the gateway in every release the webhook accepts.
 //!
+//! A TLS cluster's members (`spec.tls`) are reached over `https://` with the client
+//! certificate of its Secret `NAME-client-tls`, and checked against that Secret's CA only
+//! ([`Gateway::with_identity`]).
+//!
 //! Reads try each endpoint in turn; a write goes to one endpoint only and is never retried
 //! within a pass: an add that timed out may have committed, and the next pass decides from
 //! the member list (see [`super::membership`]).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -38,6 +44,63 @@ pub enum EtcdError {
     Decode { endpoint: String, reason: String },
 }
 
+/// A TLS cluster's client identity, PEM as cert-manager writes it in the Secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The CA the members' certificates must chain to (`ca.crt`): the only one trusted.
+    pub ca: Vec<u8>,
+    /// The certificate presented to the members (`tls.crt`) and its key (`tls.key`).
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientTls { .. }")
+    }
+}
+
+/// Why a client identity cannot be used.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct TlsError(pub String);
+
+impl ClientTls {
+    /// The rustls configuration: `ca` as the only root, `cert` and `key` as the identity.
+    pub fn config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let mut roots = rustls::RootCertStore::empty();
+        let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.ca)
+            .collect::<Result<_, _>>()
+            .map_err(|e| TlsError(format!("ca.crt: {e}")))?;
+        if cas.is_empty() {
+            return Err(TlsError("ca.crt: no certificate".to_owned()));
+        }
+        for ca in cas {
+            roots
+                .add(ca)
+                .map_err(|e| TlsError(format!("ca.crt: {e}")))?;
+        }
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<_, _>>()
+            .map_err(|e| TlsError(format!("tls.crt: {e}")))?;
+        if chain.is_empty() {
+            return Err(TlsError("tls.crt: no certificate".to_owned()));
+        }
+        let key = PrivateKeyDer::from_pem_slice(&self.key)
+            .map_err(|e| TlsError(format!("tls.key: {e}")))?;
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| TlsError(format!("tls.crt and tls.key: {e}")))
+    }
+}
+
 /// One POST to the gateway: `path` under `/v3/`, a JSON body, the JSON answer (an error answer
 /// is [`EtcdError::Refused`]). The production transport is [`Gateway`]; the unit tests use an
 /// in-memory etcd.
@@ -48,12 +111,15 @@ pub trait Transport: Send + Sync {
         path: &'a str,
         body: Value,
     ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>>;
+
+    /// The same transport presenting `identity` to a TLS cluster's members.
+    fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError>;
 }
 
 /// The HTTP transport.
 #[derive(Clone)]
 pub struct Gateway {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     timeout: Duration,
 }
 
@@ -64,10 +130,33 @@ impl Default for Gateway {
 }
 
 impl Gateway {
+    /// Plain HTTP (an `https://` endpoint is refused: no CA is trusted).
     pub fn new(timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        Self::with_config(timeout, config)
+    }
+
+    /// `https://` with `identity` (and `http://` still).
+    pub fn with_tls(timeout: Duration, identity: &ClientTls) -> Result<Self, TlsError> {
+        Ok(Self::with_config(timeout, identity.config()?))
+    }
+
+    fn with_config(timeout: Duration, config: rustls::ClientConfig) -> Self {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(timeout));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             timeout,
@@ -181,6 +270,10 @@ impl Transport for Gateway {
     ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
         Box::pin(self.call(endpoint, path, body))
     }
+
+    fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError> {
+        Ok(Arc::new(Gateway::with_tls(self.timeout, identity)?))
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
@@ -191,6 +284,10 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
         body: Value,
     ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
         (**self).post(endpoint, path, body)
+    }
+
+    fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError> {
+        (**self).with_identity(identity)
     }
 }
 

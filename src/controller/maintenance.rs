@@ -439,8 +439,15 @@ async fn tend_view(
         seen.space = Some(Space::Ok);
         return;
     }
+    let transport = match ctx.etcd_for(ec).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(cluster = %ec.name_any(), error = %e, "upkeep waits");
+            return;
+        }
+    };
     let etcd = Etcd {
-        transport: ctx.etcd.as_ref(),
+        transport: transport.as_ref(),
         endpoints: endpoints.clone(),
     };
     let done = run(&etcd, &view.members, planned, &rules, &endpoint).await;

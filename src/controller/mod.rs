@@ -14,6 +14,7 @@
 //! [`rbac`] lists every call as RBAC rules; [`leader`] gates it all behind a Lease.
 
 mod backup;
+pub mod certificates;
 mod children;
 pub mod credentials;
 pub mod etcd;
@@ -83,6 +84,9 @@ pub enum Error {
     InvalidSpec(String),
     #[error("the {0} cache has not finished its first list")]
     CacheNotReady(&'static str),
+    /// A TLS cluster's client certificate cannot be used (not issued yet, or broken).
+    #[error("{0}")]
+    MemberTls(String),
 }
 
 impl Error {
@@ -141,8 +145,14 @@ pub struct Context {
     /// Clusters whose finalizer is waiting (the in-progress gauge).
     finalizing: Mutex<HashSet<String>>,
     /// How membership calls reach etcd ([`etcd::Gateway`]; an in-memory etcd in the tests).
-    etcd: Box<dyn etcd::Transport>,
+    etcd: Arc<dyn etcd::Transport>,
+    /// Per TLS cluster: the client Secret's resourceVersion and the transport made from it
+    /// (kept while the Secret is unchanged, so its connections are reused).
+    identities: Mutex<HashMap<String, Identity>>,
 }
+
+/// A TLS cluster's client Secret's resourceVersion and the transport made from it.
+type Identity = (String, Arc<dyn etcd::Transport>);
 
 impl Context {
     pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>, caches: Caches) -> Self {
@@ -159,14 +169,74 @@ impl Context {
             failures: Mutex::default(),
             written: Mutex::default(),
             finalizing: Mutex::default(),
-            etcd: Box::new(etcd::Gateway::default()),
+            etcd: Arc::new(etcd::Gateway::default()),
+            identities: Mutex::default(),
         }
     }
 
     /// The same context with membership calls going through `transport`.
     pub fn with_etcd(mut self, transport: Box<dyn etcd::Transport>) -> Self {
-        self.etcd = transport;
+        self.etcd = Arc::from(transport);
         self
+    }
+
+    /// How this pass reaches `ec`'s members: the shared transport for a plain cluster; for a
+    /// TLS one, the client certificate of its Secret `NAME-client-tls`, read through the API
+    /// on every pass (a renewed certificate is used on the next one).
+    async fn etcd_for(&self, ec: &EtcdCluster) -> Result<Arc<dyn etcd::Transport>, Error> {
+        use k8s_openapi::api::core::v1::Secret;
+        if !crate::api::tls_on(&ec.spec) {
+            return Ok(self.etcd.clone());
+        }
+        let ns = ec.namespace().unwrap_or_default();
+        let name = render::client_secret(ec);
+        let secret = Api::<Secret>::namespaced(self.client.clone(), &ns)
+            .get_opt(&name)
+            .await
+            .map_err(|e| Error::kube("get", "Secret", &name, e))?
+            .ok_or_else(|| {
+                let maker = if ec.spec.tls.as_ref().and_then(|t| t.certificates)
+                    == Some(crate::api::v1::CertificateSource::Secrets)
+                {
+                    "spec.tls.certificates is Secrets: make it, with tls.crt, tls.key and ca.crt"
+                        .to_owned()
+                } else {
+                    format!(
+                        "cert-manager issues it from Certificate {}",
+                        render::Purpose::Client.certificate(ec)
+                    )
+                };
+                Error::MemberTls(format!(
+                    "the client certificate Secret {name} is not there yet ({maker})"
+                ))
+            })?;
+        let key = format!("{ns}/{}", ec.name_any());
+        let version = secret.metadata.resource_version.clone().unwrap_or_default();
+        if let Some((v, t)) = self.identities.lock().unwrap().get(&key)
+            && *v == version
+        {
+            return Ok(t.clone());
+        }
+        let data = secret.data.unwrap_or_default();
+        let field = |k: &str| {
+            data.get(k)
+                .map(|b| b.0.clone())
+                .ok_or_else(|| Error::MemberTls(format!("the Secret {name} has no {k}")))
+        };
+        let identity = etcd::ClientTls {
+            ca: field(render::TLS_CA)?,
+            cert: field(render::TLS_CERT)?,
+            key: field(render::TLS_KEY)?,
+        };
+        let transport = self
+            .etcd
+            .with_identity(&identity)
+            .map_err(|e| Error::MemberTls(format!("the Secret {name}: {e}")))?;
+        self.identities
+            .lock()
+            .unwrap()
+            .insert(key, (version, transport.clone()));
+        Ok(transport)
     }
 
     /// Publishes an Event about `ec`; a failure to publish is logged, never fatal.

@@ -8,7 +8,7 @@ use kube::runtime::events::EventType;
 
 use super::children::{Applied, Children};
 use super::status::{Activity, Observation};
-use super::{Context, Error, backup, render, restore, scale, storage, upgrade};
+use super::{Context, Error, backup, certificates, render, restore, scale, storage, upgrade};
 use crate::api::v1::EtcdCluster;
 
 fn template_image(sts: &StatefulSet) -> Option<String> {
@@ -78,6 +78,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
 
     kids.ensure(&render::headless_service(ec)).await?;
     kids.ensure(&render::client_service(ec)).await?;
+    certificates::ensure(ec, &kids).await?;
 
     let observed = kids.read::<StatefulSet>(&name).await?;
     let mut apply_set = true;

@@ -113,8 +113,9 @@ pub(super) async fn converge(
     let outcome = if ready == 0 {
         None
     } else {
+        let transport = ctx.etcd_for(ec).await?;
         let etcd = Etcd {
-            transport: ctx.etcd.as_ref(),
+            transport: transport.as_ref(),
             endpoints: render::endpoints(ec, ec.spec.size.max(replicas)),
         };
         // Recorded before a member is removed (its volume is replaced after).

@@ -262,6 +262,15 @@ impl Transport for FakeEtcd {
         let out = self.answer(endpoint, path, &body);
         Box::pin(async move { out })
     }
+
+    fn with_identity(
+        &self,
+        _identity: &crate::controller::etcd::ClientTls,
+    ) -> Result<std::sync::Arc<dyn Transport>, crate::controller::etcd::TlsError> {
+        Err(crate::controller::etcd::TlsError(
+            "the in-memory etcd speaks no TLS (tests/members.rs runs TLS members)".to_owned(),
+        ))
+    }
 }
 
 #[cfg(test)]

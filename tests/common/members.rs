@@ -210,6 +210,36 @@ pub struct Net {
     pub tmp: tempfile::TempDir,
     /// The etcd program and the arguments before etcd's own.
     pub program: (PathBuf, Vec<&'static str>),
+    /// The headless Service's name (the pods' DNS names).
+    pub service: String,
+    /// A TLS cluster's Secrets as the kubelet mounts them: by volume name (`peer-tls`,
+    /// `server-tls`, `client-tls`), a folder with `ca.crt`, `tls.crt`, `tls.key`.
+    pub secrets: BTreeMap<String, PathBuf>,
+}
+
+/// How a client reaches a member: from namespace `ns`, at `base` (`http://ADDR:2379`, or a
+/// TLS member's `https://NAME.SERVICE.NS.svc:2379` with the client certificate in `client`).
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub ns: String,
+    pub base: String,
+    pub client: Option<PathBuf>,
+}
+
+impl Target {
+    /// curl's arguments for this target's TLS (none for plain HTTP).
+    pub fn curl_tls(&self) -> Vec<String> {
+        match &self.client {
+            None => Vec::new(),
+            Some(dir) => ["cacert", "cert", "key"]
+                .iter()
+                .zip(["ca.crt", "tls.crt", "tls.key"])
+                .flat_map(|(flag, file)| {
+                    [format!("--{flag}"), dir.join(file).display().to_string()]
+                })
+                .collect(),
+        }
+    }
 }
 
 pub struct Pod {
@@ -240,6 +270,8 @@ impl Net {
             controller_ns: format!("{tag}-c"),
             tmp: tempfile::tempdir().unwrap(),
             program: release.program(),
+            service: service.to_owned(),
+            secrets: BTreeMap::new(),
         };
         ip(&["netns", "add", &bridge]);
         ip(&["-n", &bridge, "link", "add", "br0", "type", "bridge"]);
@@ -302,8 +334,8 @@ impl Net {
             "{} {service}-client.{namespace}.svc\n",
             net.pods[0].addr
         ));
-        for p in &net.pods {
-            let dir = Path::new("/etc/netns").join(&p.ns);
+        for ns in net.pods.iter().map(|p| &p.ns).chain([&net.controller_ns]) {
+            let dir = Path::new("/etc/netns").join(ns);
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join("hosts"), &hosts).unwrap();
         }
@@ -339,8 +371,17 @@ impl Net {
         pod.log_from = log.metadata().unwrap().len();
         // `ip netns exec` gives the process its own mount namespace (hosts file bound over
         // /etc/hosts); the volume is bound there too, so the host never sees it.
+        // A Secret volume: its folder bound at the mount path (made on the host first, as
+        // MOUNT is; the folder's files are 0440 root:65532, as `defaultMode` and `fsGroup` say).
+        let mut binds = String::new();
+        for m in container.volume_mounts.iter().flatten() {
+            if let Some(dir) = self.secrets.get(&m.name) {
+                std::fs::create_dir_all(&m.mount_path).unwrap();
+                binds += &format!("mount --bind {} {} && ", dir.display(), m.mount_path);
+            }
+        }
         let script = format!(
-            "mount --bind {data} {MOUNT} && exec setpriv --reuid {RUN_AS} --regid {RUN_AS} --clear-groups --inh-caps=-all -- \"$0\" \"$@\"",
+            "{binds}mount --bind {data} {MOUNT} && exec setpriv --reuid {RUN_AS} --regid {RUN_AS} --clear-groups --inh-caps=-all -- \"$0\" \"$@\"",
             data = pod.data.display()
         );
         let mut cmd = Command::new("ip");
@@ -365,10 +406,41 @@ impl Net {
         }
     }
 
-    /// An HTTP request from inside pod `i`'s namespace: (status, body).
+    /// How a client in pod `i`'s namespace reaches pod `j`'s client port.
+    pub fn target(&self, i: usize, j: usize) -> Target {
+        let pod = &self.pods[j];
+        match self.secrets.get("client-tls") {
+            None => Target {
+                ns: self.pods[i].ns.clone(),
+                base: format!("http://{}:2379", pod.addr),
+                client: None,
+            },
+            Some(dir) => Target {
+                ns: self.pods[i].ns.clone(),
+                base: format!(
+                    "https://{}.{}.{}.svc:2379",
+                    pod.name, self.service, self.namespace
+                ),
+                client: Some(dir.clone()),
+            },
+        }
+    }
+
+    /// An HTTP request from inside pod `i`'s namespace: (status, body). An `https://` URL
+    /// presents the client certificate of the net's `client-tls` Secret.
     pub fn http(&self, i: usize, method: &str, url: &str, body: Option<&Value>) -> (u16, String) {
+        let tls = match (url.starts_with("https://"), self.secrets.get("client-tls")) {
+            (true, Some(dir)) => Target {
+                ns: String::new(),
+                base: String::new(),
+                client: Some(dir.clone()),
+            }
+            .curl_tls(),
+            _ => Vec::new(),
+        };
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.pods[i].ns, "curl", "-s", "-m", "5"])
+            .args(&tls)
             .args(["-o", "-", "-w", "\n%{http_code}", "-X", method, url]);
         // The body through stdin: an argument is at most 128 KiB.
         if body.is_some() {
@@ -396,7 +468,7 @@ impl Net {
 
     /// etcd's v3 JSON gateway on pod `i`'s client port.
     pub fn v3(&self, i: usize, path: &str, body: Value) -> Option<Value> {
-        let url = format!("http://{}:2379/v3/{path}", self.pods[i].addr);
+        let url = format!("{}/v3/{path}", self.target(i, i).base);
         match self.http(i, "POST", &url, Some(&body)) {
             (200, text) => serde_json::from_str(&text).ok(),
             _ => None,
@@ -567,6 +639,7 @@ impl Drop for Net {
             let _ = Command::new("ip").args(["netns", "del", &p.ns]).status();
             let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&p.ns));
         }
+        let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&self.controller_ns));
         let _ = Command::new("ip")
             .args(["netns", "del", &self.controller_ns])
             .status();
@@ -579,7 +652,9 @@ impl Drop for Net {
 }
 
 /// Runs `f` on a thread of its own inside network namespace `ns`: every socket it makes is
-/// there.
+/// there, and the names it looks up are the pods' (the namespace's hosts file, bound over
+/// /etc/hosts in a mount namespace of the thread's own, as `ip netns exec` does for a process;
+/// threads it starts inherit both).
 pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     std::thread::scope(|scope| {
         scope
@@ -589,6 +664,10 @@ pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
                 // SAFETY: setns on a valid namespace fd changes only this thread's namespace.
                 let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
                 assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+                let hosts = Path::new("/etc/netns").join(ns).join("hosts");
+                if hosts.exists() {
+                    bind_hosts(&hosts);
+                }
                 f()
             })
             .join()
@@ -596,15 +675,63 @@ pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// This thread gets a mount namespace of its own (unsharing its filesystem info from the
+/// process's other threads) in which `hosts` is bound over /etc/hosts.
+fn bind_hosts(hosts: &Path) {
+    use std::ffi::CString;
+    let c = |s: &str| CString::new(s).unwrap();
+    // SAFETY: plain syscalls on this thread with valid NUL-terminated strings; the mount
+    // namespace is this thread's only (CLONE_NEWNS unshares CLONE_FS with it).
+    unsafe {
+        let rc = libc::unshare(libc::CLONE_NEWNS | libc::CLONE_FS);
+        assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
+        let rc = libc::mount(
+            std::ptr::null(),
+            c("/").as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        );
+        assert_eq!(rc, 0, "make / private: {}", std::io::Error::last_os_error());
+        let src = c(hosts.to_str().unwrap());
+        let rc = libc::mount(
+            src.as_ptr(),
+            c("/etc/hosts").as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        );
+        assert_eq!(
+            rc,
+            0,
+            "bind the hosts file: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// A curl PUT through the v3 gateway at `addr`, from namespace `ns`.
 pub fn put_via(ns: &str, addr: &str, key: &str, value: &str) -> bool {
+    put_to(
+        &Target {
+            ns: ns.to_owned(),
+            base: format!("http://{addr}:2379"),
+            client: None,
+        },
+        key,
+        value,
+    )
+}
+
+/// A curl PUT through the v3 gateway of `target`.
+pub fn put_to(target: &Target, key: &str, value: &str) -> bool {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let body = json!({"key": b64(key), "value": b64(value)}).to_string();
     Command::new("ip")
         .args([
             "netns",
             "exec",
-            ns,
+            &target.ns,
             "curl",
             "-sf",
             "-m",
@@ -612,8 +739,9 @@ pub fn put_via(ns: &str, addr: &str, key: &str, value: &str) -> bool {
             "-o",
             "/dev/null",
         ])
+        .args(target.curl_tls())
         .args(["-H", "Content-Type: application/json", "--data", &body])
-        .arg(format!("http://{addr}:2379/v3/kv/put"))
+        .arg(format!("{}/v3/kv/put", target.base))
         .status()
         .is_ok_and(|s| s.success())
 }
@@ -622,9 +750,8 @@ impl Net {
     /// The members' client URLs by ordinal as the controller reaches them: their addresses
     /// (the loop renders `NAME-i.NAME.NS.svc`, which the controller pod's DNS resolves).
     pub fn endpoints(&self) -> Vec<String> {
-        self.pods
-            .iter()
-            .map(|p| format!("http://{}:2379", p.addr))
+        (0..self.pods.len())
+            .map(|j| self.target(j, j).base)
             .collect()
     }
 
@@ -914,6 +1041,22 @@ pub fn writer_any(
     addrs: Vec<String>,
     writing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<(Vec<String>, u32)> {
+    let targets = addrs
+        .iter()
+        .map(|addr| Target {
+            ns: ns.clone(),
+            base: format!("http://{addr}:2379"),
+            client: None,
+        })
+        .collect();
+    writer_to(targets, writing)
+}
+
+/// [`writer_any`] to `targets`.
+pub fn writer_to(
+    targets: Vec<Target>,
+    writing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<String>, u32)> {
     std::thread::spawn(move || {
         let (mut ok, mut failed) = (Vec::new(), 0u32);
         for n in 0..100_000 {
@@ -921,10 +1064,7 @@ pub fn writer_any(
                 break;
             }
             let key = format!("/w/{n}");
-            if addrs
-                .iter()
-                .any(|addr| put_via(&ns, addr, &key, &n.to_string()))
-            {
+            if targets.iter().any(|t| put_to(t, &key, &n.to_string())) {
                 ok.push(key);
             } else {
                 failed += 1;

@@ -358,6 +358,18 @@ pub fn denials_reach_the_user(env: &Env) {
             cel: true,
         },
         Denial {
+            name: "TLS turned on for a running plain cluster",
+            old: Some(v1("plain", base.clone())),
+            new: v1("plain", with(json!({"tls": {}}))),
+            cel: true,
+        },
+        Denial {
+            name: "TLS turned from off to on",
+            old: Some(v1("tls-off", with(json!({"tls": {"enabled": false}})))),
+            new: v1("tls-off", with(json!({"tls": {"enabled": true}}))),
+            cel: true,
+        },
+        Denial {
             name: "a restore from a file on a claim",
             old: None,
             new: v1(

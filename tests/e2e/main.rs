@@ -75,6 +75,10 @@ const SCENARIOS: &[Scenario] = &[
         reconcile::foreground_deletion_waits_for_the_children,
     ),
     (
+        "a_tls_cluster_gets_its_certificates_from_cert_manager",
+        reconcile::a_tls_cluster_gets_its_certificates_from_cert_manager,
+    ),
+    (
         "storage_in_tebibytes_settles_and_grows",
         reconcile::storage_in_tebibytes_settles_and_grows,
     ),

@@ -108,6 +108,16 @@ impl Transport for InNamespace {
             })?
         })
     }
+
+    fn with_identity(
+        &self,
+        _identity: &etcd_webhook::controller::etcd::ClientTls,
+    ) -> Result<Arc<dyn Transport>, etcd_webhook::controller::etcd::TlsError> {
+        // The e2e clusters are plain; TLS members run in tests/members.rs.
+        Err(etcd_webhook::controller::etcd::TlsError(
+            "the e2e members run plain HTTP".to_owned(),
+        ))
+    }
 }
 
 async fn client(cp: &ControlPlane) -> Client {

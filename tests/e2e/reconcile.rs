@@ -612,3 +612,171 @@ pub fn storage_in_tebibytes_settles_and_grows(env: &Env) {
         "delete the namespace",
     );
 }
+
+/// A TLS cluster (`spec.tls: {}`) with the real cert-manager: the loop, as the install's
+/// ServiceAccount, applies the cluster's own CA chain and the three leaf Certificates (owned by
+/// the EtcdCluster); cert-manager issues them; each Secret holds a leaf that chains to the
+/// `ca.crt` beside it (openssl verify), with the names the members are reached by and the
+/// usages etcd needs; the product's own client parses the client Secret; the StatefulSet runs
+/// the members with client-certificate auth on those Secrets; the digest of what was applied
+/// is recorded, and deleting the cluster removes the Certificates and Issuers with it.
+pub fn a_tls_cluster_gets_its_certificates_from_cert_manager(env: &Env) {
+    use base64::Engine as _;
+    let ns = "e2e-tls";
+    let name = "sec";
+    env.create_namespace(ns);
+    let started = Instant::now();
+    env.create_cluster(
+        ns,
+        name,
+        json!({"size": 3, "version": "v3.6.4", "storageSize": "1Gi", "tls": {}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = std::collections::BTreeMap::new();
+    for purpose in ["peer", "server", "client"] {
+        let secret = format!("{name}-{purpose}-tls");
+        let data = wait_for(
+            &format!("cert-manager's Secret {secret}"),
+            Duration::from_secs(90),
+            || {
+                let s = get_opt(env, ns, "secret", &secret)?;
+                let d = s["data"].clone();
+                ["ca.crt", "tls.crt", "tls.key"]
+                    .iter()
+                    .all(|k| d[*k].as_str().is_some_and(|v| !v.is_empty()))
+                    .then_some(d)
+            },
+        );
+        let folder = dir.path().join(purpose);
+        std::fs::create_dir_all(&folder).unwrap();
+        for k in ["ca.crt", "tls.crt", "tls.key"] {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(data[k].as_str().unwrap())
+                .unwrap();
+            std::fs::write(folder.join(k), &bytes).unwrap();
+            files.insert(format!("{purpose}/{k}"), bytes);
+        }
+        let verify = std::process::Command::new("openssl")
+            .args(["verify", "-CAfile"])
+            .arg(folder.join("ca.crt"))
+            .arg(folder.join("tls.crt"))
+            .output()
+            .unwrap();
+        assert!(
+            verify.status.success(),
+            "{secret}: {}",
+            String::from_utf8_lossy(&verify.stderr)
+        );
+        let text = std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-text", "-in"])
+            .arg(folder.join("tls.crt"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout).into_owned();
+        let wants: &[&str] = match purpose {
+            "server" => &[
+                "DNS:*.sec.e2e-tls.svc",
+                "DNS:sec-client.e2e-tls.svc",
+                "DNS:localhost",
+                "TLS Web Server Authentication",
+                "TLS Web Client Authentication",
+            ],
+            "peer" => &[
+                "DNS:*.sec.e2e-tls.svc",
+                "TLS Web Server Authentication",
+                "TLS Web Client Authentication",
+            ],
+            _ => &["TLS Web Client Authentication"],
+        };
+        for want in wants {
+            assert!(text.contains(want), "{secret} lacks {want}:\n{text}");
+        }
+    }
+    let issued = started.elapsed();
+    // One CA for all three.
+    assert_eq!(files["peer/ca.crt"], files["client/ca.crt"]);
+    assert_eq!(files["server/ca.crt"], files["client/ca.crt"]);
+    // What the loop builds its client from.
+    etcd_webhook::controller::etcd::ClientTls {
+        ca: files["client/ca.crt"].clone(),
+        cert: files["client/tls.crt"].clone(),
+        key: files["client/tls.key"].clone(),
+    }
+    .config()
+    .expect("the client Secret makes a client configuration");
+
+    let owned = |resource: &str, child: &str| {
+        let obj = get_opt(env, ns, resource, child)
+            .unwrap_or_else(|| panic!("{resource} {child} is missing"));
+        assert_eq!(
+            obj["metadata"]["ownerReferences"][0]["kind"], "EtcdCluster",
+            "{resource} {child}"
+        );
+        obj
+    };
+    for child in ["sec-ca", "sec-peer", "sec-server", "sec-client"] {
+        let cert = owned("certificates.cert-manager.io", child);
+        let ready = cert["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        assert!(ready, "Certificate {child}: {}", cert["status"]);
+    }
+    for child in ["sec-selfsigned", "sec-ca"] {
+        owned("issuers.cert-manager.io", child);
+    }
+    let sts = wait_for("the StatefulSet", Duration::from_secs(30), || {
+        get_opt(env, ns, "statefulset", name)
+    });
+    let args = sts["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    for want in [
+        "--client-cert-auth=true",
+        "--peer-client-cert-auth=true",
+        "--listen-client-urls=https://0.0.0.0:2379",
+    ] {
+        assert!(args.contains(want), "{want} in {args}");
+    }
+    let volumes = sts["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(
+        volumes.contains("sec-peer-tls") && volumes.contains("sec-server-tls"),
+        "{volumes}"
+    );
+    let digest = wait_for(
+        "the digest of the applied certificates on the members' ConfigMap",
+        Duration::from_secs(60),
+        || {
+            let cm = get_opt(env, ns, "configmap", "sec-members")?;
+            cm["metadata"]["annotations"]["etcd.example.com/certificates"]
+                .as_str()
+                .map(str::to_owned)
+        },
+    );
+    assert_eq!(digest.len(), 16, "{digest}");
+    println!(
+        "    TLS cluster: cert-manager issued the CA and the three leaves {:.1} s after the create",
+        issued.as_secs_f64()
+    );
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "delete",
+            "etcdcluster",
+            name,
+            "--cascade=foreground",
+            "--timeout=120s",
+        ]),
+        "delete the TLS cluster",
+    );
+    for (resource, child) in [
+        ("certificates.cert-manager.io", "sec-server"),
+        ("issuers.cert-manager.io", "sec-ca"),
+    ] {
+        wait_for(
+            &format!("{resource} {child} gone with its cluster"),
+            Duration::from_secs(60),
+            || get_opt(env, ns, resource, child).is_none().then_some(()),
+        );
+    }
+}

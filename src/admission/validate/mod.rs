@@ -698,6 +698,30 @@ mod tests {
         assert!(update(Version::V1, &with, &with).allowed());
     }
 
+    /// `spec.tls`: chosen at creation (on, off, its issuer), never changed, set or removed
+    /// after, in the same words the CRD's rule says.
+    #[test]
+    fn tls_is_chosen_at_creation_only() {
+        let on = v1(json!({"size": 3, "tls": {}}));
+        let off = v1(json!({"size": 3, "tls": {"enabled": false}}));
+        let issuer =
+            v1(json!({"size": 3, "tls": {"issuerRef": {"name": "corp", "kind": "ClusterIssuer"}}}));
+        let plain = v1(json!({"size": 3}));
+        for ec in [&on, &off, &issuer, &plain] {
+            assert!(create(Version::V1, ec).allowed());
+            assert!(update(Version::V1, ec, ec).allowed());
+        }
+        for (old, new) in [(&plain, &on), (&on, &plain), (&off, &on), (&on, &issuer)] {
+            assert_eq!(
+                messages(&update(Version::V1, old, new)),
+                [format!(
+                    "spec.tls: Forbidden: {}",
+                    crate::api::TLS_IMMUTABLE
+                )]
+            );
+        }
+    }
+
     /// `spec.maintenance`: a quota within 16 MiB and 80% of the volume, a retention etcd
     /// reads, a percentage; the older versions' stash is judged the same way.
     #[test]

@@ -268,6 +268,10 @@ pub(super) fn check_update(
         out.violations
             .push(ctx.forbidden(Field::Restore, crate::api::RESTORE_IMMUTABLE));
     }
+    if old.tls != new.tls {
+        out.violations
+            .push(ctx.forbidden(Field::Tls, crate::api::TLS_IMMUTABLE));
+    }
 
     if let (Ok(o), Ok(n)) = (
         old.version.parse::<EtcdVersion>(),

@@ -84,6 +84,8 @@ pub struct Stash {
     pub restore: Option<v1::Restore>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<v1::Maintenance>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<v1::Tls>,
     /// Kept in every version (v1 included) while the object has a `backup` block.
     #[serde(default, flatten)]
     pub alpha_gaps: AlphaGaps,
@@ -318,10 +320,28 @@ pub(crate) mod tests {
                     option::of("(0|[1-9][0-9]{0,2}(s|m|h))"),
                     option::of(0i32..100),
                 )),
+                option::of((
+                    option::of(any::<bool>()),
+                    option::of(prop_oneof![
+                        Just(v1::CertificateSource::CertManager),
+                        Just(v1::CertificateSource::Secrets)
+                    ]),
+                    option::of((
+                        "[a-z]{1,8}",
+                        option::of(prop_oneof![Just("Issuer"), Just("ClusterIssuer")]),
+                    )),
+                )),
             ),
         )
             .prop_map(
-                |(size, (ma, mi, pa, zero), class, storage, backup, (restore, maintenance))| {
+                |(
+                    size,
+                    (ma, mi, pa, zero),
+                    class,
+                    storage,
+                    backup,
+                    (restore, maintenance, tls),
+                )| {
                     v1::EtcdClusterSpec {
                         size,
                         version: if zero {
@@ -346,6 +366,15 @@ pub(crate) mod tests {
                                 auto_compaction_retention: retention,
                                 defrag_threshold_percent: threshold,
                             }
+                        }),
+                        tls: tls.map(|(enabled, certificates, issuer)| v1::Tls {
+                            enabled,
+                            certificates,
+                            issuer_ref: issuer.map(|(name, kind)| v1::IssuerRef {
+                                name,
+                                kind: kind.map(str::to_owned),
+                                group: None,
+                            }),
                         }),
                     }
                 },

@@ -34,9 +34,11 @@ pub(super) fn beta_down(
         backup,
         restore,
         maintenance,
+        tls,
     } = hub.spec;
     stash.restore = restore;
     stash.maintenance = maintenance;
+    stash.tls = tls;
     let backup = backup.map(|b| {
         stash_backup_extras(&mut stash, b.retention, b.destination);
         v1beta1::Backup {
@@ -98,6 +100,7 @@ pub(super) fn beta_up(
             backup,
             restore: stash.restore.clone(),
             maintenance: stash.maintenance.clone(),
+            tls: stash.tls.clone(),
         },
         status,
         alpha_gaps: stash.alpha_gaps,
@@ -136,9 +139,11 @@ pub(super) fn alpha_down(
         backup,
         restore,
         maintenance,
+        tls,
     } = hub.spec;
     stash.restore = restore;
     stash.maintenance = maintenance;
+    stash.tls = tls;
 
     let etcd_version = EtcdVersion::alpha_spelling(&version);
     if EtcdVersion::from_alpha_spelling(&etcd_version) != version {
@@ -231,6 +236,7 @@ pub(super) fn alpha_up(
             backup,
             restore: stash.restore,
             maintenance: stash.maintenance,
+            tls: stash.tls,
         },
         status,
         alpha_gaps,

@@ -143,6 +143,12 @@ fn snapshot_pod(
         Some(keep) => format!("--retention={keep}"),
         None => "--kind=final".to_owned(),
     });
+    // A TLS cluster's members are reached with its client certificate.
+    if crate::api::tls_on(&ec.spec) {
+        volumes.push(secret_volume("client-tls", client_secret(ec)));
+        mounts.push(read_only_mount("client-tls", CLIENT_TLS_MOUNT));
+        args.push(format!("--tls-dir={CLIENT_TLS_MOUNT}"));
+    }
     let backup = Container {
         name: "backup".to_owned(),
         image: Some(opts.backup_image.clone()),

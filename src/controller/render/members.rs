@@ -186,17 +186,20 @@ pub fn members_config_name(ec: &EtcdCluster) -> String {
 /// (`FallbackToLogsOnError`): that is how the loop sees a member that lost its volume.
 pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> StatefulSet {
     let name = ec.name_any();
-    let args = vec![
+    let scheme = scheme(ec);
+    let mut args = vec![
         "--name=$(POD_NAME)".to_owned(),
         format!("--data-dir={DATA_DIR}"),
-        format!("--listen-peer-urls=http://0.0.0.0:{PEER_PORT}"),
-        format!("--listen-client-urls=http://0.0.0.0:{CLIENT_PORT}"),
+        format!("--listen-peer-urls={scheme}://0.0.0.0:{PEER_PORT}"),
+        format!("--listen-client-urls={scheme}://0.0.0.0:{CLIENT_PORT}"),
+        // Plain HTTP on its own port whatever the cluster's TLS: the kubelet's probes and the
+        // metrics scrapers read `/readyz`, `/livez`, `/health` and `/metrics` there.
         format!("--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}"),
         format!(
-            "--initial-advertise-peer-urls=http://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{PEER_PORT}"
+            "--initial-advertise-peer-urls={scheme}://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{PEER_PORT}"
         ),
         format!(
-            "--advertise-client-urls=http://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{CLIENT_PORT}"
+            "--advertise-client-urls={scheme}://$(POD_NAME).{name}.$(POD_NAMESPACE).svc:{CLIENT_PORT}"
         ),
         format!("--initial-cluster-token={}", cluster_token(ec)),
         // The quota follows the volume (a growth raises it, through a restart one member at a
@@ -215,6 +218,8 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
                 .unwrap_or(crate::api::AUTO_COMPACTION_RETENTION)
         ),
     ];
+    args.extend(member_tls_args(ec));
+    let (tls_volumes, tls_mounts) = member_tls_volumes(ec);
     let (readiness, liveness) = probes(&ec.spec.version);
     let (affinity, spread) = member_placement(ec);
     let container = Container {
@@ -242,11 +247,15 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
         readiness_probe: Some(readiness),
         liveness_probe: Some(liveness),
         resources: Some(member_resources(opts)),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "data".to_owned(),
-            mount_path: DATA_MOUNT.to_owned(),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(
+            std::iter::once(VolumeMount {
+                name: "data".to_owned(),
+                mount_path: DATA_MOUNT.to_owned(),
+                ..Default::default()
+            })
+            .chain(tls_mounts)
+            .collect(),
+        ),
         security_context: Some(restricted_container()),
         ..Default::default()
     };
@@ -273,6 +282,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
                 }),
                 spec: Some(PodSpec {
                     containers: vec![container],
+                    volumes: (!tls_volumes.is_empty()).then_some(tls_volumes),
                     affinity: Some(affinity),
                     topology_spread_constraints: Some(spread),
                     security_context: Some(restricted_pod()),

@@ -6,9 +6,11 @@
 
 mod backup;
 mod members;
+mod tls;
 
 pub use backup::*;
 pub use members::*;
+pub use tls::*;
 
 use std::collections::BTreeMap;
 
@@ -135,18 +137,19 @@ fn namespace(ec: &EtcdCluster) -> String {
     ec.namespace().unwrap_or_else(|| "default".to_owned())
 }
 
-/// `http://NAME-i.NAME.NS.svc:2379` for each member.
+/// `http://NAME-i.NAME.NS.svc:2379` for each member (`https://` with TLS).
 pub fn endpoints(ec: &EtcdCluster, size: i32) -> Vec<String> {
-    let (name, ns) = (ec.name_any(), namespace(ec));
+    let (name, ns, scheme) = (ec.name_any(), namespace(ec), scheme(ec));
     (0..size)
-        .map(|i| format!("http://{name}-{i}.{name}.{ns}.svc:{CLIENT_PORT}"))
+        .map(|i| format!("{scheme}://{name}-{i}.{name}.{ns}.svc:{CLIENT_PORT}"))
         .collect()
 }
 
 /// The client Service URL that snapshots and membership changes talk to.
 pub fn client_url(ec: &EtcdCluster) -> String {
     format!(
-        "http://{}-client.{}.svc:{CLIENT_PORT}",
+        "{}://{}-client.{}.svc:{CLIENT_PORT}",
+        scheme(ec),
         ec.name_any(),
         namespace(ec)
     )
@@ -154,8 +157,8 @@ pub fn client_url(ec: &EtcdCluster) -> String {
 
 /// Member `i`'s peer URL, as it is in etcd's member list.
 pub fn peer_url(ec: &EtcdCluster, ordinal: i32) -> String {
-    let (name, ns) = (ec.name_any(), namespace(ec));
-    format!("http://{name}-{ordinal}.{name}.{ns}.svc:{PEER_PORT}")
+    let (name, ns, scheme) = (ec.name_any(), namespace(ec), scheme(ec));
+    format!("{scheme}://{name}-{ordinal}.{name}.{ns}.svc:{PEER_PORT}")
 }
 
 /// `--initial-cluster`: every member of a cluster of `size`.
@@ -269,7 +272,8 @@ fn field_env(name: &str, path: &str) -> EnvVar {
 /// finalizer would run on deletion. What `etcd-webhook render` prints.
 pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
     let json = |v: Result<serde_json::Value, serde_json::Error>| v.expect("k8s objects serialize");
-    let mut out = vec![
+    let mut out = certificates(ec);
+    out.extend([
         json(serde_json::to_value(headless_service(ec))),
         json(serde_json::to_value(client_service(ec))),
         json(serde_json::to_value(bootstrap_config(
@@ -279,7 +283,7 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
         ))),
         json(serde_json::to_value(stateful_set(ec, ec.spec.size, opts))),
         json(serde_json::to_value(pod_disruption_budget(ec, None))),
-    ];
+    ]);
     if let Some(Ok(target)) = backup_target(ec) {
         if target == BackupTarget::Volume {
             out.push(json(serde_json::to_value(backup_claim(ec))));
@@ -311,6 +315,7 @@ pub(crate) mod tests {
                 backup,
                 restore: None,
                 maintenance: None,
+                tls: None,
             },
         );
         ec.metadata.namespace = Some("prod".to_owned());
@@ -388,6 +393,134 @@ pub(crate) mod tests {
                 Some(backup(Some("s3://snapshots/prod/"))),
             )),
         );
+        let mut tls = cluster("etcd-3", 3, Some(backup(None)));
+        tls.spec.tls = Some(crate::api::v1::Tls::default());
+        golden("etcd-3-tls.yaml", &render_all(&tls));
+    }
+
+    /// A TLS cluster: every URL `https://` but the metrics port's (the probes stay plain),
+    /// etcd's certificate flags on the mounted Secrets, client certificates required on both
+    /// ports; the backup Job presents the client certificate; the user's issuer signs the
+    /// leaves when named (no CA of the cluster's own then), and no cert-manager object at all
+    /// when the user makes the Secrets.
+    #[test]
+    fn a_tls_cluster_talks_https_with_client_certificates_from_mounted_secrets() {
+        use crate::api::v1::{CertificateSource, IssuerRef, Tls};
+        let mut ec = cluster("etcd", 3, Some(backup(None)));
+        ec.spec.tls = Some(Tls::default());
+        let sts = stateful_set(&ec, 3, &RenderOptions::default());
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let args = pod.containers[0].args.clone().unwrap();
+        let urls: Vec<&String> = args.iter().filter(|a| a.contains("://")).collect();
+        assert_eq!(urls.len(), 5, "{urls:?}");
+        for url in &urls {
+            assert_eq!(
+                url.contains("https://"),
+                !url.starts_with("--listen-metrics-urls="),
+                "{url}"
+            );
+        }
+        for flag in [
+            "--client-cert-auth=true",
+            "--peer-client-cert-auth=true",
+            "--trusted-ca-file=/etc/etcd/tls/server/ca.crt",
+            "--peer-trusted-ca-file=/etc/etcd/tls/peer/ca.crt",
+        ] {
+            assert!(args.iter().any(|a| a == flag), "{flag} in {args:?}");
+        }
+        let secrets: Vec<String> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+            .collect();
+        assert_eq!(secrets, ["etcd-peer-tls", "etcd-server-tls"]);
+        assert_eq!(endpoints(&ec, 1), ["https://etcd-0.etcd.prod.svc:2379"]);
+        assert_eq!(client_url(&ec), "https://etcd-client.prod.svc:2379");
+        assert!(initial_cluster(&ec, 3).contains("etcd-2=https://etcd-2.etcd.prod.svc:2380"));
+        let job = final_snapshot_job(&ec, &BackupTarget::Volume, &RenderOptions::default());
+        let job_pod = job.spec.unwrap().template.spec.unwrap();
+        assert!(
+            job_pod.containers[0]
+                .args
+                .iter()
+                .flatten()
+                .any(|a| a == "--tls-dir=/etc/etcd/tls/client")
+        );
+        assert!(job_pod.volumes.iter().flatten().any(|v| {
+            v.secret
+                .as_ref()
+                .is_some_and(|s| s.secret_name.as_deref() == Some("etcd-client-tls"))
+        }));
+
+        let kinds = |ec: &EtcdCluster| -> Vec<String> {
+            certificates(ec)
+                .iter()
+                .map(|o| {
+                    format!(
+                        "{}/{}",
+                        o["kind"].as_str().unwrap(),
+                        o["metadata"]["name"].as_str().unwrap()
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            kinds(&ec),
+            [
+                "Issuer/etcd-selfsigned",
+                "Certificate/etcd-ca",
+                "Issuer/etcd-ca",
+                "Certificate/etcd-peer",
+                "Certificate/etcd-server",
+                "Certificate/etcd-client"
+            ]
+        );
+        let server = leaf_certificate(&ec, Purpose::Server);
+        let names = server["spec"]["dnsNames"].as_array().unwrap();
+        for name in ["*.etcd.prod.svc", "etcd-client.prod.svc", "localhost"] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        assert!(
+            server["spec"]["usages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|u| u == "client auth"),
+            "etcd's gateway dials the member with the server certificate"
+        );
+
+        ec.spec.tls = Some(Tls {
+            issuer_ref: Some(IssuerRef {
+                name: "corp-ca".to_owned(),
+                kind: Some("ClusterIssuer".to_owned()),
+                group: None,
+            }),
+            ..Tls::default()
+        });
+        assert_eq!(
+            kinds(&ec),
+            [
+                "Certificate/etcd-peer",
+                "Certificate/etcd-server",
+                "Certificate/etcd-client"
+            ]
+        );
+        assert_eq!(
+            leaf_certificate(&ec, Purpose::Peer)["spec"]["issuerRef"],
+            serde_json::json!({"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"})
+        );
+        ec.spec.tls = Some(Tls {
+            certificates: Some(CertificateSource::Secrets),
+            ..Tls::default()
+        });
+        assert!(certificates(&ec).is_empty());
+        ec.spec.tls = Some(Tls {
+            enabled: Some(false),
+            ..Tls::default()
+        });
+        assert!(certificates(&ec).is_empty());
+        assert_eq!(client_url(&ec), "http://etcd-client.prod.svc:2379");
     }
 
     #[test]
