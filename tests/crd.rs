@@ -110,3 +110,33 @@ fn crd_has_storage_v1_deprecations_and_webhook_conversion() {
     assert!(v1["storageClass"].get("enum").is_none());
     assert!(v1["storageClass"].get("default").is_none());
 }
+
+/// No `enum` of the schema lists `null`: kubectl's client-side schema check refuses the whole
+/// CRD for it ("unknown object type \"nil\""), as the e2e install once found.
+#[test]
+fn no_enum_lists_null() {
+    fn walk(v: &serde_json::Value, path: &str, bad: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(values) = m.get("enum").and_then(|e| e.as_array())
+                    && values.iter().any(serde_json::Value::is_null)
+                {
+                    bad.push(path.to_owned());
+                }
+                for (k, x) in m {
+                    walk(x, &format!("{path}.{k}"), bad);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    walk(x, &format!("{path}[{i}]"), bad);
+                }
+            }
+            _ => {}
+        }
+    }
+    let crd: serde_json::Value = serde_yaml_ng::from_str(&generated()).unwrap();
+    let mut bad = Vec::new();
+    walk(&crd, "", &mut bad);
+    assert!(bad.is_empty(), "enums with null: {bad:?}");
+}

@@ -280,6 +280,16 @@ pub(crate) fn phase_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schem
     })
 }
 
+/// Schema of `spec.tls.certificates`: a string of the two values (no `null` among them, which
+/// kubectl's schema check refuses).
+pub(crate) fn certificate_source_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Who makes the three Secrets: `CertManager` (unset): the loop makes cert-manager Certificates for them; `Secrets`: you do, before the cluster starts.",
+        "type": "string",
+        "enum": ["CertManager", "Secrets"]
+    })
+}
+
 /// The longest condition message the apiserver takes (metav1.Condition's limit), in characters.
 pub const CONDITION_MESSAGE_MAX: usize = 32768;
 

@@ -83,6 +83,7 @@ pub struct Tls {
     /// Who makes the three Secrets: `CertManager` (unset): the loop makes cert-manager
     /// Certificates for them; `Secrets`: you do, before the cluster starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::certificate_source_schema")]
     pub certificates: Option<CertificateSource>,
     /// The cert-manager issuer that signs the members' certificates. Unset: a CA of the
     /// cluster's own, made with cert-manager (Issuer `NAME-selfsigned`, Certificate `NAME-ca`,
