@@ -375,6 +375,42 @@ pub struct ImageArgs {
     /// Memory request of each etcd member (no limit: an OOM kill costs a member).
     #[arg(long, env = "ETCD_WEBHOOK_MEMBER_MEMORY_REQUEST", default_value = render::DEFAULT_MEMBER_MEMORY)]
     pub member_memory_request: String,
+    /// Which clusters get a NetworkPolicy that lets in only their members, this install's
+    /// pods, their backup Jobs and pods labelled `etcd.example.com/client: NAME`.
+    #[arg(long, env = "ETCD_WEBHOOK_NETWORK_POLICY", value_enum, default_value_t = NetworkPolicyArg::Tls)]
+    pub network_policy: NetworkPolicyArg,
+    /// The namespace of this install's pods, let in to the members' client port by their
+    /// NetworkPolicy: the pod's own (POD_NAMESPACE), else etcd-system.
+    #[arg(long, env = "POD_NAMESPACE", default_value = render::DEFAULT_INSTALL_NAMESPACE)]
+    pub install_namespace: String,
+    /// The namespaces let in to the members' metrics port by their NetworkPolicy, as labels
+    /// (`kubernetes.io/metadata.name=monitoring`, comma-separated); empty: every namespace.
+    #[arg(long, env = "ETCD_WEBHOOK_METRICS_NAMESPACE_SELECTOR", default_value = "", value_parser = parse_labels)]
+    pub metrics_namespace_selector: std::collections::BTreeMap<String, String>,
+}
+
+/// Which clusters get a NetworkPolicy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NetworkPolicyArg {
+    /// Clusters with spec.tls (their clients are set up anew anyway; a plain cluster's
+    /// existing clients are not cut off).
+    Tls,
+    /// Every cluster.
+    All,
+    /// None (a policy made before is deleted).
+    None,
+}
+
+/// `key=value,...` as labels to match.
+fn parse_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+            _ => Err(format!("{p:?} is not key=value")),
+        })
+        .collect()
 }
 
 impl From<&ImageArgs> for RenderOptions {
@@ -384,6 +420,13 @@ impl From<&ImageArgs> for RenderOptions {
             backup_image: args.backup_image.clone(),
             member_cpu: args.member_cpu_request.clone(),
             member_memory: args.member_memory_request.clone(),
+            network_policy: match args.network_policy {
+                NetworkPolicyArg::Tls => render::NetworkPolicies::Tls,
+                NetworkPolicyArg::All => render::NetworkPolicies::All,
+                NetworkPolicyArg::None => render::NetworkPolicies::None,
+            },
+            install_namespace: args.install_namespace.clone(),
+            metrics_namespaces: args.metrics_namespace_selector.clone(),
         }
     }
 }

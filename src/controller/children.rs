@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::Store;
@@ -109,6 +110,7 @@ child! {
     PersistentVolumeClaim => claims,
     ConfigMap => configs,
     Pod => pods,
+    NetworkPolicy => policies,
 }
 
 /// The children of one cluster, in its namespace: reads from the caches, writes to the API.

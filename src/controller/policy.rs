@@ -78,6 +78,15 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
 
     kids.ensure(&render::headless_service(ec)).await?;
     kids.ensure(&render::client_service(ec)).await?;
+    match render::network_policy(ec, opts) {
+        Some(policy) => {
+            kids.ensure(&policy).await?;
+        }
+        None => {
+            kids.remove::<k8s_openapi::api::networking::v1::NetworkPolicy>(&name)
+                .await?;
+        }
+    }
     certificates::ensure(ec, &kids).await?;
 
     let observed = kids.read::<StatefulSet>(&name).await?;

@@ -51,6 +51,12 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
         &["get", "list", "watch", "create", "patch"],
     ),
     ("events.k8s.io", "events", &["create", "patch"]),
+    // The members' NetworkPolicy (`--network-policy`); deleted when the flag stops asking for it.
+    (
+        "networking.k8s.io",
+        "networkpolicies",
+        &["get", "list", "watch", "create", "patch", "delete"],
+    ),
 ];
 
 /// The leader election's calls, granted by a Role in the Lease's namespace.

@@ -8,6 +8,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{self, Controller};
@@ -92,6 +93,7 @@ pub async fn run_with_etcd(
     // Member pods fill a cache (lost volumes, the voter label); their readiness reaches the loop
     // through the StatefulSet's status.
     let (pods, pods_events) = cached::<Pod>(&client, ns, &owned);
+    let (policies, policies_events) = cached::<NetworkPolicy>(&client, ns, &owned);
     let caches = Caches {
         sets,
         services,
@@ -101,6 +103,7 @@ pub async fn run_with_etcd(
         claims,
         configs,
         pods,
+        policies,
     };
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics, caches).with_etcd(etcd));
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
@@ -122,6 +125,7 @@ pub async fn run_with_etcd(
     .owns_stream(crons_events)
     .owns_stream(jobs_events)
     .owns_stream(configs_events)
+    .owns_stream(policies_events)
     // A backup pod that ends brings its cluster's pass (the loop records its report); member
     // pods fill the cache only (their readiness comes through the StatefulSet's status).
     .watches_stream(pods_events, backup_pod_owner)

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::Action;
 use kube::runtime::{reflector, watcher};
@@ -84,6 +85,7 @@ struct Feed {
     claims: reflector::store::Writer<PersistentVolumeClaim>,
     configs: reflector::store::Writer<ConfigMap>,
     pods: reflector::store::Writer<Pod>,
+    policies: reflector::store::Writer<NetworkPolicy>,
 }
 
 fn caches() -> (Caches, Feed) {
@@ -95,6 +97,7 @@ fn caches() -> (Caches, Feed) {
     let (claims, claims_w) = reflector::store();
     let (configs, configs_w) = reflector::store();
     let (pods, pods_w) = reflector::store();
+    let (policies, policies_w) = reflector::store();
     (
         Caches {
             sets,
@@ -105,6 +108,7 @@ fn caches() -> (Caches, Feed) {
             claims,
             configs,
             pods,
+            policies,
         },
         Feed {
             sets: sets_w,
@@ -115,6 +119,7 @@ fn caches() -> (Caches, Feed) {
             claims: claims_w,
             configs: configs_w,
             pods: pods_w,
+            policies: policies_w,
         },
     )
 }
@@ -148,6 +153,7 @@ fn sync_caches(api: &FakeApi, ctx: &Arc<Context>) {
     refill(&mut feed.claims, api, "persistentvolumeclaims");
     refill(&mut feed.configs, api, "configmaps");
     refill(&mut feed.pods, api, "pods");
+    refill(&mut feed.policies, api, "networkpolicies");
 }
 
 /// One reconcile of the cluster as the fake holds it now, reading the children from the

@@ -742,6 +742,23 @@ pub fn a_tls_cluster_gets_its_certificates_from_cert_manager(env: &Env) {
         volumes.contains("sec-peer-tls") && volumes.contains("sec-server-tls"),
         "{volumes}"
     );
+    // The NetworkPolicy (the install's default `--network-policy=tls`), as the apiserver took it.
+    let policy = wait_for("the members' NetworkPolicy", Duration::from_secs(30), || {
+        get_opt(env, ns, "networkpolicy", name)
+    });
+    assert_eq!(policy["metadata"]["ownerReferences"][0]["kind"], "EtcdCluster");
+    let ingress = &policy["spec"]["ingress"];
+    assert_eq!(ingress[0]["ports"][0]["port"], "peer", "{ingress}");
+    assert_eq!(
+        ingress[1]["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        NAMESPACE,
+        "the install's namespace is let in: {ingress}"
+    );
+    assert_eq!(
+        ingress[1]["from"][3]["podSelector"]["matchLabels"]["etcd.example.com/client"],
+        name,
+        "{ingress}"
+    );
     let digest = wait_for(
         "the digest of the applied certificates on the members' ConfigMap",
         Duration::from_secs(60),
@@ -772,6 +789,7 @@ pub fn a_tls_cluster_gets_its_certificates_from_cert_manager(env: &Env) {
     for (resource, child) in [
         ("certificates.cert-manager.io", "sec-server"),
         ("issuers.cert-manager.io", "sec-ca"),
+        ("networkpolicy", "sec"),
     ] {
         wait_for(
             &format!("{resource} {child} gone with its cluster"),

@@ -6,10 +6,12 @@
 
 mod backup;
 mod members;
+mod network;
 mod tls;
 
 pub use backup::*;
 pub use members::*;
+pub use network::*;
 pub use tls::*;
 
 use std::collections::BTreeMap;
@@ -75,6 +77,13 @@ pub struct RenderOptions {
     pub member_cpu: String,
     /// `--member-memory-request`: each member's memory request.
     pub member_memory: String,
+    /// `--network-policy`: which clusters get a NetworkPolicy.
+    pub network_policy: NetworkPolicies,
+    /// `--install-namespace`: where this install's pods run (let in to the client port).
+    pub install_namespace: String,
+    /// `--metrics-namespace-selector`: the namespaces let in to the members' metrics port
+    /// (labels to match; empty: every namespace).
+    pub metrics_namespaces: BTreeMap<String, String>,
 }
 
 impl Default for RenderOptions {
@@ -84,6 +93,9 @@ impl Default for RenderOptions {
             backup_image: DEFAULT_BACKUP_IMAGE.to_owned(),
             member_cpu: DEFAULT_MEMBER_CPU.to_owned(),
             member_memory: DEFAULT_MEMBER_MEMORY.to_owned(),
+            network_policy: NetworkPolicies::Tls,
+            install_namespace: DEFAULT_INSTALL_NAMESPACE.to_owned(),
+            metrics_namespaces: BTreeMap::new(),
         }
     }
 }
@@ -284,6 +296,9 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
         json(serde_json::to_value(stateful_set(ec, ec.spec.size, opts))),
         json(serde_json::to_value(pod_disruption_budget(ec, None))),
     ]);
+    if let Some(policy) = network_policy(ec, opts) {
+        out.push(json(serde_json::to_value(policy)));
+    }
     if let Some(Ok(target)) = backup_target(ec) {
         if target == BackupTarget::Volume {
             out.push(json(serde_json::to_value(backup_claim(ec))));
@@ -396,6 +411,80 @@ pub(crate) mod tests {
         let mut tls = cluster("etcd-3", 3, Some(backup(None)));
         tls.spec.tls = Some(crate::api::v1::Tls::default());
         golden("etcd-3-tls.yaml", &render_all(&tls));
+    }
+
+    /// The NetworkPolicy: by default for TLS clusters only (a plain cluster's clients are never
+    /// cut off by an upgrade), for every cluster or none with the flag; the peer port from the
+    /// members only, the client port from the members, this install's pods, the cluster's
+    /// backup Jobs and the labelled applications, the metrics port from the chosen namespaces.
+    #[test]
+    fn the_network_policy_lets_in_members_the_loop_backups_and_labelled_clients() {
+        use crate::api::v1::Tls;
+        let plain = cluster("etcd", 3, Some(backup(None)));
+        let mut tls = plain.clone();
+        tls.spec.tls = Some(Tls::default());
+        let mut opts = RenderOptions::default();
+        assert!(network_policy(&plain, &opts).is_none());
+        let policy = network_policy(&tls, &opts).expect("a TLS cluster's policy");
+        let spec = policy.spec.unwrap();
+        assert_eq!(
+            spec.pod_selector.unwrap().match_labels.unwrap(),
+            member_selector(&tls)
+        );
+        let rules = spec.ingress.unwrap();
+        let port = |i: usize| rules[i].ports.as_ref().unwrap()[0].port.clone().unwrap();
+        let names: Vec<IntOrString> = (0..3).map(port).collect();
+        assert_eq!(
+            names,
+            ["peer", "client", "metrics"].map(|p| IntOrString::String(p.to_owned()))
+        );
+        let from = |i: usize| serde_json::to_value(rules[i].from.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            from(0),
+            serde_json::json!([{"podSelector": {"matchLabels": member_selector(&tls)}}])
+        );
+        let client = from(1);
+        assert_eq!(client.as_array().unwrap().len(), 4, "{client}");
+        assert_eq!(
+            client[1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+            "etcd-system"
+        );
+        assert_eq!(
+            client[1]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+            "etcd-webhook"
+        );
+        assert_eq!(
+            client[2]["podSelector"]["matchExpressions"][0]["values"],
+            serde_json::json!(["backup", "final-snapshot"])
+        );
+        assert_eq!(
+            client[3]["podSelector"]["matchLabels"][CLIENT_LABEL],
+            "etcd"
+        );
+        // The backup Jobs' pods carry what the rule selects.
+        let job = final_snapshot_job(&tls, &BackupTarget::Volume, &opts);
+        let job_labels = job.spec.unwrap().template.metadata.unwrap().labels.unwrap();
+        assert_eq!(job_labels["app.kubernetes.io/component"], "final-snapshot");
+        assert_eq!(job_labels["app.kubernetes.io/instance"], "etcd");
+        assert_eq!(job_labels["app.kubernetes.io/managed-by"], "etcd-webhook");
+        assert_eq!(
+            from(2),
+            serde_json::json!([{"namespaceSelector": {"matchLabels": {}}}])
+        );
+
+        opts.network_policy = NetworkPolicies::All;
+        opts.metrics_namespaces = BTreeMap::from([(
+            "kubernetes.io/metadata.name".to_owned(),
+            "monitoring".to_owned(),
+        )]);
+        let policy = network_policy(&plain, &opts).expect("every cluster's policy");
+        let rules = policy.spec.unwrap().ingress.unwrap();
+        assert_eq!(
+            serde_json::to_value(&rules[2].from).unwrap(),
+            serde_json::json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}])
+        );
+        opts.network_policy = NetworkPolicies::None;
+        assert!(network_policy(&tls, &opts).is_none());
     }
 
     /// A TLS cluster: every URL `https://` but the metrics port's (the probes stay plain),
