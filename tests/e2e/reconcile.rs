@@ -743,10 +743,15 @@ pub fn a_tls_cluster_gets_its_certificates_from_cert_manager(env: &Env) {
         "{volumes}"
     );
     // The NetworkPolicy (the install's default `--network-policy=tls`), as the apiserver took it.
-    let policy = wait_for("the members' NetworkPolicy", Duration::from_secs(30), || {
-        get_opt(env, ns, "networkpolicy", name)
-    });
-    assert_eq!(policy["metadata"]["ownerReferences"][0]["kind"], "EtcdCluster");
+    let policy = wait_for(
+        "the members' NetworkPolicy",
+        Duration::from_secs(30),
+        || get_opt(env, ns, "networkpolicy", name),
+    );
+    assert_eq!(
+        policy["metadata"]["ownerReferences"][0]["kind"],
+        "EtcdCluster"
+    );
     let ingress = &policy["spec"]["ingress"];
     assert_eq!(ingress[0]["ports"][0]["port"], "peer", "{ingress}");
     assert_eq!(
@@ -755,8 +760,7 @@ pub fn a_tls_cluster_gets_its_certificates_from_cert_manager(env: &Env) {
         "the install's namespace is let in: {ingress}"
     );
     assert_eq!(
-        ingress[1]["from"][3]["podSelector"]["matchLabels"]["etcd.example.com/client"],
-        name,
+        ingress[1]["from"][3]["podSelector"]["matchLabels"]["etcd.example.com/client"], name,
         "{ingress}"
     );
     let digest = wait_for(
