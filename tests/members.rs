@@ -26,7 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::members::{
-    Backoff, Exit, Net, Probes, RUN_AS, Release, in_netns, run, writer, writer_any, writer_to,
+    Backoff, Exit, Net, Probes, RUN_AS, Release, TestCa, in_netns, run, writer, writer_any,
+    writer_to,
 };
 use etcd_webhook::api::v1::EtcdCluster;
 use etcd_webhook::controller::etcd::{self, ClientTls, Etcd, Gateway};
@@ -1716,94 +1717,6 @@ fn nospace_recovery(name: &str, release: Release) {
         net.get(1, "/fill/0").is_some(),
         "reads work, nothing deleted"
     );
-}
-
-/// cert-manager's CA Issuer, played: a CA, and each leaf Certificate the loop renders for a
-/// TLS cluster signed by it with the names and usages that Certificate asks for.
-struct TestCa {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    pem: String,
-}
-
-impl TestCa {
-    fn new(name: &str) -> TestCa {
-        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let pem = params.self_signed(&key).unwrap().pem();
-        TestCa {
-            issuer: rcgen::Issuer::new(params, key),
-            pem,
-        }
-    }
-
-    /// The three Secrets of `ec` as the kubelet mounts them (folders under `dir`, files 0440
-    /// root:65532, by volume name); `tag` marks the leaves' common names (a renewal's).
-    fn issue(
-        &self,
-        ec: &EtcdCluster,
-        dir: &std::path::Path,
-        tag: &str,
-    ) -> BTreeMap<String, std::path::PathBuf> {
-        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
-        let mut secrets = BTreeMap::new();
-        for (purpose, volume) in [
-            (render::Purpose::Peer, "peer-tls"),
-            (render::Purpose::Server, "server-tls"),
-            (render::Purpose::Client, "client-tls"),
-        ] {
-            let spec = render::leaf_certificate(ec, purpose)["spec"].clone();
-            let names: Vec<String> = spec["dnsNames"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|n| n.as_str().unwrap().to_owned())
-                .collect();
-            let key = KeyPair::generate().unwrap();
-            let mut params = CertificateParams::new(names).unwrap();
-            params.distinguished_name.push(
-                DnType::CommonName,
-                format!("{}{tag}", spec["commonName"].as_str().unwrap()),
-            );
-            params.key_usages = vec![
-                KeyUsagePurpose::DigitalSignature,
-                KeyUsagePurpose::KeyEncipherment,
-            ];
-            params.extended_key_usages = spec["usages"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|u| match u.as_str().unwrap() {
-                    "server auth" => Some(ExtendedKeyUsagePurpose::ServerAuth),
-                    "client auth" => Some(ExtendedKeyUsagePurpose::ClientAuth),
-                    _ => None,
-                })
-                .collect();
-            let cert = params.signed_by(&key, &self.issuer).unwrap();
-            let folder = dir.join(volume);
-            std::fs::create_dir_all(&folder).unwrap();
-            for (file, text) in [
-                ("ca.crt", self.pem.clone()),
-                ("tls.crt", cert.pem()),
-                ("tls.key", key.serialize_pem()),
-            ] {
-                // A new file moved over the old one, as the kubelet's `..data` swap makes
-                // the new contents appear at once.
-                let staged = folder.join(format!(".{file}.new"));
-                std::fs::write(&staged, text).unwrap();
-                run(Command::new("chown")
-                    .arg(format!("0:{RUN_AS}"))
-                    .arg(&staged));
-                run(Command::new("chmod").arg("0440").arg(&staged));
-                std::fs::rename(&staged, folder.join(file)).unwrap();
-            }
-            secrets.insert(volume.to_owned(), folder);
-        }
-        secrets
-    }
 }
 
 /// The common name of the certificate member `i` serves on its client port, as a client with

@@ -1084,3 +1084,98 @@ pub fn writer(
 ) -> std::thread::JoinHandle<(Vec<String>, u32)> {
     writer_any(ns, vec![addr], writing)
 }
+
+/// cert-manager's CA Issuer, played: a CA, and each leaf Certificate the loop renders for a
+/// TLS cluster signed by it with the names and usages that Certificate asks for.
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// The three Secrets of `ec` as the kubelet mounts them (folders under `dir`, files 0440
+    /// root:65532, by volume name); `tag` marks the leaves' common names (a renewal's).
+    pub fn issue(
+        &self,
+        ec: &etcd_webhook::api::v1::EtcdCluster,
+        dir: &std::path::Path,
+        tag: &str,
+    ) -> BTreeMap<String, std::path::PathBuf> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+        let mut secrets = BTreeMap::new();
+        for (purpose, volume) in [
+            (etcd_webhook::controller::render::Purpose::Peer, "peer-tls"),
+            (
+                etcd_webhook::controller::render::Purpose::Server,
+                "server-tls",
+            ),
+            (
+                etcd_webhook::controller::render::Purpose::Client,
+                "client-tls",
+            ),
+        ] {
+            let spec =
+                etcd_webhook::controller::render::leaf_certificate(ec, purpose)["spec"].clone();
+            let names: Vec<String> = spec["dnsNames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| n.as_str().unwrap().to_owned())
+                .collect();
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(names).unwrap();
+            params.distinguished_name.push(
+                DnType::CommonName,
+                format!("{}{tag}", spec["commonName"].as_str().unwrap()),
+            );
+            params.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            params.extended_key_usages = spec["usages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|u| match u.as_str().unwrap() {
+                    "server auth" => Some(ExtendedKeyUsagePurpose::ServerAuth),
+                    "client auth" => Some(ExtendedKeyUsagePurpose::ClientAuth),
+                    _ => None,
+                })
+                .collect();
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            let folder = dir.join(volume);
+            std::fs::create_dir_all(&folder).unwrap();
+            for (file, text) in [
+                ("ca.crt", self.pem.clone()),
+                ("tls.crt", cert.pem()),
+                ("tls.key", key.serialize_pem()),
+            ] {
+                // A new file moved over the old one, as the kubelet's `..data` swap makes
+                // the new contents appear at once.
+                let staged = folder.join(format!(".{file}.new"));
+                std::fs::write(&staged, text).unwrap();
+                run(Command::new("chown")
+                    .arg(format!("0:{RUN_AS}"))
+                    .arg(&staged));
+                run(Command::new("chmod").arg("0440").arg(&staged));
+                std::fs::rename(&staged, folder.join(file)).unwrap();
+            }
+            secrets.insert(volume.to_owned(), folder);
+        }
+        secrets
+    }
+}
