@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::members::{
-    Backoff, Exit, Net, Probes, RUN_AS, Release, TestCa, in_netns, run, writer, writer_any,
-    writer_to,
+    Backoff, Exit, Net, Probes, RUN_AS, Release, TestCa, in_netns, run, secret_file, writer,
+    writer_any, writer_to,
 };
 use etcd_webhook::api::v1::EtcdCluster;
 use etcd_webhook::controller::etcd::{self, ClientTls, Etcd, Gateway};
@@ -1880,4 +1880,115 @@ fn tls_writer(net: &Net, writing: &Arc<AtomicBool>) -> std::thread::JoinHandle<(
         (0..net.pods.len()).map(|j| net.target(0, j)).collect(),
         writing.clone(),
     )
+}
+
+/// Restarts each running member in turn, followers first and the leader last (`kubectl delete
+/// pod`, the StatefulSet making it again), each back to ready before the next; how long each
+/// took.
+fn rolling_restart(net: &mut Net, container: &Container) -> Vec<Duration> {
+    let leader = leader_of(net);
+    let order: Vec<usize> = (0..net.pods.len())
+        .filter(|&i| i != leader && net.running(i))
+        .chain([leader])
+        .collect();
+    let mut took = Vec::new();
+    for i in order {
+        let started = Instant::now();
+        net.stop(i);
+        let _ = net.exited(i);
+        net.start(i, container);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !net.ready(i, container) {
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready again\n{}",
+                net.pods[i].name,
+                net.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        took.push(started.elapsed());
+    }
+    took
+}
+
+/// The CA rotation docs/clusters.md gives (`certificates: Secrets`), on real etcd with a client
+/// writing every 20 ms through every member throughout: both CAs trusted and every member
+/// restarted; every leaf re-issued by the new CA (served from the next connection, no
+/// restart); only the new CA trusted and every member restarted again. No write fails; at
+/// the end a certificate of the old CA is refused and the new one let in.
+#[test]
+fn a_ca_rotation_by_two_rolling_restarts_fails_no_write() {
+    let mut ec = cluster("rot", 3, Release::V3_6_4);
+    ec.spec.tls = Some(etcd_webhook::api::v1::Tls::default());
+    let old = TestCa::new("rot-old");
+    let (mut net, lp) = formed_with(ec, 3, Some(&old));
+    let new = TestCa::new("rot-new");
+    let writing = Arc::new(AtomicBool::new(true));
+    let writes = tls_writer(&net, &writing);
+    std::thread::sleep(Duration::from_millis(500));
+    let bundle = format!("{}{}", old.pem(), new.pem());
+    let trust = |net: &Net, pem: &str| {
+        for dir in net.secrets.values() {
+            secret_file(&dir.join("ca.crt"), pem);
+        }
+    };
+    // 1. Both CAs trusted; each member restarted to read them.
+    trust(&net, &bundle);
+    let first = rolling_restart(&mut net, &lp.container);
+    // 2. Every leaf from the new CA (the bundle stays in ca.crt).
+    let _ = new.issue_trusting(&lp.ec, net.tmp.path(), "-new", &bundle);
+    for i in 0..3 {
+        assert_eq!(served_name(&net, i), "rot-server-new");
+    }
+    // 3. Only the new CA; each member restarted again.
+    trust(&net, new.pem());
+    let second = rolling_restart(&mut net, &lp.container);
+    let keys = writes_end(&net, &writing, writes, 50, "the CA rotation");
+    // The old CA's certificates are refused now, the new one's let in.
+    let stale = old.issue(&lp.ec, &net.tmp.path().join("stale"), "-stale");
+    let target = net.target(0, 0);
+    let with = |client: &std::path::Path| {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &target.ns,
+                "curl",
+                "-sf",
+                "-m",
+                "5",
+                "-o",
+                "/dev/null",
+            ])
+            .args([
+                "--cacert",
+                &net.secrets["client-tls"]
+                    .join("ca.crt")
+                    .display()
+                    .to_string(),
+            ])
+            .args(["--cert", &client.join("tls.crt").display().to_string()])
+            .args(["--key", &client.join("tls.key").display().to_string()])
+            .args(["-H", "Content-Type: application/json", "--data", "{}"])
+            .arg(format!("{}/v3/cluster/member/list", target.base))
+            .status()
+            .unwrap()
+            .code()
+            .unwrap_or(-1)
+    };
+    assert_eq!(
+        with(&net.secrets["client-tls"]),
+        0,
+        "the new CA's client certificate"
+    );
+    let refused = with(&stale["client-tls"]);
+    assert!(
+        refused != 0 && !matches!(refused, 2 | 6 | 7 | 28),
+        "the old CA's client certificate: curl exit code {refused}"
+    );
+    eprintln!(
+        "CA rotation: {} writes, 0 failed; restarts with both CAs {first:?}, with the new CA only {second:?}",
+        keys.len()
+    );
 }

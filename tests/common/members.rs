@@ -1115,6 +1115,23 @@ impl TestCa {
         dir: &std::path::Path,
         tag: &str,
     ) -> BTreeMap<String, std::path::PathBuf> {
+        self.issue_trusting(ec, dir, tag, &self.pem)
+    }
+
+    /// This CA's PEM.
+    pub fn pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// [`TestCa::issue`] with `trusted` as each Secret's `ca.crt` (a bundle during a CA
+    /// rotation).
+    pub fn issue_trusting(
+        &self,
+        ec: &etcd_webhook::api::v1::EtcdCluster,
+        dir: &std::path::Path,
+        tag: &str,
+        trusted: &str,
+    ) -> BTreeMap<String, std::path::PathBuf> {
         use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
         let mut secrets = BTreeMap::new();
         for (purpose, volume) in [
@@ -1160,22 +1177,26 @@ impl TestCa {
             let folder = dir.join(volume);
             std::fs::create_dir_all(&folder).unwrap();
             for (file, text) in [
-                ("ca.crt", self.pem.clone()),
+                ("ca.crt", trusted.to_owned()),
                 ("tls.crt", cert.pem()),
                 ("tls.key", key.serialize_pem()),
             ] {
-                // A new file moved over the old one, as the kubelet's `..data` swap makes
-                // the new contents appear at once.
-                let staged = folder.join(format!(".{file}.new"));
-                std::fs::write(&staged, text).unwrap();
-                run(Command::new("chown")
-                    .arg(format!("0:{RUN_AS}"))
-                    .arg(&staged));
-                run(Command::new("chmod").arg("0440").arg(&staged));
-                std::fs::rename(&staged, folder.join(file)).unwrap();
+                secret_file(&folder.join(file), &text);
             }
             secrets.insert(volume.to_owned(), folder);
         }
         secrets
     }
+}
+
+/// Writes a mounted Secret's file as the kubelet makes it appear: the new contents at once (a
+/// file moved over the old one, as its `..data` swap does), 0440 root:65532.
+pub fn secret_file(path: &Path, text: &str) {
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, text).unwrap();
+    run(Command::new("chown")
+        .arg(format!("0:{RUN_AS}"))
+        .arg(&staged));
+    run(Command::new("chmod").arg("0440").arg(&staged));
+    std::fs::rename(&staged, path).unwrap();
 }
