@@ -156,6 +156,10 @@ pub struct RenderArgs {
     /// The class a cluster that names none gets, as `serve --default-storage-class` fills it in.
     #[arg(long, value_parser = storage_class)]
     pub default_storage_class: Option<String>,
+    /// Whether a new EtcdCluster that says nothing about TLS gets member TLS (`spec.tls: {}`:
+    /// certificates from cert-manager), as `serve --default-member-tls` writes it.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub default_member_tls: bool,
     /// Fail (exit 1) on a field the EtcdCluster's version does not have, as
     /// `kubectl apply --validate=strict` does; `--strict=false` only warns.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -177,6 +181,10 @@ pub struct ReviewArgs {
     /// The class a cluster that names none gets, as `serve --default-storage-class` fills it in.
     #[arg(long, value_parser = storage_class)]
     pub default_storage_class: Option<String>,
+    /// Whether a new EtcdCluster that says nothing about TLS gets member TLS (`spec.tls: {}`:
+    /// certificates from cert-manager), as `serve --default-member-tls` writes it.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub default_member_tls: bool,
     /// Fail (exit 1) on a field the EtcdCluster's version does not have, as
     /// `kubectl apply --validate=strict` does; `--strict=false` only warns.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -322,6 +330,12 @@ pub struct ServeArgs {
     /// and get the cluster's default StorageClass.
     #[arg(long, env = "ETCD_WEBHOOK_DEFAULT_STORAGE_CLASS", value_parser = storage_class)]
     pub default_storage_class: Option<String>,
+    /// Member TLS for new EtcdClusters: `/mutate` writes `spec.tls: {}` into a new v1 cluster
+    /// that says nothing about TLS (its members then get certificates from cert-manager and
+    /// require client certificates). Off by default for now: such clusters run plain HTTP.
+    #[arg(long, env = "ETCD_WEBHOOK_DEFAULT_MEMBER_TLS", default_value_t = false, action = clap::ArgAction::Set,
+        num_args = 0..=1, default_missing_value = "true")]
+    pub default_member_tls: bool,
     #[command(flatten)]
     pub controller: ControllerArgs,
 }

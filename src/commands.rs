@@ -201,6 +201,7 @@ pub fn review(args: &ReviewArgs) -> i32 {
         };
         let settings = crate::admission::Settings {
             default_storage_class: args.default_storage_class.clone(),
+            default_member_tls: args.default_member_tls,
             storage_classes: None,
             secrets: None,
         };
@@ -258,6 +259,7 @@ pub fn render(args: &RenderArgs) -> i32 {
             args.strict,
             &crate::admission::Settings {
                 default_storage_class: args.default_storage_class.clone(),
+                default_member_tls: args.default_member_tls,
                 storage_classes: None,
                 secrets: None,
             },

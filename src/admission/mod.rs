@@ -8,6 +8,7 @@ pub mod cron;
 pub mod defaults;
 pub mod request;
 pub mod storage_class;
+pub mod tls;
 pub mod validate;
 
 use kube::core::admission::Operation;
@@ -48,7 +49,7 @@ pub fn review(
 /// The mutating decision: always allowed; a patch when defaults are missing. DELETE, CONNECT
 /// and subresource requests (status) get no patch: the apiserver would discard spec changes on
 /// a status update, and a patch on DELETE fails the request. A CREATE that names no storage
-/// class gets `--default-storage-class`, when set.
+/// class gets `--default-storage-class`, when set; member TLS as [`tls`] says.
 pub fn mutate(req: &AdmissionRequest, settings: &Settings) -> Result<Answer, PatchError> {
     let answer = Answer::allow(req);
     if !matches!(req.operation, Operation::Create | Operation::Update) || req.sub_resource.is_some()
@@ -66,6 +67,14 @@ pub fn mutate(req: &AdmissionRequest, settings: &Settings) -> Result<Answer, Pat
             .0
             .push(json_patch::PatchOperation::Add(json_patch::AddOperation {
                 path: path.parse().expect("a field's pointer is a JSON pointer"),
+                value,
+            }));
+    }
+    if let Some(value) = tls::default_tls(req, obj, version, settings.default_member_tls) {
+        patch
+            .0
+            .push(json_patch::PatchOperation::Add(json_patch::AddOperation {
+                path: "/spec/tls".parse().expect("a JSON pointer"),
                 value,
             }));
     }

@@ -21,6 +21,8 @@ pub struct Settings {
     pub storage_classes: Option<Arc<dyn StorageClasses>>,
     /// Whether a credentials Secret exists (`/validate`'s warning); `None`: never looked at.
     pub secrets: Option<Arc<dyn super::credentials::SecretNames>>,
+    /// `--default-member-tls`: a new cluster that says nothing about TLS gets `spec.tls: {}`.
+    pub default_member_tls: bool,
 }
 
 impl fmt::Debug for Settings {
@@ -29,6 +31,7 @@ impl fmt::Debug for Settings {
             .field("default_storage_class", &self.default_storage_class)
             .field("storage_classes", &self.storage_classes.is_some())
             .field("secrets", &self.secrets.is_some())
+            .field("default_member_tls", &self.default_member_tls)
             .finish()
     }
 }
@@ -209,8 +212,7 @@ mod tests {
     fn the_default_class_is_written_only_where_none_is_named() {
         let settings = Settings {
             default_storage_class: Some("gp3".into()),
-            storage_classes: None,
-            secrets: None,
+            ..Settings::default()
         };
         let o = |v: Value| json!({"spec": v});
         assert_eq!(

@@ -161,6 +161,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
         metrics: metrics.clone(),
         settings: crate::admission::Settings {
             default_storage_class: args.default_storage_class.clone(),
+            default_member_tls: args.default_member_tls,
             storage_classes: Some(storage_classes.clone()),
             secrets: Some(secrets.clone()),
         },

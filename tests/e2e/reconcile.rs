@@ -774,6 +774,19 @@ pub fn a_tls_cluster_gets_its_certificates_from_cert_manager(env: &Env) {
         },
     );
     assert_eq!(digest.len(), 16, "{digest}");
+    // A whole-object update written without spec.tls (kubectl replace): /mutate keeps the
+    // stored one before the CRD's rule judges it, so it is admitted and TLS stays.
+    let mut replaced = env.get_json(&["-n", ns, "etcdcluster", name]);
+    replaced["spec"].as_object_mut().unwrap().remove("tls");
+    replaced["spec"]["size"] = json!(5);
+    replaced.as_object_mut().unwrap().remove("status");
+    ok(
+        env.kubectl_in(&["replace", "-f", "-"], &replaced.to_string()),
+        "replace the TLS cluster without spec.tls",
+    );
+    let after = env.get_json(&["-n", ns, "etcdcluster", name]);
+    assert_eq!(after["spec"]["tls"], json!({}), "{}", after["spec"]);
+    assert_eq!(after["spec"]["size"], 5);
     println!(
         "    TLS cluster: cert-manager issued the CA and the three leaves {:.1} s after the create",
         issued.as_secs_f64()
