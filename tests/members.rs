@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::members::{
-    Backoff, Exit, Net, Probes, RUN_AS, Release, TestCa, in_netns, run, secret_file, writer,
+    Backoff, Exit, Net, Probes, RUN_AS, Release, TestCa, in_netns, post, run, secret_file, writer,
     writer_any, writer_to,
 };
 use etcd_webhook::api::v1::EtcdCluster;
@@ -1779,27 +1779,7 @@ fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no
 
     // Who is refused.
     let target = net.target(0, 0);
-    let attempt = |extra: &[String], url: &str| {
-        Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &target.ns,
-                "curl",
-                "-sf",
-                "-m",
-                "5",
-                "-o",
-                "/dev/null",
-            ])
-            .args(extra)
-            .args(["-H", "Content-Type: application/json", "--data", "{}"])
-            .arg(url)
-            .status()
-            .unwrap()
-            .code()
-            .unwrap_or(-1)
-    };
+    let attempt = |extra: &[String], url: &str| post(&target.ns, extra, url, "{}");
     // A refusal is the member ending the handshake or the connection, or an HTTP error answer
     // (curl's 35, 52, 55, 56, 22: which one depends on when the TLS 1.3 alert arrives) -
     // never curl's own usage error (2), a name or a connection that failed (6, 7) or a
@@ -1948,34 +1928,19 @@ fn a_ca_rotation_by_two_rolling_restarts_fails_no_write() {
     // The old CA's certificates are refused now, the new one's let in.
     let stale = old.issue(&lp.ec, &net.tmp.path().join("stale"), "-stale");
     let target = net.target(0, 0);
+    // The cluster's (new) CA file, whichever client certificate is presented.
+    let ca = net.secrets["client-tls"].join("ca.crt");
     let with = |client: &std::path::Path| {
-        Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &target.ns,
-                "curl",
-                "-sf",
-                "-m",
-                "5",
-                "-o",
-                "/dev/null",
-            ])
-            .args([
-                "--cacert",
-                &net.secrets["client-tls"]
-                    .join("ca.crt")
-                    .display()
-                    .to_string(),
-            ])
-            .args(["--cert", &client.join("tls.crt").display().to_string()])
-            .args(["--key", &client.join("tls.key").display().to_string()])
-            .args(["-H", "Content-Type: application/json", "--data", "{}"])
-            .arg(format!("{}/v3/cluster/member/list", target.base))
-            .status()
-            .unwrap()
-            .code()
-            .unwrap_or(-1)
+        let tls: Vec<String> = [
+            ("--cacert", ca.clone()),
+            ("--cert", client.join("tls.crt")),
+            ("--key", client.join("tls.key")),
+        ]
+        .into_iter()
+        .flat_map(|(flag, path)| [flag.to_owned(), path.display().to_string()])
+        .collect();
+        let url = format!("{}/v3/cluster/member/list", target.base);
+        post(&target.ns, &tls, &url, "{}")
     };
     assert_eq!(
         with(&net.secrets["client-tls"]),

@@ -727,11 +727,18 @@ pub fn put_via(ns: &str, addr: &str, key: &str, value: &str) -> bool {
 pub fn put_to(target: &Target, key: &str, value: &str) -> bool {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let body = json!({"key": b64(key), "value": b64(value)}).to_string();
+    let url = format!("{}/v3/kv/put", target.base);
+    post(&target.ns, &target.curl_tls(), &url, &body) == 0
+}
+
+/// A JSON POST with curl from namespace `ns` (`tls`: curl's certificate arguments): curl's exit
+/// code (0 for a 2xx answer, 22 for an HTTP error, others for the connection or TLS).
+pub fn post(ns: &str, tls: &[String], url: &str, body: &str) -> i32 {
     Command::new("ip")
         .args([
             "netns",
             "exec",
-            &target.ns,
+            ns,
             "curl",
             "-sf",
             "-m",
@@ -739,11 +746,13 @@ pub fn put_to(target: &Target, key: &str, value: &str) -> bool {
             "-o",
             "/dev/null",
         ])
-        .args(target.curl_tls())
-        .args(["-H", "Content-Type: application/json", "--data", &body])
-        .arg(format!("{}/v3/kv/put", target.base))
+        .args(tls)
+        .args(["-H", "Content-Type: application/json", "--data", body])
+        .arg(url)
         .status()
-        .is_ok_and(|s| s.success())
+        .ok()
+        .and_then(|s| s.code())
+        .unwrap_or(-1)
 }
 
 impl Net {

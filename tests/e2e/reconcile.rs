@@ -330,18 +330,7 @@ pub fn foreground_deletion_waits_for_the_children(env: &Env) {
     wait_for("the member's claim", Duration::from_secs(60), || {
         get_opt(env, ns, "persistentvolumeclaim", &format!("data-{name}-0"))
     });
-    ok(
-        env.kubectl(&[
-            "-n",
-            ns,
-            "delete",
-            "etcdcluster",
-            name,
-            "--cascade=foreground",
-            "--timeout=120s",
-        ]),
-        "foreground deletion",
-    );
+    delete_in_foreground(env, ns, name);
     for (resource, child) in &blocking {
         assert!(
             get_opt(env, ns, resource, child).is_none(),
@@ -360,6 +349,23 @@ pub fn foreground_deletion_waits_for_the_children(env: &Env) {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// `kubectl delete --cascade=foreground` of cluster `name`: returns once the garbage collector
+/// has removed its owned children (at most 120 s).
+fn delete_in_foreground(env: &Env, ns: &str, name: &str) {
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "delete",
+            "etcdcluster",
+            name,
+            "--cascade=foreground",
+            "--timeout=120s",
+        ]),
+        &format!("foreground deletion of {ns}/{name}"),
+    );
 }
 
 fn lease(env: &Env) -> Value {
@@ -791,18 +797,7 @@ pub fn a_tls_cluster_gets_its_certificates_from_cert_manager(env: &Env) {
         "    TLS cluster: cert-manager issued the CA and the three leaves {:.1} s after the create",
         issued.as_secs_f64()
     );
-    ok(
-        env.kubectl(&[
-            "-n",
-            ns,
-            "delete",
-            "etcdcluster",
-            name,
-            "--cascade=foreground",
-            "--timeout=120s",
-        ]),
-        "delete the TLS cluster",
-    );
+    delete_in_foreground(env, ns, name);
     for (resource, child) in [
         ("certificates.cert-manager.io", "sec-server"),
         ("issuers.cert-manager.io", "sec-ca"),
