@@ -297,10 +297,15 @@ pub struct ServeArgs {
     /// Longest a request may take (kept below the apiserver's default 10 s webhook timeout).
     #[arg(long, env = "ETCD_WEBHOOK_REQUEST_TIMEOUT", default_value = "9s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
-    /// Time a client has to send a request's headers; also how long a kept-alive connection
-    /// may sit idle before it is closed (slow and idle clients cannot pile up).
+    /// Time a client has to send a request's headers, from the request's first byte (or the
+    /// connection's start): slow clients cannot pile up.
     #[arg(long, env = "ETCD_WEBHOOK_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_read_timeout: Duration,
+    /// How long a kept-alive HTTP/1.1 connection may wait for its next request after the last
+    /// response. Keep it above the apiserver's idle-connection timeout (90 s): a server that
+    /// closes first races the apiserver's next POST on that connection, which is not retried.
+    #[arg(long, env = "ETCD_WEBHOOK_IDLE_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
     /// Most connections served at once; further ones wait in the listen backlog.
     #[arg(long, env = "ETCD_WEBHOOK_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,

@@ -2,6 +2,8 @@
 //! own task (a slow client never holds up others), HTTP/1.1 with keep-alive (HTTP/2 only when
 //! asked for), and a graceful drain on shutdown.
 
+mod timeouts;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,8 +30,12 @@ pub struct ServeOptions {
     pub http2: bool,
     /// Time a client has to finish the TLS handshake.
     pub handshake_timeout: Duration,
-    /// Time a client has to send a request's headers.
+    /// Time a client has to send a request's headers (from its first byte, or from the
+    /// connection's start).
     pub header_read_timeout: Duration,
+    /// How long a kept-alive HTTP/1.1 connection may wait for its next request after the last
+    /// response: longer than the apiserver's 90 s, so the client closes first.
+    pub idle_timeout: Duration,
     /// How long in-flight requests may take to finish after shutdown begins.
     pub drain_timeout: Duration,
     /// Most connections at once; more wait in the kernel's listen backlog.
@@ -42,6 +48,7 @@ impl Default for ServeOptions {
             http2: false,
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
             drain_timeout: Duration::from_secs(30),
             max_connections: 4096,
         }
@@ -85,7 +92,9 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(options.header_read_timeout)
+        // Headers and idle time are timed by `timeouts::Timeouts` (hyper's own header timeout
+        // also runs while a kept-alive connection is idle).
+        .header_read_timeout(None)
         .keep_alive(true);
     builder
         .http2()
@@ -130,6 +139,7 @@ pub async fn serve(
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
         let handshake_timeout = options.handshake_timeout;
+        let (header_timeout, idle_timeout) = (options.header_read_timeout, options.idle_timeout);
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _permit = permit;
@@ -146,7 +156,9 @@ pub async fn serve(
                     return;
                 }
             };
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+            let io = timeouts::Timeouts::new(tls, !h2, header_timeout, idle_timeout);
+            let conn = builder.serve_connection(TokioIo::new(io), service);
             if let Err(error) = watcher.watch(conn.into_owned()).await {
                 tracing::debug!(%error, %peer, "connection ended with an error");
             }

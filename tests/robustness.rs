@@ -261,6 +261,72 @@ fn slow_headers_are_cut_off() {
     });
 }
 
+/// Sends one request on `s` and reads its whole answer (head and Content-Length body); `None`
+/// when the connection is closed or nothing came within 5 s.
+async fn exchange<S: AsyncReadExt + AsyncWriteExt + Unpin>(
+    s: &mut S,
+    path: &str,
+) -> Option<String> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    s.write_all(request.as_bytes()).await.ok()?;
+    s.flush().await.ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return Some(head.lines().next().unwrap_or_default().to_owned());
+            }
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+}
+
+/// A kept-alive connection is not closed while it waits for its next request past the header
+/// timeout (the apiserver keeps idle connections up to 90 s and reuses them; the server used to
+/// close them at the header timeout, racing the next POST); it is closed once the idle timeout
+/// has passed since the last answer, as an end of stream.
+#[test]
+fn a_kept_alive_connection_outlives_the_header_timeout_and_ends_at_the_idle_timeout() {
+    let server = InProcess::start(&["--header-read-timeout", "1s", "--idle-timeout", "3s"]);
+    runtime().block_on(async {
+        let mut s = tls(&server).await;
+        let first = exchange(&mut s, "/no-such-path").await.expect("an answer");
+        assert!(first.starts_with("HTTP/1.1 "), "{first}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let second = exchange(&mut s, "/no-such-path")
+            .await
+            .expect("the kept-alive connection answers after 2 s idle (header timeout 1 s)");
+        assert_eq!(first, second);
+        let answered = Instant::now();
+        let mut buf = [0u8; 64];
+        let end = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await;
+        let idle = answered.elapsed();
+        assert!(
+            matches!(end, Ok(Ok(0)) | Ok(Err(_))),
+            "the idle connection was not closed: {end:?}"
+        );
+        assert!(
+            idle >= Duration::from_millis(2900) && idle < Duration::from_secs(5),
+            "closed after {idle:?} idle (idle timeout 3 s)"
+        );
+        still_serving(&server).await;
+    });
+}
+
 #[test]
 fn a_thousand_idle_connections_do_not_stop_others() {
     // The binary: its RSS is measured.

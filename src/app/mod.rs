@@ -262,6 +262,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
         let options = server::ServeOptions {
             http2: args.http2,
             header_read_timeout: args.header_read_timeout,
+            idle_timeout: args.idle_timeout,
             drain_timeout: args.shutdown_timeout,
             max_connections: args.max_connections,
             ..Default::default()
