@@ -1407,14 +1407,10 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
 /// client certificate of its `client-tls` Secret, as the loop reads it).
 fn through_gateway<T: Send>(net: &Net, f: impl AsyncFnOnce(&Etcd<'_>) -> T + Send) -> T {
     let endpoints = net.endpoints();
-    let identity = net.secrets.get("client-tls").map(|dir| {
-        let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
-        ClientTls {
-            ca: read("ca.crt"),
-            cert: read("tls.crt"),
-            key: read("tls.key"),
-        }
-    });
+    let identity = net
+        .secrets
+        .get("client-tls")
+        .map(|dir| ClientTls::read_dir(dir).unwrap());
     in_netns(&net.controller_ns, || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -214,18 +214,9 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
     let timeout = Duration::from_secs(args.timeout_seconds.max(1));
     let gateway = match &args.tls_dir {
         None => Gateway::new(timeout),
-        Some(dir) => {
-            let read = |name: &str| {
-                std::fs::read(dir.join(name))
-                    .map_err(|e| Error::Tls(format!("{}: {e}", dir.join(name).display())))
-            };
-            let identity = crate::controller::etcd::ClientTls {
-                ca: read(crate::controller::render::TLS_CA)?,
-                cert: read(crate::controller::render::TLS_CERT)?,
-                key: read(crate::controller::render::TLS_KEY)?,
-            };
-            Gateway::with_tls(timeout, &identity).map_err(|e| Error::Tls(e.to_string()))?
-        }
+        Some(dir) => crate::controller::etcd::ClientTls::read_dir(dir)
+            .and_then(|identity| Gateway::with_tls(timeout, &identity))
+            .map_err(|e| Error::Tls(e.to_string()))?,
     };
     let etcd = Etcd {
         transport: &gateway,

@@ -66,6 +66,20 @@ impl std::fmt::Debug for ClientTls {
 pub struct TlsError(pub String);
 
 impl ClientTls {
+    /// The three files of a mounted `NAME-client-tls` Secret in `dir`.
+    pub fn read_dir(dir: &std::path::Path) -> Result<ClientTls, TlsError> {
+        use super::render::{TLS_CA, TLS_CERT, TLS_KEY};
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read(&path).map_err(|e| TlsError(format!("{}: {e}", path.display())))
+        };
+        Ok(ClientTls {
+            ca: read(TLS_CA)?,
+            cert: read(TLS_CERT)?,
+            key: read(TLS_KEY)?,
+        })
+    }
+
     /// The rustls configuration: `ca` as the only root, `cert` and `key` as the identity.
     pub fn config(&self) -> Result<rustls::ClientConfig, TlsError> {
         use rustls_pki_types::pem::PemObject;

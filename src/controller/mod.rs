@@ -189,7 +189,7 @@ impl Context {
             return Ok(self.etcd.clone());
         }
         let ns = ec.namespace().unwrap_or_default();
-        let name = render::client_secret(ec);
+        let name = render::Purpose::Client.secret(ec);
         let secret = Api::<Secret>::namespaced(self.client.clone(), &ns)
             .get_opt(&name)
             .await

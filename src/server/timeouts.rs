@@ -75,6 +75,16 @@ impl<IO> Timeouts<IO> {
     fn arm(&mut self, after: Duration) {
         self.deadline.as_mut().reset(Instant::now() + after);
     }
+
+    /// After a write: a response (or part of one) went out, so the connection is idle from its
+    /// last byte.
+    fn wrote(&mut self, written: &Poll<io::Result<usize>>) {
+        if self.enabled && matches!(written, Poll::Ready(Ok(n)) if *n > 0) {
+            self.phase = Phase::Idle;
+            let idle = self.idle;
+            self.arm(idle);
+        }
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Timeouts<IO> {
@@ -126,14 +136,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Timeouts<IO> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        let written = Pin::new(&mut this.io).poll_write(cx, data);
-        if this.enabled && matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            // A response (or part of one): idle from its last byte.
-            this.phase = Phase::Idle;
-            let idle = this.idle;
-            this.arm(idle);
-        }
+        let written = Pin::new(&mut self.io).poll_write(cx, data);
+        self.wrote(&written);
         written
     }
 
@@ -142,13 +146,8 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Timeouts<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = &mut *self;
-        let written = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
-        if this.enabled && matches!(written, Poll::Ready(Ok(n)) if n > 0) {
-            this.phase = Phase::Idle;
-            let idle = this.idle;
-            this.arm(idle);
-        }
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.wrote(&written);
         written
     }
 

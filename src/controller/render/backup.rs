@@ -145,7 +145,7 @@ fn snapshot_pod(
     });
     // A TLS cluster's members are reached with its client certificate.
     if crate::api::tls_on(&ec.spec) {
-        volumes.push(secret_volume("client-tls", client_secret(ec)));
+        volumes.push(secret_volume("client-tls", Purpose::Client.secret(ec)));
         mounts.push(read_only_mount("client-tls", CLIENT_TLS_MOUNT));
         args.push(format!("--tls-dir={CLIENT_TLS_MOUNT}"));
     }

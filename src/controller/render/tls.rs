@@ -51,18 +51,6 @@ pub fn scheme(ec: &EtcdCluster) -> &'static str {
     }
 }
 
-pub fn peer_secret(ec: &EtcdCluster) -> String {
-    format!("{}-peer-tls", ec.name_any())
-}
-
-pub fn server_secret(ec: &EtcdCluster) -> String {
-    format!("{}-server-tls", ec.name_any())
-}
-
-pub fn client_secret(ec: &EtcdCluster) -> String {
-    format!("{}-client-tls", ec.name_any())
-}
-
 /// etcd's certificate flags for a TLS cluster (none for a plain one).
 pub fn member_tls_args(ec: &EtcdCluster) -> Vec<String> {
     if !crate::api::tls_on(&ec.spec) {
@@ -111,8 +99,8 @@ pub fn member_tls_volumes(ec: &EtcdCluster) -> (Vec<Volume>, Vec<VolumeMount>) {
     }
     (
         vec![
-            secret_volume("peer-tls", peer_secret(ec)),
-            secret_volume("server-tls", server_secret(ec)),
+            secret_volume("peer-tls", Purpose::Peer.secret(ec)),
+            secret_volume("server-tls", Purpose::Server.secret(ec)),
         ],
         vec![
             read_only_mount("peer-tls", PEER_TLS_MOUNT),
@@ -153,12 +141,9 @@ pub enum Purpose {
 impl Purpose {
     pub const ALL: [Purpose; 3] = [Purpose::Peer, Purpose::Server, Purpose::Client];
 
+    /// The Secret cert-manager writes it to: the Certificate's name with `-tls`.
     pub fn secret(self, ec: &EtcdCluster) -> String {
-        match self {
-            Purpose::Peer => peer_secret(ec),
-            Purpose::Server => server_secret(ec),
-            Purpose::Client => client_secret(ec),
-        }
+        format!("{}-tls", self.certificate(ec))
     }
 
     /// The Certificate's name: the Secret's without `-tls`.
