@@ -504,6 +504,34 @@ pub struct ControllerArgs {
     /// MemberNeverCaughtUp).
     #[arg(long, env = "ETCD_WEBHOOK_MEMBER_PROMOTE_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
     pub member_promote_timeout: Duration,
+    /// The loop's requests to the Kubernetes API per second, on average (client-go's QPS;
+    /// controller-runtime's default); 0: no client-side limit. The Lease has its own client.
+    #[arg(long, env = "ETCD_WEBHOOK_KUBE_API_QPS", default_value_t = 20.0, value_parser = non_negative)]
+    pub kube_api_qps: f64,
+    /// Requests the loop may send at once above --kube-api-qps before it waits (client-go's
+    /// Burst).
+    #[arg(long, env = "ETCD_WEBHOOK_KUBE_API_BURST", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    pub kube_api_burst: u32,
+    /// At most this many EtcdClusters are reconciled at once (0: no bound).
+    #[arg(
+        long,
+        env = "ETCD_WEBHOOK_MAX_CONCURRENT_RECONCILES",
+        default_value_t = 16
+    )]
+    pub max_concurrent_reconciles: u16,
+    /// On shutdown the loop stops taking work and its running passes get this long to finish
+    /// (then they are abandoned); then the Lease is released, and only then does readiness go
+    /// off and the server drain.
+    #[arg(long, env = "ETCD_WEBHOOK_CONTROLLER_STOP_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub controller_stop_timeout: Duration,
+}
+
+/// A finite number, 0 or more.
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of 0 or more")),
+    }
 }
 
 /// A StorageClass name, checked as the rules check `spec.storageClass`.

@@ -60,6 +60,14 @@ pub struct MemberStateLabels {
     pub state: String,
 }
 
+/// One answer of the API server to the loop's client: the verb (`WATCH` for a watch) and the
+/// HTTP code (`error` when no answer came).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KubeRequestLabels {
+    pub verb: &'static str,
+    pub code: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConversionLabels {
     pub from: &'static str,
@@ -122,6 +130,8 @@ pub struct Metrics {
     pub cluster_members: Family<MemberStateLabels, Gauge>,
     pub member_db_size: Family<MemberLabels, Gauge>,
     pub member_db_size_in_use: Family<MemberLabels, Gauge>,
+    pub kube_api_requests: Family<KubeRequestLabels, Counter>,
+    pub kube_api_rate_limit_wait: Histogram,
 }
 
 impl Default for Metrics {
@@ -169,6 +179,11 @@ impl Metrics {
             cluster_members: Family::default(),
             member_db_size: Family::default(),
             member_db_size_in_use: Family::default(),
+            kube_api_requests: Family::default(),
+            // 1 ms .. 65 s
+            kube_api_rate_limit_wait: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 4.0, 9),
+            ),
             registry: Registry::default(),
         };
         registry.register(
@@ -315,6 +330,16 @@ impl Metrics {
             "member_db_size_in_use_bytes",
             "The part of each member's database in use (the rest a defragmentation gives back)",
             m.member_db_size_in_use.clone(),
+        );
+        registry.register(
+            "kube_api_requests",
+            "The reconcile loop's requests to the Kubernetes API by verb (WATCH for a watch) and answer code (error: none came); a 429 or 5xx with Retry-After is waited out and sent again, and counted each time",
+            m.kube_api_requests.clone(),
+        );
+        registry.register(
+            "kube_api_rate_limit_wait_seconds",
+            "How long each of the loop's requests waited for the client-side limit (--kube-api-qps, --kube-api-burst)",
+            m.kube_api_rate_limit_wait.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -97,6 +97,15 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
         "the log names the API server: {log}"
     );
     assert_eq!(server.metric("etcd_webhook_controller_leader", ""), 1.0);
+    // The loop's requests go through its client-side limit and are counted by verb and code.
+    assert!(
+        server.metric(
+            "etcd_webhook_kube_api_requests_total",
+            "verb=\"WATCH\",code=\"200\""
+        ) >= 1.0,
+        "{}",
+        server.health_get("/metrics").1
+    );
     // The webhooks answer as before.
     let (code, _, review) = rt.block_on(post(
         &apiserver_client(&server.ca()),
@@ -303,4 +312,85 @@ fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
     replicas[f].sigterm();
     assert_eq!(replicas[f].wait_exit(Duration::from_secs(20)), Some(0));
     assert!(api.get(LEASE).unwrap()["spec"]["holderIdentity"].is_null());
+}
+
+/// SIGTERM while a pass waits on a slow API server: the loop stops first (the pass abandoned
+/// at --controller-stop-timeout) and releases the Lease while readiness stays on and the
+/// webhooks answer; only then does readiness go off and the server drain (issue 30: the loop
+/// used to go on reconciling after the listener closed, and its writes needed /convert).
+#[test]
+fn on_sigterm_the_loop_stops_and_releases_the_lease_before_readiness_goes_off() {
+    let rt = runtime();
+    let api = FakeApi::default();
+    api.insert(EC, stored_cluster());
+    api.delay(
+        "PATCH /api/v1/namespaces/prod/services/",
+        Duration::from_secs(120),
+    );
+    let port = serve_fake(&rt, &api);
+    let tmp = tempfile::tempdir().unwrap();
+    let config = kubeconfig(tmp.path(), port);
+    let mut server = Server::start_with_env(
+        &[
+            "--controller",
+            "on",
+            "--leader-election-namespace",
+            "test",
+            "--identity",
+            "replica-a",
+            "--lease-duration",
+            "6s",
+            "--controller-stop-timeout",
+            "2s",
+            "--shutdown-delay",
+            "1s",
+        ],
+        &[("KUBECONFIG", config.to_str().unwrap())],
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || api.delayed() > 0),
+        "no pass reached the slow Service apply; log:\n{}",
+        server.log()
+    );
+    let signalled = Instant::now();
+    server.sigterm();
+    assert!(
+        server.wait_log("stopping the reconcile loop first", Duration::from_secs(5)),
+        "{}",
+        server.log()
+    );
+    // The loop is stopping: still ready, and the webhooks answer.
+    assert_eq!(server.health_get("/readyz").0, 200, "{}", server.log());
+    let (code, _, review) = rt.block_on(post(
+        &apiserver_client(&server.ca()),
+        &server.url("/validate"),
+        fixture("validate-v1-create-valid.json"),
+    ));
+    assert_eq!(code, 200);
+    assert_eq!(review["response"]["allowed"], true);
+    assert_eq!(
+        server.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "log:\n{}",
+        server.log()
+    );
+    let took = signalled.elapsed();
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(12),
+        "2 s for the pass, 1 s of shutdown delay, then the drain: took {took:?}"
+    );
+    let log = server.log();
+    let at = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in log:\n{log}"))
+    };
+    assert!(at("stopping the reconcile loop first") < at("were abandoned"));
+    assert!(at("were abandoned") < at("leader Lease released"));
+    assert!(at("leader Lease released") < at("readiness off"));
+    assert!(at("readiness off") < at("no longer accepting connections"));
+    let lease = api.get(LEASE).unwrap();
+    assert!(
+        lease["spec"]["holderIdentity"].is_null(),
+        "Lease not released: {lease}"
+    );
 }

@@ -160,7 +160,20 @@ pub(super) async fn start_controller(
         .or_else(|| service_account_namespace(in_pod))
         .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
     tracing::info!(server = %config.cluster_url, %lease_namespace, "controller: reconciling EtcdClusters of this API server");
-    let client = kube::Client::try_from(config).map_err(Error::KubeClient)?;
+    // The loop's requests go through the client-side limit; the Lease has a client of its own
+    // (as client-go's leader election does), so a busy loop never delays a renewal.
+    let lease_client = kube::Client::try_from(config.clone()).map_err(Error::KubeClient)?;
+    let limits = controller::throttle::Limits {
+        qps: args.kube_api_qps,
+        burst: args.kube_api_burst,
+    };
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(Error::KubeClient)?
+        .with_layer(&controller::throttle::ThrottleLayer::new(
+            limits,
+            metrics.clone(),
+        ))
+        .build();
     let identity = args
         .identity
         .clone()
@@ -188,6 +201,8 @@ pub(super) async fn start_controller(
             join: args.member_join_timeout,
             promote: args.member_promote_timeout,
         },
+        max_concurrent_reconciles: args.max_concurrent_reconciles,
+        stop_timeout: args.controller_stop_timeout,
     };
     if !args.leader_elect {
         tracing::info!("leader election off: this replica reconciles");
@@ -209,6 +224,10 @@ pub(super) async fn start_controller(
         }
     };
     Ok(Some(tokio::spawn(leader::run_when_leader(
-        client, lease, metrics, stop, work,
+        lease_client,
+        lease,
+        metrics,
+        stop,
+        work,
     ))))
 }

@@ -65,17 +65,30 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, Error> {
         .map_err(Error::Runtime)
 }
 
-/// How a shutdown proceeds: [`Shutdown::begin`] turns readiness off and stops the reconcile
-/// loop (its Lease is released) while the webhooks keep serving; [`Shutdown::finish`] stops
-/// accepting and drains.
+/// How a shutdown proceeds: [`Shutdown::stop_controller`] stops the reconcile loop and waits
+/// until its passes have finished or been abandoned and its Lease is released, while readiness
+/// stays on and the webhooks serve (the loop's own writes need `/convert`, which may be this
+/// very process); [`Shutdown::begin`] then turns readiness off, and [`Shutdown::finish`]
+/// stops accepting and drains.
 #[derive(Clone, Debug)]
 pub struct Shutdown {
     readiness: Arc<Readiness>,
     controller: CancellationToken,
+    /// Cancelled when the reconcile loop has stopped (at once when there is none).
+    controller_stopped: CancellationToken,
     server: CancellationToken,
 }
 
 impl Shutdown {
+    /// Stops the reconcile loop and waits, at most `within`, until it has stopped; whether it
+    /// did.
+    pub async fn stop_controller(&self, within: Duration) -> bool {
+        self.controller.cancel();
+        tokio::time::timeout(within, self.controller_stopped.cancelled())
+            .await
+            .is_ok()
+    }
+
     pub fn begin(&self) {
         self.readiness.begin_shutdown();
         self.controller.cancel();
@@ -122,8 +135,14 @@ impl Running {
 /// `etcd-webhook serve`: starts, then runs until SIGTERM/SIGINT and drains.
 pub async fn serve(args: ServeArgs) -> Result<(), Error> {
     let delay = args.shutdown_delay;
+    // The loop's own bound, plus the Lease's release (at most 5 s) and a margin.
+    let controller_stop = args.controller.controller_stop_timeout + Duration::from_secs(10);
     let running = start(args).await?;
-    tokio::spawn(shutdown_on_signal(running.shutdown.clone(), delay));
+    tokio::spawn(shutdown_on_signal(
+        running.shutdown.clone(),
+        controller_stop,
+        delay,
+    ));
     running.wait().await;
     Ok(())
 }
@@ -170,6 +189,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
     let shutdown = Shutdown {
         readiness: readiness.clone(),
         controller: CancellationToken::new(),
+        controller_stopped: CancellationToken::new(),
         server: server_stop.clone(),
     };
 
@@ -279,6 +299,19 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
     }
     .await;
     let (addr, server, controller) = started.inspect_err(|_| shutdown.finish())?;
+    let controller = match controller {
+        Some(task) => {
+            let stopped = shutdown.controller_stopped.clone();
+            Some(tokio::spawn(async move {
+                let _ = task.await;
+                stopped.cancel();
+            }))
+        }
+        None => {
+            shutdown.controller_stopped.cancel();
+            None
+        }
+    };
     Ok(Running {
         addr,
         health_addr,
@@ -291,9 +324,11 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
     })
 }
 
-/// First signal: readiness false at once; keep accepting for `delay` (endpoints catch up),
-/// then stop accepting and drain. A second signal skips the rest of the delay.
-async fn shutdown_on_signal(shutdown: Shutdown, delay: Duration) {
+/// First signal: the reconcile loop stops (its passes finish or are abandoned, its Lease is
+/// released) while everything serves; then readiness goes false, the server keeps accepting for
+/// `delay` (endpoints catch up), then stops accepting and drains. A second signal skips the
+/// rest of the waits.
+async fn shutdown_on_signal(shutdown: Shutdown, controller_stop: Duration, delay: Duration) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -303,14 +338,31 @@ async fn shutdown_on_signal(shutdown: Shutdown, delay: Duration) {
         return;
     };
     tokio::select! {
-        _ = term.recv() => tracing::info!(delay = ?delay, "SIGTERM: readiness off; still accepting for --shutdown-delay ({delay:?}) while the Service's endpoints catch up, then draining (a second signal skips the wait)"),
-        _ = int.recv() => tracing::info!(delay = ?delay, "SIGINT: readiness off; still accepting for --shutdown-delay ({delay:?}) while the Service's endpoints catch up, then draining (press Ctrl-C again to skip the wait)"),
+        _ = term.recv() => tracing::info!("SIGTERM: stopping the reconcile loop first (webhooks and /convert still serve; a second signal skips the waits)"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping the reconcile loop first (webhooks and /convert still serve; press Ctrl-C again to skip the waits)"),
     }
+    let hurried = tokio::select! {
+        stopped = shutdown.stop_controller(controller_stop) => {
+            if !stopped {
+                tracing::warn!(within = ?controller_stop, "the reconcile loop did not stop in time; shutting down the server anyway");
+            }
+            false
+        }
+        _ = term.recv() => true,
+        _ = int.recv() => true,
+    };
     shutdown.begin();
-    tokio::select! {
-        () = tokio::time::sleep(delay) => {}
-        _ = term.recv() => tracing::info!("second signal: skipping the shutdown delay"),
-        _ = int.recv() => tracing::info!("second signal: skipping the shutdown delay"),
+    if hurried {
+        tracing::info!(
+            "second signal: readiness off, not waiting for the reconcile loop nor --shutdown-delay"
+        );
+    } else {
+        tracing::info!(delay = ?delay, "readiness off; still accepting for --shutdown-delay ({delay:?}) while the Service's endpoints catch up, then draining");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = term.recv() => tracing::info!("second signal: skipping the shutdown delay"),
+            _ = int.recv() => tracing::info!("second signal: skipping the shutdown delay"),
+        }
     }
     tracing::info!("no longer accepting connections; draining");
     shutdown.finish();

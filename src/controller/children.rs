@@ -83,10 +83,31 @@ pub trait Child:
     + 'static
 {
     fn cache(caches: &Caches) -> &Store<Self>;
+
+    /// Drops, before the object is cached, the parts of this kind the loop never reads (see
+    /// [`slim`]).
+    fn slim_kind(&mut self) {}
+}
+
+/// What kubectl's client-side apply keeps on an object: a copy of the whole object as a string.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The object as the caches keep it: no managedFields (often half an object) and no
+/// last-applied annotation (the other half; the annotations map itself stays, so a patch that
+/// adds a key never replaces the map), and per kind what the loop never reads: a pod's spec
+/// (the loop reads pods' labels and container statuses) and a Job's pod template (a Job is
+/// created once and then only its status is read). Memory per cluster is what this saves.
+pub fn slim<K: Child>(o: &mut K) {
+    let meta = o.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+    o.slim_kind();
 }
 
 macro_rules! child {
-    ($($kind:ty => $field:ident),* $(,)?) => {
+    ($($kind:ty => $field:ident $(, slim: $slim:expr)?);* $(;)?) => {
         /// The reflector caches of the owned kinds, filled by the controller's watches (the same
         /// watches that trigger reconciles), so a pass reads nothing from the API.
         #[derive(Clone)]
@@ -97,20 +118,28 @@ macro_rules! child {
             fn cache(caches: &Caches) -> &Store<Self> {
                 &caches.$field
             }
+            $(fn slim_kind(&mut self) {
+                let slim: fn(&mut Self) = $slim;
+                slim(self)
+            })?
         })*
     };
 }
 
 child! {
-    StatefulSet => sets,
-    Service => services,
-    PodDisruptionBudget => budgets,
-    CronJob => crons,
-    Job => jobs,
-    PersistentVolumeClaim => claims,
-    ConfigMap => configs,
-    Pod => pods,
-    NetworkPolicy => policies,
+    StatefulSet => sets;
+    Service => services;
+    PodDisruptionBudget => budgets;
+    CronJob => crons;
+    Job => jobs, slim: |job| {
+        if let Some(spec) = job.spec.as_mut() {
+            spec.template = Default::default();
+        }
+    };
+    PersistentVolumeClaim => claims;
+    ConfigMap => configs;
+    Pod => pods, slim: |pod| pod.spec = None;
+    NetworkPolicy => policies;
 }
 
 /// The children of one cluster, in its namespace: reads from the caches, writes to the API.

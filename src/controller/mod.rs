@@ -32,6 +32,7 @@ pub mod status;
 mod status_writer;
 mod storage;
 pub mod storage_classes;
+pub mod throttle;
 pub mod upgrade;
 
 pub use children::{Applied, Caches, Child, includes};
@@ -115,6 +116,11 @@ pub struct Settings {
     /// How long a member added to etcd may stay unstarted, and a started learner behind its
     /// leader, before it is removed.
     pub member_timeouts: membership::Timeouts,
+    /// At most this many passes run at once (0: no bound).
+    pub max_concurrent_reconciles: u16,
+    /// After the stop signal, passes still running get this long to finish; then they are
+    /// abandoned (dropped between two API calls; the next leader's pass starts over).
+    pub stop_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -126,6 +132,8 @@ impl Default for Settings {
             namespace: None,
             instance: None,
             member_timeouts: membership::Timeouts::default(),
+            max_concurrent_reconciles: 16,
+            stop_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -254,17 +262,9 @@ impl Context {
         member: Option<&str>,
         type_: EventType,
         reason: &str,
-        mut note: String,
+        note: String,
     ) {
-        const NOTE_MAX: usize = 1024;
-        if note.len() > NOTE_MAX {
-            let mut cut = NOTE_MAX - 3;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-            note.push_str("...");
-        }
+        let note = cut_note(note);
         let ev = Event {
             type_,
             reason: reason.to_owned(),
@@ -292,6 +292,26 @@ impl Context {
         }
         self.metrics.finalizers_in_progress.set(set.len() as i64);
     }
+}
+
+/// The most an Event's note may hold: the apiserver refuses a longer one (bytes, as Go's `len`).
+pub const EVENT_NOTE_MAX: usize = 1024;
+/// What ends a note [`cut_note`] shortened.
+const CUT_MARKER: &str = " ... (cut)";
+
+/// `note` as the apiserver accepts it: at most [`EVENT_NOTE_MAX`] bytes, cut on a character
+/// boundary and ending in [`CUT_MARKER`] when it was longer.
+pub fn cut_note(mut note: String) -> String {
+    if note.len() <= EVENT_NOTE_MAX {
+        return note;
+    }
+    let mut cut = EVENT_NOTE_MAX - CUT_MARKER.len();
+    while !note.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    note.truncate(cut);
+    note.push_str(CUT_MARKER);
+    note
 }
 
 fn key(ec: &EtcdCluster) -> String {

@@ -17,7 +17,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use tokio_util::sync::CancellationToken;
 
-use super::children::{Caches, Child};
+use super::children::{Caches, Child, LAST_APPLIED, slim};
 use super::etcd::{Gateway, Transport};
 use super::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
 use crate::api::v1::EtcdCluster;
@@ -76,8 +76,7 @@ pub async fn run_with_etcd(
         let (reader, writer) = reflector::store();
         let stream = watcher(api_in::<K>(client, ns), config.clone())
             .default_backoff()
-            // managedFields are often half an object; nothing here reads them.
-            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .modify(slim::<K>)
             .reflect(writer)
             .touched_objects();
         (reader, stream)
@@ -105,6 +104,8 @@ pub async fn run_with_etcd(
         pods,
         policies,
     };
+    let concurrency = settings.max_concurrent_reconciles;
+    let stop_timeout = settings.stop_timeout;
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics, caches).with_etcd(etcd));
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
     let claims_stop = stop.clone();
@@ -115,34 +116,63 @@ pub async fn run_with_etcd(
             () = claims_stop.cancelled() => {}
         }
     });
-    Controller::new(
+    // The clusters' own cache, as slim as the children's: their managedFields (kubectl's, the
+    // status writer's, the finalizer's) and last-applied annotation are never read.
+    let (clusters, clusters_writer) = reflector::store();
+    let clusters_events = watcher(
         api_in::<EtcdCluster>(&client, ns),
         watcher::Config::default(),
     )
-    .owns_stream(sets_events)
-    .owns_stream(services_events)
-    .owns_stream(budgets_events)
-    .owns_stream(crons_events)
-    .owns_stream(jobs_events)
-    .owns_stream(configs_events)
-    .owns_stream(policies_events)
-    // A backup pod that ends brings its cluster's pass (the loop records its report); member
-    // pods fill the cache only (their readiness comes through the StatefulSet's status).
-    .watches_stream(pods_events, backup_pod_owner)
-    // Coalesce the bursts of events one pass causes (its own writes coming back through the
-    // watches), so the next pass sees them all in the caches.
-    .with_config(controller::Config::default().debounce(DEBOUNCE))
-    .graceful_shutdown_on(stop.cancelled_owned())
-    .run(reconcile, error_policy, ctx)
-    .for_each(|result| async move {
-        match result {
-            Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
-            Err(error) => tracing::debug!(%error, "reconcile error (see the warning above)"),
+    .default_backoff()
+    .modify(|ec: &mut EtcdCluster| {
+        ec.metadata.managed_fields = None;
+        if let Some(annotations) = ec.metadata.annotations.as_mut() {
+            annotations.remove(LAST_APPLIED);
         }
     })
-    .await;
+    .reflect(clusters_writer)
+    .applied_objects();
+    let controller = Controller::for_stream(clusters_events, clusters)
+        .owns_stream(sets_events)
+        .owns_stream(services_events)
+        .owns_stream(budgets_events)
+        .owns_stream(crons_events)
+        .owns_stream(jobs_events)
+        .owns_stream(configs_events)
+        .owns_stream(policies_events)
+        // A backup pod that ends brings its cluster's pass (the loop records its report); member
+        // pods fill the cache only (their readiness comes through the StatefulSet's status).
+        .watches_stream(pods_events, backup_pod_owner)
+        // Coalesce the bursts of events one pass causes (its own writes coming back through the
+        // watches), so the next pass sees them all in the caches.
+        .with_config(
+            controller::Config::default()
+                .debounce(DEBOUNCE)
+                .concurrency(concurrency),
+        )
+        // On stop: no new passes; the running ones may finish...
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
+                Err(error) => tracing::debug!(%error, "reconcile error (see the warning above)"),
+            }
+        });
+    // ...within the stop timeout; then they are dropped (between two API calls: each write is
+    // one request, and the next pass starts from what the API server holds).
+    let deadline = async {
+        stop.cancelled().await;
+        tokio::time::sleep(stop_timeout).await;
+    };
+    tokio::select! {
+        () = controller => tracing::info!("controller stopped"),
+        () = deadline => tracing::warn!(
+            timeout = ?stop_timeout,
+            "controller stopped: passes still running after --controller-stop-timeout were abandoned"
+        ),
+    }
     claims_task.abort();
-    tracing::info!("controller stopped");
 }
 
 /// The cluster of a backup pod (scheduled or final snapshot) that has ended.

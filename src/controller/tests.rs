@@ -128,12 +128,10 @@ fn caches() -> (Caches, Feed) {
 /// [`MANAGED_SELECTOR`], managedFields dropped) would after a relist.
 fn refill<K: Child>(writer: &mut reflector::store::Writer<K>, api: &FakeApi, resource: &str) {
     writer.apply_watcher_event(&watcher::Event::Init);
-    for mut o in api.list_selected(resource, MANAGED_SELECTOR) {
-        o["metadata"]
-            .as_object_mut()
-            .unwrap()
-            .remove("managedFields");
-        let obj: K = serde_json::from_value(o).expect("a stored object deserializes");
+    for o in api.list_selected(resource, MANAGED_SELECTOR) {
+        let mut obj: K = serde_json::from_value(o).expect("a stored object deserializes");
+        // As the watches cache it.
+        children::slim(&mut obj);
         writer.apply_watcher_event(&watcher::Event::InitApply(obj));
     }
     writer.apply_watcher_event(&watcher::Event::InitDone);
@@ -1821,4 +1819,54 @@ async fn deleting_a_cluster_that_never_got_members_takes_no_snapshot() {
     pass(&api, &ctx).await.unwrap();
     assert!(api.get(EC).is_none(), "finalizer removed at once");
     assert!(api.get(FINAL_JOB).is_none());
+}
+
+#[test]
+fn an_event_note_is_cut_to_the_apiservers_limit_with_a_marker() {
+    let short = "x".repeat(EVENT_NOTE_MAX);
+    assert_eq!(
+        cut_note(short.clone()),
+        short,
+        "1024 bytes pass as they are"
+    );
+    // An apply error with the apiserver's message inside, multi-byte characters at the cut.
+    let long = format!("apply Service etcd: {}", "ä€".repeat(600));
+    assert!(long.len() > 3000);
+    let cut = cut_note(long.clone());
+    assert!(cut.len() <= EVENT_NOTE_MAX, "{}", cut.len());
+    assert!(
+        cut.len() > EVENT_NOTE_MAX - 4,
+        "no more than a character lost to the boundary"
+    );
+    assert!(cut.ends_with(CUT_MARKER));
+    assert!(long.starts_with(cut.strip_suffix(CUT_MARKER).unwrap()));
+}
+
+/// A Warning whose note is an apiserver message over 1,024 bytes (issue 30: "ApplyFailed" was
+/// refused and lost) is published, cut.
+#[tokio::test]
+async fn a_warning_with_a_long_message_is_published() {
+    let (api, ctx) = setup(3, None);
+    let ec = serde_json::from_value::<EtcdCluster>(cluster_json(&api)).unwrap();
+    let message = format!(
+        "apply StatefulSet etcd: {}",
+        "field is immutable; ".repeat(100)
+    );
+    ctx.event(&ec, EventType::Warning, "ApplyFailed", message)
+        .await;
+    let calls = api.calls();
+    let posted: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.resource() == "events" && c.method == "POST")
+        .collect();
+    assert_eq!(posted.len(), 1);
+    assert_eq!(posted[0].code, 201, "{:?}", posted[0]);
+    let note = posted[0].body.as_ref().unwrap()["note"].as_str().unwrap();
+    assert_eq!(
+        note.len(),
+        EVENT_NOTE_MAX,
+        "ASCII: cut exactly at the limit"
+    );
+    assert!(note.starts_with("apply StatefulSet etcd: field is immutable"));
+    assert!(note.ends_with(CUT_MARKER), "{note}");
 }

@@ -480,6 +480,23 @@ impl FakeCore {
                 status(code, "InternalError", "injected fault".to_owned()),
             );
         }
+        // The apiserver's validation of events.k8s.io/v1: a note over 1024 bytes is refused.
+        if path.starts_with("/apis/events.k8s.io/")
+            && let Some(note) = body.and_then(|b| b["note"].as_str())
+            && note.len() > 1024
+        {
+            return (
+                422,
+                status(
+                    422,
+                    "Invalid",
+                    format!(
+                        "note: Too long: may not be more than 1024 bytes (it has {})",
+                        note.len()
+                    ),
+                ),
+            );
+        }
         let not_found = || (404, status(404, "NotFound", format!("{path} not found")));
         let is_collection = parse(path).is_some_and(|(_, _, _, name)| name.is_none());
         match method {

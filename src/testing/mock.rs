@@ -53,6 +53,11 @@ struct State {
     calls: Vec<Call>,
     /// Clients (by tag) whose requests fail as if the network were cut.
     partitioned: HashSet<String>,
+    /// Requests over HTTP whose `METHOD path` starts with the prefix are held this long before
+    /// they are answered ([`FakeApi::delay`]).
+    delays: Vec<(String, std::time::Duration)>,
+    /// How many requests a delay is holding or has held.
+    delayed: usize,
 }
 
 /// The fake server; cheap to clone (shared state).
@@ -92,6 +97,21 @@ impl FakeApi {
             }
         });
         Client::new(service, "default")
+    }
+
+    /// Holds every request over HTTP whose `METHOD path` starts with `prefix` for `hold` before
+    /// answering it (a slow API server; the request is recorded when it is answered).
+    pub fn delay(&self, prefix: &str, hold: std::time::Duration) {
+        self.state
+            .lock()
+            .unwrap()
+            .delays
+            .push((prefix.to_owned(), hold));
+    }
+
+    /// How many requests a [`FakeApi::delay`] has held so far (answered or not).
+    pub fn delayed(&self) -> usize {
+        self.state.lock().unwrap().delayed
     }
 
     /// Cuts (or restores) the clients made with `tag`.
@@ -277,6 +297,20 @@ async fn http_answer(
     let bytes = axum::body::to_bytes(body, usize::MAX)
         .await
         .unwrap_or_default();
+    let hold = {
+        let mut st = api.state.lock().unwrap();
+        let request = format!("{} {}", parts.method, parts.uri.path());
+        let hold = st
+            .delays
+            .iter()
+            .find(|(prefix, _)| request.starts_with(prefix.as_str()))
+            .map(|(_, hold)| *hold);
+        st.delayed += usize::from(hold.is_some());
+        hold
+    };
+    if let Some(hold) = hold {
+        tokio::time::sleep(hold).await;
+    }
     let (code, out) = api.answer_parts(&parts, &bytes);
     (
         StatusCode::from_u16(code).unwrap(),
