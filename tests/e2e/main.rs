@@ -18,6 +18,7 @@ mod lifecycle;
 mod members;
 mod reconcile;
 mod rotation;
+mod scale;
 mod storage;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -40,6 +41,10 @@ const OWN_CLUSTER: &[OwnScenario] = &[
     (
         "membership_through_the_apiserver",
         members::membership_through_the_apiserver,
+    ),
+    (
+        "many_clusters_settle_without_throttling",
+        scale::many_clusters_settle_without_throttling,
     ),
 ];
 

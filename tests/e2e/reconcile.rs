@@ -372,7 +372,7 @@ fn lease(env: &Env) -> Value {
     env.get_json(&["-n", NAMESPACE, "lease", LEASE])
 }
 
-fn holder(env: &Env) -> Option<String> {
+pub fn holder(env: &Env) -> Option<String> {
     lease(env)["spec"]["holderIdentity"]
         .as_str()
         .filter(|h| !h.is_empty())

@@ -1,0 +1,287 @@
+//! Many clusters and a busy apiserver (issue 30), on a control plane of its own: N EtcdClusters
+//! (`E2E_SCALE_CLUSTERS`, 100 by default, which CI runs; docs/benchmarks.md has the larger runs)
+//! created in v1beta1 by 16 kubectl clients at once, with the webhooks, conversion and the loop
+//! in one process running as the install's ServiceAccount at the shipped defaults
+//! (`--kube-api-qps 20`, `--kube-api-burst 30`, `--max-concurrent-reconciles 16`). Reported: the
+//! replica's RSS before and after (per cluster), the time until every cluster has a status, the
+//! loop's API requests by verb and code, the apiserver's own admission-duration p99 for the
+//! webhooks during the burst. Held: no 429 and no request without an answer, at the defaults.
+//! Then the shutdown under that load: with the clusters being deleted (the loop removing
+//! finalizers), SIGTERM to the leader, a second replica standing by: the loop stops and the Lease
+//! is released before readiness goes off and the listener closes, no pass fails for the
+//! shutdown, and the second replica takes over within the Lease's duration and finishes.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::cluster::{ControlPlane, wait_for};
+use crate::install::{Env, ok};
+use crate::reconcile::holder;
+
+const NS: &str = "e2e-scale";
+const CLIENTS: usize = 16;
+
+fn clusters_wanted() -> usize {
+    std::env::var("E2E_SCALE_CLUSTERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
+
+/// Resident memory of a process, MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kib / 1024.0
+}
+
+/// `name{labels} value` samples of one metric family, by their label text.
+fn samples(text: &str, name: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter_map(|rest| {
+            let (labels, value) = rest.strip_prefix('{')?.rsplit_once("} ")?;
+            Some((labels.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The p99 (a bucket's upper bound) of the apiserver's admission duration for the webhook
+/// `webhook`, over what was observed between `before` and `after` (two /metrics texts).
+fn admission_p99(before: &str, after: &str, webhook: &str) -> Option<(f64, f64)> {
+    let name = "apiserver_admission_webhook_admission_duration_seconds_bucket";
+    let per_le = |text: &str| {
+        let mut out: BTreeMap<String, f64> = BTreeMap::new();
+        for (labels, v) in samples(text, name) {
+            if !labels.contains(&format!("name=\"{webhook}\"")) {
+                continue;
+            }
+            let le = labels.split("le=\"").nth(1)?.split('"').next()?.to_owned();
+            *out.entry(le).or_default() += v;
+        }
+        Some(out)
+    };
+    let (b, a) = (per_le(before)?, per_le(after)?);
+    let mut buckets: Vec<(f64, f64)> = a
+        .iter()
+        .map(|(le, v)| {
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
+            (bound, v - b.get(le).copied().unwrap_or(0.0))
+        })
+        .collect();
+    buckets.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let count = buckets.last()?.1;
+    let p99 = buckets.iter().find(|(_, c)| *c >= 0.99 * count)?.0;
+    Some((p99, count))
+}
+
+fn apiserver_metrics(env: &Env) -> String {
+    ok(
+        env.kubectl(&["get", "--raw", "/metrics"]),
+        "the apiserver's /metrics",
+    )
+}
+
+/// The clusters of [`NS`] that have a status (the loop has made a pass over them).
+fn with_status(env: &Env) -> (usize, usize) {
+    let list = env.get_json(&["etcdclusters.v1.etcd.example.com", "-n", NS]);
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    let done = items
+        .iter()
+        .filter(|c| c["status"]["phase"].is_string())
+        .count();
+    (done, items.len())
+}
+
+pub fn many_clusters_settle_without_throttling(cp: ControlPlane) {
+    let n = clusters_wanted();
+    let env = Env::install_with(cp, &[]);
+    let pid = env.webhook.lock().unwrap().as_ref().unwrap().child.id();
+    let webhook_metrics = || {
+        env.webhook
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .health_get("/metrics")
+            .1
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let rss_idle = rss_mib(pid);
+    env.create_namespace(NS);
+    let api_before = apiserver_metrics(&env);
+
+    // The burst: 16 clients, each creating its share of the clusters one by one, in v1beta1.
+    let started = Instant::now();
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let env = &env;
+        let workers: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                s.spawn(move || {
+                    let mut failed = Vec::new();
+                    for i in (c..n).step_by(CLIENTS) {
+                        let cluster = json!({
+                            "apiVersion": "etcd.example.com/v1beta1", "kind": "EtcdCluster",
+                            "metadata": {"name": format!("s-{i:05}"), "namespace": NS},
+                            "spec": {"size": 1, "version": "v3.5.10", "storage": {"size": "1Gi"}},
+                        });
+                        let out = env.kubectl_in(&["create", "-f", "-"], &cluster.to_string());
+                        if !out.status.success() {
+                            failed.push(String::from_utf8_lossy(&out.stderr).into_owned());
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    let created = started.elapsed();
+    assert!(
+        failures.is_empty(),
+        "{} creates failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    let api_after_burst = apiserver_metrics(&env);
+    let limit = Duration::from_secs(120 + n as u64 * 2);
+    wait_for(&format!("all {n} clusters to have a status"), limit, || {
+        std::thread::sleep(Duration::from_secs(2));
+        let (done, total) = with_status(&env);
+        (total == n && done == n).then_some(())
+    });
+    let settled = started.elapsed();
+    std::thread::sleep(Duration::from_secs(5));
+    let rss_loaded = rss_mib(pid);
+    let text = webhook_metrics();
+    let requests = samples(&text, "etcd_webhook_kube_api_requests_total");
+    let reconcile_errors = samples(&text, "etcd_webhook_controller_reconciles_total")
+        .get("result=\"error\"")
+        .copied()
+        .unwrap_or(0.0);
+    let count = |code: &str| -> f64 {
+        requests
+            .iter()
+            .filter(|(l, _)| l.contains(&format!("code=\"{code}\"")))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    eprintln!(
+        "    {n} clusters (v1beta1, {CLIENTS} clients): created in {:.1} s, all with a status after {:.1} s",
+        created.as_secs_f64(),
+        settled.as_secs_f64()
+    );
+    eprintln!(
+        "    RSS: {rss_idle:.1} MiB idle -> {rss_loaded:.1} MiB ({:.1} KiB per cluster)",
+        (rss_loaded - rss_idle) * 1024.0 / n as f64
+    );
+    eprintln!(
+        "    the loop's API requests by verb and code: {requests:?}; reconcile errors {reconcile_errors}"
+    );
+    for webhook in [
+        "metcdcluster.etcd.example.com",
+        "vetcdcluster.etcd.example.com",
+    ] {
+        if let Some((p99, calls)) = admission_p99(&api_before, &api_after_burst, webhook) {
+            eprintln!(
+                "    apiserver admission duration of {webhook} during the burst: p99 <= {p99} s over {calls} calls"
+            );
+        }
+    }
+    assert_eq!(
+        count("429"),
+        0.0,
+        "the apiserver refused requests: {requests:?}"
+    );
+    assert_eq!(
+        count("error"),
+        0.0,
+        "requests without an answer: {requests:?}"
+    );
+    assert!(count("200") + count("201") > n as f64, "{requests:?}");
+
+    shutdown_under_load(&env, n);
+}
+
+/// SIGTERM to the leader while it removes finalizers, a second replica standing by.
+fn shutdown_under_load(env: &Env, n: usize) {
+    let second = env.start_replica("etcd-webhook-e2e-1", &[]);
+    ok(
+        env.kubectl(&[
+            "delete",
+            "etcdclusters.v1.etcd.example.com",
+            "--all",
+            "-n",
+            NS,
+            "--wait=false",
+        ]),
+        "delete every cluster",
+    );
+    // Let the loop get going on the deletions.
+    std::thread::sleep(Duration::from_secs(3));
+    let mut first = env.webhook.lock().unwrap().take().unwrap();
+    let signalled = Instant::now();
+    first.sigterm();
+    // The endpoints controller's part: once readiness is off, the Service routes elsewhere.
+    assert!(
+        first.wait_log("readiness off", Duration::from_secs(40)),
+        "{}",
+        first.log()
+    );
+    env.route_to(&second);
+    assert_eq!(
+        first.wait_exit(Duration::from_secs(60)),
+        Some(0),
+        "{}",
+        first.log()
+    );
+    let log = first.log();
+    let at = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in log:\n{log}"))
+    };
+    let sigterm = at("stopping the reconcile loop first");
+    assert!(sigterm < at("controller stopped"));
+    assert!(at("controller stopped") < at("leader Lease released"));
+    assert!(at("leader Lease released") < at("readiness off"));
+    assert!(at("readiness off") < at("no longer accepting connections"));
+    let failed_after = log[sigterm..].matches("reconcile failed").count();
+    assert_eq!(
+        failed_after,
+        0,
+        "passes failed during the shutdown:\n{}",
+        &log[sigterm..]
+    );
+    let took = wait_for(
+        "the second replica to take the Lease",
+        Duration::from_secs(20),
+        || (holder(env).as_deref() == Some("etcd-webhook-e2e-1")).then(|| signalled.elapsed()),
+    );
+    eprintln!(
+        "    SIGTERM during {n} deletions: the loop stopped, the Lease released and taken over {:.1} s after the signal; 0 passes failed",
+        took.as_secs_f64()
+    );
+    *env.webhook.lock().unwrap() = Some(second);
+    wait_for(
+        &format!("the second replica to finish deleting {n} clusters"),
+        Duration::from_secs(120 + n as u64),
+        || {
+            std::thread::sleep(Duration::from_secs(2));
+            (with_status(env).1 == 0).then_some(())
+        },
+    );
+}
