@@ -43,6 +43,11 @@ impl Readiness {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
 
+    /// Whether a shutdown has begun (readiness is off for good).
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
     /// Ready: the TLS listener is up, serving a certificate that has not expired, and no
     /// shutdown has begun; else why not.
     pub fn check(&self) -> Result<(), &'static str> {

@@ -228,33 +228,7 @@ async fn finish(
     mut tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
     body: Vec<u8>,
 ) -> String {
-    tls.write_all(&body[body.len() / 2..]).await.unwrap();
-    tls.flush().await.unwrap();
-    let mut buf = vec![0u8; 65536];
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf))
-            .await
-            .unwrap()
-            .unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&out);
-        if let Some((head, rest)) = text.split_once("\r\n\r\n")
-            && let Some(len) = head.lines().find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length: ")
-                    .map(|v| v.trim().parse::<usize>().unwrap())
-            })
-            && rest.len() >= len
-        {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    finish_keep(&mut tls, &body).await
 }
 
 #[test]
@@ -351,6 +325,83 @@ fn sigterm_drains_slow_requests_and_exits_zero() {
 
 /// Panic isolation, in-process: the served routes plus one that panics, behind the same
 /// layers; the panicking request gets a 500 Status, the next request is answered.
+/// Once readiness is off (SIGTERM, during --shutdown-delay), an answer on a kept-alive
+/// connection says `Connection: close` and the server ends that connection after it, so clients
+/// leave this replica at a request boundary rather than at the drain (issue 30: a POST sent on an
+/// idle connection as the server closed it failed at the apiserver with EOF).
+#[test]
+fn after_sigterm_answers_close_their_kept_alive_connections() {
+    let server = Server::start(&["--shutdown-delay", "5s"]);
+    let body = fixture("validate-v1-create-valid.json");
+    runtime().block_on(async {
+        let mut tls = half_sent(&server, &body).await;
+        let first = finish_keep(&mut tls, &body).await;
+        assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+        assert!(
+            !first.to_ascii_lowercase().contains("\r\nconnection: close"),
+            "{first}"
+        );
+        server.sigterm();
+        let start = Instant::now();
+        while server.health_get("/readyz").0 != 503 {
+            assert!(start.elapsed() < Duration::from_secs(4), "readiness stayed on");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The same connection, during the shutdown delay: answered, then closed.
+        let head = format!(
+            "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        tls.write_all(&body[..body.len() / 2]).await.unwrap();
+        let second = finish_keep(&mut tls, &body).await;
+        assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+        assert!(
+            second.to_ascii_lowercase().contains("\r\nconnection: close\r\n"),
+            "{second}"
+        );
+        let mut rest = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(2), tls.read(&mut rest))
+            .await
+            .expect("the server closes the connection after the answer")
+            .unwrap_or(0);
+        assert_eq!(n, 0, "nothing after the answer but the close");
+    });
+}
+
+/// Sends the rest of the body and reads the answer, leaving the connection open.
+async fn finish_keep(
+    tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    body: &[u8],
+) -> String {
+    tls.write_all(&body[body.len() / 2..]).await.unwrap();
+    tls.flush().await.unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&out);
+        if let Some((head, rest)) = text.split_once("\r\n\r\n")
+            && let Some(len) = head.lines().find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")
+                    .map(|v| v.trim().parse::<usize>().unwrap())
+            })
+            && rest.len() >= len
+        {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[test]
 fn a_panic_answers_500_once_and_serving_goes_on() {
     use axum::body::Body;

@@ -201,7 +201,8 @@ async fn guard(
         .get_or_create_owned(&labels);
     in_flight.inc();
     let start = std::time::Instant::now();
-    let response = match tokio::time::timeout(state.request_timeout, next.run(req)).await {
+    let http1 = req.version() == axum::http::Version::HTTP_11;
+    let mut response = match tokio::time::timeout(state.request_timeout, next.run(req)).await {
         Ok(response) => response,
         Err(_) => {
             tracing::warn!(endpoint, timeout = ?state.request_timeout, "request timed out");
@@ -223,6 +224,16 @@ async fn guard(
                 status: status.as_u16(),
             })
             .inc();
+    }
+    // Once readiness is off, every HTTP/1.1 answer closes its connection (hyper ends it after
+    // the response): a client's pooled connections to this replica end at a request boundary
+    // during --shutdown-delay, instead of at the drain, where a request sent on an idle
+    // connection as it closes fails (the apiserver does not retry a POST).
+    if http1 && state.readiness.shutting_down() {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
     }
     response
 }
