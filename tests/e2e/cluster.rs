@@ -258,7 +258,8 @@ impl ControlPlane {
                 format!("--tls-cert-file={}", serving_crt.display()),
                 format!("--tls-private-key-file={}", serving_key.display()),
                 format!("--client-ca-file={}", ca_file.display()),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                // Room for the scale scenario's client Services (1,000 and more; a /24 ran out at 254).
+                "--service-cluster-ip-range=10.0.0.0/16".into(),
                 "--allow-privileged=true".into(),
                 "--authorization-mode=RBAC".into(),
                 "--service-account-issuer=https://kubernetes.default.svc".into(),
