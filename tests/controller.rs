@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use etcd_webhook::testing::FakeApi;
 use serde_json::{Value, json};
 
-use common::{Server, Target, apiserver_client, fixture, post, runtime};
+use common::{Server, Target, apiserver_client, assert_in_order, fixture, post, runtime};
 
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/test/leases/etcd-webhook-leader";
 const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
@@ -33,6 +33,17 @@ fn kubeconfig(dir: &std::path::Path, port: u16) -> std::path::PathBuf {
     )
     .unwrap();
     path
+}
+
+/// `/validate` answers a valid CREATE with allowed.
+fn assert_validate_allows(rt: &tokio::runtime::Runtime, server: &Server) {
+    let (code, _, review) = rt.block_on(post(
+        &apiserver_client(&server.ca()),
+        &server.url("/validate"),
+        fixture("validate-v1-create-valid.json"),
+    ));
+    assert_eq!(code, 200);
+    assert_eq!(review["response"]["allowed"], true);
 }
 
 fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -76,12 +87,14 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
         server.log()
     );
     let log = server.log();
-    let at = |needle: &str| {
-        log.find(needle)
-            .unwrap_or_else(|| panic!("{needle:?} not in log:\n{log}"))
-    };
-    assert!(at("etcd-webhook listening") < at("became leader"));
-    assert!(at("became leader") < at("controller starting"));
+    assert_in_order(
+        &log,
+        &[
+            "etcd-webhook listening",
+            "became leader",
+            "controller starting",
+        ],
+    );
     assert!(
         wait_until(Duration::from_secs(10), || api
             .requested("GET /apis/etcd.example.com/v1/etcdclusters")),
@@ -107,13 +120,7 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
         server.health_get("/metrics").1
     );
     // The webhooks answer as before.
-    let (code, _, review) = rt.block_on(post(
-        &apiserver_client(&server.ca()),
-        &server.url("/validate"),
-        fixture("validate-v1-create-valid.json"),
-    ));
-    assert_eq!(code, 200);
-    assert_eq!(review["response"]["allowed"], true);
+    assert_validate_allows(&rt, &server);
 
     server.sigterm();
     assert_eq!(
@@ -361,13 +368,7 @@ fn on_sigterm_the_loop_stops_and_releases_the_lease_before_readiness_goes_off() 
     );
     // The loop is stopping: still ready, and the webhooks answer.
     assert_eq!(server.health_get("/readyz").0, 200, "{}", server.log());
-    let (code, _, review) = rt.block_on(post(
-        &apiserver_client(&server.ca()),
-        &server.url("/validate"),
-        fixture("validate-v1-create-valid.json"),
-    ));
-    assert_eq!(code, 200);
-    assert_eq!(review["response"]["allowed"], true);
+    assert_validate_allows(&rt, &server);
     assert_eq!(
         server.wait_exit(Duration::from_secs(20)),
         Some(0),
@@ -379,15 +380,16 @@ fn on_sigterm_the_loop_stops_and_releases_the_lease_before_readiness_goes_off() 
         took >= Duration::from_secs(3) && took < Duration::from_secs(12),
         "2 s for the pass, 1 s of shutdown delay, then the drain: took {took:?}"
     );
-    let log = server.log();
-    let at = |needle: &str| {
-        log.find(needle)
-            .unwrap_or_else(|| panic!("{needle:?} not in log:\n{log}"))
-    };
-    assert!(at("stopping the reconcile loop first") < at("were abandoned"));
-    assert!(at("were abandoned") < at("leader Lease released"));
-    assert!(at("leader Lease released") < at("readiness off"));
-    assert!(at("readiness off") < at("no longer accepting connections"));
+    assert_in_order(
+        &server.log(),
+        &[
+            "stopping the reconcile loop first",
+            "were abandoned",
+            "leader Lease released",
+            "readiness off",
+            "no longer accepting connections",
+        ],
+    );
     let lease = api.get(LEASE).unwrap();
     assert!(
         lease["spec"]["holderIdentity"].is_null(),

@@ -89,21 +89,22 @@ pub trait Child:
     fn slim_kind(&mut self) {}
 }
 
-/// What kubectl's client-side apply keeps on an object: a copy of the whole object as a string.
-pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// The object as the caches keep it: no managedFields (often half an object) and no
 /// last-applied annotation (the other half; the annotations map itself stays, so a patch that
 /// adds a key never replaces the map), and per kind what the loop never reads: a pod's spec
 /// (the loop reads pods' labels and container statuses) and a Job's pod template (a Job is
 /// created once and then only its status is read). Memory per cluster is what this saves.
 pub fn slim<K: Child>(o: &mut K) {
-    let meta = o.meta_mut();
+    slim_meta(o.meta_mut());
+    o.slim_kind();
+}
+
+/// The metadata part of [`slim`], for any kind (the clusters' own cache too).
+pub fn slim_meta(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
+        annotations.remove(crate::admission::request::LAST_APPLIED);
     }
-    o.slim_kind();
 }
 
 macro_rules! child {

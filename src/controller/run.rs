@@ -17,7 +17,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use tokio_util::sync::CancellationToken;
 
-use super::children::{Caches, Child, LAST_APPLIED, slim};
+use super::children::{Caches, Child, slim, slim_meta};
 use super::etcd::{Gateway, Transport};
 use super::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
 use crate::api::v1::EtcdCluster;
@@ -124,12 +124,7 @@ pub async fn run_with_etcd(
         watcher::Config::default(),
     )
     .default_backoff()
-    .modify(|ec: &mut EtcdCluster| {
-        ec.metadata.managed_fields = None;
-        if let Some(annotations) = ec.metadata.annotations.as_mut() {
-            annotations.remove(LAST_APPLIED);
-        }
-    })
+    .modify(|ec: &mut EtcdCluster| slim_meta(&mut ec.metadata))
     .reflect(clusters_writer)
     .applied_objects();
     let controller = Controller::for_stream(clusters_events, clusters)

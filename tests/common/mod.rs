@@ -674,3 +674,21 @@ impl<R: std::io::Read> std::io::Read for Throttled<R> {
         Ok(n)
     }
 }
+
+/// Asserts that `log` holds each of `needles`, each (first seen) after the one before it;
+/// returns where the first one is.
+pub fn assert_in_order(log: &str, needles: &[&str]) -> usize {
+    let at = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in log:\n{log}"))
+    };
+    for pair in needles.windows(2) {
+        assert!(
+            at(pair[0]) < at(pair[1]),
+            "{:?} is not before {:?} in log:\n{log}",
+            pair[0],
+            pair[1]
+        );
+    }
+    at(needles[0])
+}

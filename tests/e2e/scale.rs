@@ -286,15 +286,16 @@ fn shutdown_under_load(env: &Env, n: usize) {
         first.log()
     );
     let log = first.log();
-    let at = |needle: &str| {
-        log.find(needle)
-            .unwrap_or_else(|| panic!("{needle:?} not in log:\n{log}"))
-    };
-    let sigterm = at("stopping the reconcile loop first");
-    assert!(sigterm < at("controller stopped"));
-    assert!(at("controller stopped") < at("leader Lease released"));
-    assert!(at("leader Lease released") < at("readiness off"));
-    assert!(at("readiness off") < at("no longer accepting connections"));
+    let sigterm = crate::common::assert_in_order(
+        &log,
+        &[
+            "stopping the reconcile loop first",
+            "controller stopped",
+            "leader Lease released",
+            "readiness off",
+            "no longer accepting connections",
+        ],
+    );
     let failed_after = log[sigterm..].matches("reconcile failed").count();
     assert_eq!(
         failed_after,
