@@ -35,7 +35,7 @@ pub mod storage_classes;
 pub mod throttle;
 pub mod upgrade;
 
-pub use children::{Applied, Caches, Child, includes};
+pub use children::{Applied, Cached, Caches, Child, includes, slim_meta};
 pub use rbac::{LEADER_RBAC_RULES, RBAC_RULES};
 pub use run::{run, run_with_etcd};
 
@@ -85,6 +85,13 @@ pub enum Error {
     InvalidSpec(String),
     #[error("the {0} cache has not finished its first list")]
     CacheNotReady(&'static str),
+    /// A cached object that does not decode again (a defect: it decoded when it was cached).
+    #[error("the cached {kind} {name} does not decode: {reason}")]
+    CacheDecode {
+        kind: &'static str,
+        name: String,
+        reason: String,
+    },
     /// A TLS cluster's client certificate cannot be used (not issued yet, or broken).
     #[error("{0}")]
     MemberTls(String),

@@ -17,7 +17,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use tokio_util::sync::CancellationToken;
 
-use super::children::{Caches, Child, slim, slim_meta};
+use super::children::{Cached, Caches, Child, slim_meta};
 use super::etcd::{Gateway, Transport};
 use super::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
 use crate::api::v1::EtcdCluster;
@@ -70,13 +70,13 @@ pub async fn run_with_etcd(
         ns: Option<&str>,
         config: &watcher::Config,
     ) -> (
-        Store<K>,
-        impl futures_util::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+        Store<Cached<K>>,
+        impl futures_util::Stream<Item = Result<Cached<K>, watcher::Error>> + Send + 'static,
     ) {
         let (reader, writer) = reflector::store();
-        let stream = watcher(api_in::<K>(client, ns), config.clone())
+        // Read off the wire straight into the caches' compact form (slimmed on the way).
+        let stream = watcher(api_in::<Cached<K>>(client, ns), config.clone())
             .default_backoff()
-            .modify(slim::<K>)
             .reflect(writer)
             .touched_objects();
         (reader, stream)
@@ -171,13 +171,16 @@ pub async fn run_with_etcd(
 }
 
 /// The cluster of a backup pod (scheduled or final snapshot) that has ended.
-fn backup_pod_owner(pod: Pod) -> Option<kube::runtime::reflector::ObjectRef<EtcdCluster>> {
+fn backup_pod_owner(
+    cached: Cached<Pod>,
+) -> Option<kube::runtime::reflector::ObjectRef<EtcdCluster>> {
     use kube::ResourceExt;
-    let labels = pod.labels();
+    let labels = cached.labels();
     let component = labels.get("app.kubernetes.io/component")?;
     if component != "backup" && component != "final-snapshot" {
         return None;
     }
+    let pod = cached.object().ok()?;
     let ended = pod
         .status
         .as_ref()?

@@ -77,15 +77,15 @@ static FEEDS: std::sync::LazyLock<std::sync::Mutex<HashMap<usize, Feed>>> =
     std::sync::LazyLock::new(Default::default);
 
 struct Feed {
-    sets: reflector::store::Writer<StatefulSet>,
-    services: reflector::store::Writer<Service>,
-    budgets: reflector::store::Writer<PodDisruptionBudget>,
-    crons: reflector::store::Writer<CronJob>,
-    jobs: reflector::store::Writer<Job>,
-    claims: reflector::store::Writer<PersistentVolumeClaim>,
-    configs: reflector::store::Writer<ConfigMap>,
-    pods: reflector::store::Writer<Pod>,
-    policies: reflector::store::Writer<NetworkPolicy>,
+    sets: reflector::store::Writer<Cached<StatefulSet>>,
+    services: reflector::store::Writer<Cached<Service>>,
+    budgets: reflector::store::Writer<Cached<PodDisruptionBudget>>,
+    crons: reflector::store::Writer<Cached<CronJob>>,
+    jobs: reflector::store::Writer<Cached<Job>>,
+    claims: reflector::store::Writer<Cached<PersistentVolumeClaim>>,
+    configs: reflector::store::Writer<Cached<ConfigMap>>,
+    pods: reflector::store::Writer<Cached<Pod>>,
+    policies: reflector::store::Writer<Cached<NetworkPolicy>>,
 }
 
 fn caches() -> (Caches, Feed) {
@@ -126,12 +126,15 @@ fn caches() -> (Caches, Feed) {
 
 /// Refills one cache from the fake as the controller's watch (label selector
 /// [`MANAGED_SELECTOR`], managedFields dropped) would after a relist.
-fn refill<K: Child>(writer: &mut reflector::store::Writer<K>, api: &FakeApi, resource: &str) {
+fn refill<K: Child>(
+    writer: &mut reflector::store::Writer<Cached<K>>,
+    api: &FakeApi,
+    resource: &str,
+) {
     writer.apply_watcher_event(&watcher::Event::Init);
     for o in api.list_selected(resource, MANAGED_SELECTOR) {
-        let mut obj: K = serde_json::from_value(o).expect("a stored object deserializes");
-        // As the watches cache it.
-        children::slim(&mut obj);
+        // As the watches cache it: compact and slimmed.
+        let obj: Cached<K> = serde_json::from_value(o).expect("a stored object deserializes");
         writer.apply_watcher_event(&watcher::Event::InitApply(obj));
     }
     writer.apply_watcher_event(&watcher::Event::InitDone);
