@@ -112,6 +112,7 @@ pub struct Cached<K> {
 
 impl<K: Child> Cached<K> {
     /// `object`, as its watch event would cache it.
+    #[cfg(test)]
     pub fn new(object: &K) -> Self {
         let value = serde_json::to_value(object).expect("k8s objects serialize");
         serde_json::from_value(value).expect("a serialized object is one")

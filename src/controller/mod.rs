@@ -85,7 +85,8 @@ pub enum Error {
     InvalidSpec(String),
     #[error("the {0} cache has not finished its first list")]
     CacheNotReady(&'static str),
-    /// A cached object that does not decode again (a defect: it decoded when it was cached).
+    /// A cached object that does not decode as its kind (the cache keeps any JSON object the
+    /// watch sent; the typed decode happens on read).
     #[error("the cached {kind} {name} does not decode: {reason}")]
     CacheDecode {
         kind: &'static str,
