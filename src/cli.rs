@@ -492,7 +492,8 @@ pub struct ControllerArgs {
     /// How long deletion waits for the final snapshot before removing the finalizer anyway.
     #[arg(long, env = "ETCD_WEBHOOK_FINALIZER_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
     pub finalizer_timeout: Duration,
-    /// Periodic resync of a healthy cluster.
+    /// Periodic resync of a cluster with a member ready; a cluster with none is looked at ten
+    /// times less often (nothing to ask etcd; watch events bring its progress).
     #[arg(long, env = "ETCD_WEBHOOK_RESYNC_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub resync_interval: Duration,
     /// How long a member added to etcd may stay unstarted (its pod never running) before the

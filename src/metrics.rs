@@ -120,6 +120,8 @@ pub struct Metrics {
     pub cabundle_mismatch: Family<ObjectLabel, Gauge>,
     pub reconciles: Family<ResultLabel, Counter>,
     pub reconcile_duration: Histogram,
+    pub reconciles_waiting: Gauge,
+    pub reconcile_wait: Histogram,
     pub leader: Gauge,
     pub finalizers_in_progress: Gauge,
     pub backup_last_success: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -169,6 +171,11 @@ impl Metrics {
             cabundle_mismatch: Family::default(),
             reconciles: Family::default(),
             reconcile_duration: latency_histogram(),
+            reconciles_waiting: Gauge::default(),
+            // 1 ms .. 262 s: under overload a pass waits minutes.
+            reconcile_wait: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 4.0, 10),
+            ),
             leader: Gauge::default(),
             finalizers_in_progress: Gauge::default(),
             backup_last_success: Family::default(),
@@ -280,6 +287,16 @@ impl Metrics {
             "controller_reconcile_duration_seconds",
             "Time one EtcdCluster reconcile took",
             m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "controller_reconciles_waiting",
+            "Passes that fell due and wait for one of the --max-concurrent-reconciles turns (served first come, first served)",
+            m.reconciles_waiting.clone(),
+        );
+        registry.register(
+            "controller_reconcile_wait_seconds",
+            "How long a pass that fell due waited for its turn",
+            m.reconcile_wait.clone(),
         );
         registry.register(
             "controller_leader",

@@ -33,6 +33,7 @@ mod status_writer;
 mod storage;
 pub mod storage_classes;
 pub mod throttle;
+mod turns;
 pub mod upgrade;
 
 pub use children::{Applied, Cached, Caches, Child, includes, slim_meta};
@@ -65,6 +66,12 @@ pub use crate::api::MANAGER;
 pub const FINALIZER: &str = "etcd.example.com/finalizer";
 /// How soon a pass looks again while etcd's membership changes.
 const SETTLE: Duration = Duration::from_secs(5);
+/// A cluster with no member ready is looked at this many resyncs apart: there is no etcd to
+/// ask, and everything that could move it (a member turning ready changes the StatefulSet's
+/// status, a Job ending, the spec changing) arrives as a watch event. Thousands of clusters
+/// being created (or never scheduled) would otherwise keep the loop busy on passes that can
+/// do nothing.
+const IDLE_RESYNCS: u32 = 10;
 /// Selects the children this loop made (the watches of owned objects use it).
 pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=etcd-webhook";
 
@@ -115,7 +122,7 @@ pub struct Settings {
     pub render: RenderOptions,
     /// How long the finalizer waits for the final snapshot before giving up.
     pub finalizer_timeout: Duration,
-    /// Periodic resync of a healthy cluster.
+    /// Periodic resync of a cluster with a member ready (ten times this with none).
     pub resync: Duration,
     /// Restrict to one namespace.
     pub namespace: Option<String>,
@@ -381,6 +388,8 @@ async fn reconcile_inner(ec: &EtcdCluster, ctx: &Context) -> Result<Action, Erro
             // membership sends no events: while it moves, look again soon.
             if seen.settle {
                 Ok(Action::requeue(SETTLE.min(ctx.settings.resync)))
+            } else if seen.ready == 0 {
+                Ok(Action::requeue(ctx.settings.resync * IDLE_RESYNCS))
             } else {
                 Ok(Action::requeue(ctx.settings.resync))
             }

@@ -11,14 +11,15 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service}
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use tokio_util::sync::CancellationToken;
 
 use super::children::{Cached, Caches, Child, slim_meta};
 use super::etcd::{Gateway, Transport};
+use super::turns::Turns;
 use super::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
 use crate::api::v1::EtcdCluster;
 use crate::metrics::Metrics;
@@ -104,7 +105,10 @@ pub async fn run_with_etcd(
         pods,
         policies,
     };
-    let concurrency = settings.max_concurrent_reconciles;
+    let turns = Arc::new(Turns::new(
+        settings.max_concurrent_reconciles,
+        metrics.clone(),
+    ));
     let stop_timeout = settings.stop_timeout;
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics, caches).with_etcd(etcd));
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
@@ -127,6 +131,25 @@ pub async fn run_with_etcd(
     .modify(|ec: &mut EtcdCluster| slim_meta(&mut ec.metadata))
     .reflect(clusters_writer)
     .applied_objects();
+    // Each pass waits for its turn (first come, first served; see `turns`), then reads the
+    // cluster again: the object kube-runtime handed over may have waited a while.
+    let pass = {
+        let (clusters, stop) = (clusters.clone(), stop.clone());
+        move |ec: Arc<EtcdCluster>, ctx: Arc<Context>| {
+            let (clusters, stop, turns) = (clusters.clone(), stop.clone(), turns.clone());
+            async move {
+                let Some(_turn) = turns.wait(&stop).await else {
+                    // Stopping: the pass is not run (the next leader starts over).
+                    return Ok(Action::await_change());
+                };
+                match clusters.get(&ObjectRef::from_obj(&*ec)) {
+                    Some(now) => reconcile(now, ctx).await,
+                    // Deleted while it waited: nothing left to do.
+                    None => Ok(Action::await_change()),
+                }
+            }
+        }
+    };
     let controller = Controller::for_stream(clusters_events, clusters)
         .owns_stream(sets_events)
         .owns_stream(services_events)
@@ -139,15 +162,16 @@ pub async fn run_with_etcd(
         // pods fill the cache only (their readiness comes through the StatefulSet's status).
         .watches_stream(pods_events, backup_pod_owner)
         // Coalesce the bursts of events one pass causes (its own writes coming back through the
-        // watches), so the next pass sees them all in the caches.
+        // watches), so the next pass sees them all in the caches. No bound here: the turns
+        // bound the passes (kube-runtime's own bound picks waiting clusters in hash order).
         .with_config(
             controller::Config::default()
                 .debounce(DEBOUNCE)
-                .concurrency(concurrency),
+                .concurrency(0),
         )
         // On stop: no new passes; the running ones may finish...
         .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(reconcile, error_policy, ctx)
+        .run(pass, error_policy, ctx)
         .for_each(|result| async move {
             match result {
                 Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),

@@ -71,6 +71,13 @@ fn samples(text: &str, name: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// The value of an unlabelled sample `name value`.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// The p99 (a bucket's upper bound) of the apiserver's admission duration for the webhook
 /// `webhook`, over what was observed between `before` and `after` (two /metrics texts).
 fn admission_p99(before: &str, after: &str, webhook: &str) -> Option<(f64, f64)> {
@@ -246,6 +253,18 @@ pub fn many_clusters_settle_without_throttling(cp: ControlPlane) {
     );
     eprintln!(
         "    the loop's API requests by verb and code: {requests:?}; reconcile errors {reconcile_errors}"
+    );
+    let passes = samples(&text, "etcd_webhook_controller_reconciles_total")
+        .values()
+        .sum::<f64>();
+    let waits = sample(
+        &text,
+        "etcd_webhook_controller_reconcile_wait_seconds_count",
+    );
+    eprintln!(
+        "    passes: {passes} ({:.1} per cluster); waited for a turn: {:.3} s on average over {waits} passes",
+        passes / n as f64,
+        sample(&text, "etcd_webhook_controller_reconcile_wait_seconds_sum") / waits.max(1.0)
     );
     for (message, times) in failures_seen.iter().take(5) {
         eprintln!("    a cluster was Failed ({times} sightings): {message}");
