@@ -131,25 +131,7 @@ pub async fn run_with_etcd(
     .modify(|ec: &mut EtcdCluster| slim_meta(&mut ec.metadata))
     .reflect(clusters_writer)
     .applied_objects();
-    // Each pass waits for its turn (first come, first served; see `turns`), then reads the
-    // cluster again: the object kube-runtime handed over may have waited a while.
-    let pass = {
-        let (clusters, stop) = (clusters.clone(), stop.clone());
-        move |ec: Arc<EtcdCluster>, ctx: Arc<Context>| {
-            let (clusters, stop, turns) = (clusters.clone(), stop.clone(), turns.clone());
-            async move {
-                let Some(_turn) = turns.wait(&stop).await else {
-                    // Stopping: the pass is not run (the next leader starts over).
-                    return Ok(Action::await_change());
-                };
-                match clusters.get(&ObjectRef::from_obj(&*ec)) {
-                    Some(now) => reconcile(now, ctx).await,
-                    // Deleted while it waited: nothing left to do.
-                    None => Ok(Action::await_change()),
-                }
-            }
-        }
-    };
+    let pass = in_turn(clusters.clone(), stop.clone(), turns);
     let controller = Controller::for_stream(clusters_events, clusters)
         .owns_stream(sets_events)
         .owns_stream(services_events)
@@ -219,4 +201,35 @@ fn backup_pod_owner(
         kube::runtime::reflector::ObjectRef::new(labels.get("app.kubernetes.io/instance")?)
             .within(&pod.namespace()?),
     )
+}
+
+/// The reconciler kube-runtime runs: each pass waits for its turn (first come, first served;
+/// see `turns`), then reads the cluster again: the object kube-runtime handed over may have
+/// waited a while. Thousands may wait at once, so a waiting pass holds only the cluster's name
+/// (not the object, which may have been replaced in the cache since) and the pass itself is
+/// boxed when it starts (unboxed, every waiting future would be as large as a running pass).
+pub(super) fn in_turn(
+    clusters: Store<EtcdCluster>,
+    stop: CancellationToken,
+    turns: Arc<Turns>,
+) -> impl FnMut(
+    Arc<EtcdCluster>,
+    Arc<Context>,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<Action, super::Error>> + Send>> {
+    move |ec: Arc<EtcdCluster>, ctx: Arc<Context>| {
+        let (clusters, stop, turns) = (clusters.clone(), stop.clone(), turns.clone());
+        let key = ObjectRef::from_obj(&*ec);
+        drop(ec);
+        Box::pin(async move {
+            let Some(_turn) = turns.wait(&stop).await else {
+                // Stopping: the pass is not run (the next leader starts over).
+                return Ok(Action::await_change());
+            };
+            match clusters.get(&key) {
+                Some(now) => Box::pin(reconcile(now, ctx)).await,
+                // Deleted while it waited: nothing left to do.
+                None => Ok(Action::await_change()),
+            }
+        })
+    }
 }

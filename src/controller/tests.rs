@@ -1964,3 +1964,24 @@ async fn with_more_passes_due_than_the_loop_runs_every_cluster_still_gets_its_tu
         "the loop was overloaded (at most {waited_most} passes waited at once)"
     );
 }
+
+/// Thousands of passes may wait for a turn at once (5,000 clusters created together): each
+/// waiting one holds a small future, not a running pass's state nor the cluster object.
+#[tokio::test]
+async fn a_waiting_pass_is_small() {
+    let (_api, ctx) = setup(1, None);
+    let (clusters, _writer) = reflector::store::<EtcdCluster>();
+    let turns = Arc::new(super::turns::Turns::new(1, ctx.metrics.clone()));
+    let mut pass = super::run::in_turn(clusters, CancellationToken::new(), turns);
+    let waiting = pass(Arc::new(cluster("etcd", 1, None)), ctx.clone());
+    let running = reconcile(Arc::new(cluster("etcd", 1, None)), ctx.clone());
+    let (waiting, running) = (
+        std::mem::size_of_val(&*waiting),
+        std::mem::size_of_val(&running),
+    );
+    eprintln!("a waiting pass: {waiting} bytes; a running one: {running}");
+    assert!(
+        waiting <= 512 && waiting * 8 < running,
+        "a waiting pass takes {waiting} bytes, a running one {running}"
+    );
+}
