@@ -157,6 +157,12 @@ pub const RESTORE_IMMUTABLE: &str =
 /// What `/validate` and the CRD say to a change of `spec.tls`.
 pub const TLS_IMMUTABLE: &str = "is set at creation only: members cannot move between plain HTTP and TLS in place; take a backup, create a cluster with the TLS you want and restore it from that snapshot (README: Member TLS)";
 
+/// The label (value `"true"`) on a TLS cluster's client certificate Secret that puts it in the
+/// loop's cache (cert-manager sets it from the Certificate's `secretTemplate`; a Secret the
+/// user makes may carry it too). The loop presents that certificate to the members on every
+/// pass; without the label it reads the Secret through the API each time.
+pub const CLIENT_TLS_LABEL: &str = "etcd.example.com/client-tls";
+
 /// Whether the members of a cluster with `spec` talk TLS.
 pub fn tls_on(spec: &v1::EtcdClusterSpec) -> bool {
     spec.tls.as_ref().is_some_and(|t| t.enabled != Some(false))

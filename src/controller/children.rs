@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -233,6 +233,8 @@ child! {
         pod.remove("spec");
     };
     NetworkPolicy => policies;
+    // TLS clusters' client certificates (only those: the watch selects their label).
+    Secret => secrets;
 }
 
 /// The children of one cluster, in its namespace: reads from the caches, writes to the API.

@@ -213,26 +213,33 @@ impl Context {
         }
         let ns = ec.namespace().unwrap_or_default();
         let name = render::Purpose::Client.secret(ec);
-        let secret = Api::<Secret>::namespaced(self.client.clone(), &ns)
-            .get_opt(&name)
-            .await
-            .map_err(|e| Error::kube("get", "Secret", &name, e))?
-            .ok_or_else(|| {
-                let maker = if ec.spec.tls.as_ref().and_then(|t| t.certificates)
-                    == Some(crate::api::v1::CertificateSource::Secrets)
-                {
-                    "spec.tls.certificates is Secrets: make it, with tls.crt, tls.key and ca.crt"
-                        .to_owned()
-                } else {
-                    format!(
-                        "cert-manager issues it from Certificate {}",
-                        render::Purpose::Client.certificate(ec)
-                    )
-                };
-                Error::MemberTls(format!(
-                    "the client certificate Secret {name} is not there yet ({maker})"
-                ))
-            })?;
+        // From the cache when it carries the label (cert-manager's do), else from the API.
+        let cached = children::Children::of(ec, self)
+            .read::<Secret>(&name)
+            .await?;
+        let secret = match cached {
+            Some(s) => Some(Arc::unwrap_or_clone(s)),
+            None => Api::<Secret>::namespaced(self.client.clone(), &ns)
+                .get_opt(&name)
+                .await
+                .map_err(|e| Error::kube("get", "Secret", &name, e))?,
+        };
+        let secret = secret.ok_or_else(|| {
+            let maker = if ec.spec.tls.as_ref().and_then(|t| t.certificates)
+                == Some(crate::api::v1::CertificateSource::Secrets)
+            {
+                "spec.tls.certificates is Secrets: make it, with tls.crt, tls.key and ca.crt"
+                    .to_owned()
+            } else {
+                format!(
+                    "cert-manager issues it from Certificate {}",
+                    render::Purpose::Client.certificate(ec)
+                )
+            };
+            Error::MemberTls(format!(
+                "the client certificate Secret {name} is not there yet ({maker})"
+            ))
+        })?;
         let key = format!("{ns}/{}", ec.name_any());
         let version = secret.metadata.resource_version.clone().unwrap_or_default();
         if let Some((v, t)) = self.identities.lock().unwrap().get(&key)

@@ -57,6 +57,10 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
         "networkpolicies",
         &["get", "list", "watch", "create", "patch", "delete"],
     ),
+    // TLS clusters' client certificate Secrets, cached by a watch that selects their label
+    // (`api::CLIENT_TLS_LABEL`; RBAC cannot narrow a list to a label). `get` is in
+    // `credentials::CREDENTIALS_RBAC_RULES`.
+    ("", "secrets", &["list", "watch"]),
 ];
 
 /// The leader election's calls, granted by a Role in the Lease's namespace.

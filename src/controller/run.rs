@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::WatchStreamExt;
@@ -94,6 +94,12 @@ pub async fn run_with_etcd(
     // through the StatefulSet's status.
     let (pods, pods_events) = cached::<Pod>(&client, ns, &owned);
     let (policies, policies_events) = cached::<NetworkPolicy>(&client, ns, &owned);
+    // TLS clusters' client certificates, read on every pass that talks to the members: cached
+    // here instead of one GET per pass. They trigger nothing (a renewed certificate is used on
+    // the next pass).
+    let client_tls =
+        watcher::Config::default().labels(&format!("{}=true", crate::api::CLIENT_TLS_LABEL));
+    let (secrets, secrets_events) = cached::<Secret>(&client, ns, &client_tls);
     let caches = Caches {
         sets,
         services,
@@ -104,6 +110,7 @@ pub async fn run_with_etcd(
         configs,
         pods,
         policies,
+        secrets,
     };
     let turns = Arc::new(Turns::new(
         settings.max_concurrent_reconciles,
@@ -114,7 +121,8 @@ pub async fn run_with_etcd(
     tracing::info!(namespace = ns.unwrap_or("(all)"), "controller starting");
     let claims_stop = stop.clone();
     let claims_task = tokio::spawn(async move {
-        let quiet = claims_events.map(|_| ());
+        let quiet =
+            futures_util::stream::select(claims_events.map(|_| ()), secrets_events.map(|_| ()));
         tokio::select! {
             () = quiet.for_each(|()| async {}) => {}
             () = claims_stop.cancelled() => {}
@@ -203,6 +211,9 @@ fn backup_pod_owner(
     )
 }
 
+/// One pass of the loop as kube-runtime runs it.
+type Pass = std::pin::Pin<Box<dyn Future<Output = Result<Action, super::Error>> + Send>>;
+
 /// The reconciler kube-runtime runs: each pass waits for its turn (first come, first served;
 /// see `turns`), then reads the cluster again: the object kube-runtime handed over may have
 /// waited a while. Thousands may wait at once, so a waiting pass holds only the cluster's name
@@ -212,10 +223,7 @@ pub(super) fn in_turn(
     clusters: Store<EtcdCluster>,
     stop: CancellationToken,
     turns: Arc<Turns>,
-) -> impl FnMut(
-    Arc<EtcdCluster>,
-    Arc<Context>,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<Action, super::Error>> + Send>> {
+) -> impl FnMut(Arc<EtcdCluster>, Arc<Context>) -> Pass {
     move |ec: Arc<EtcdCluster>, ctx: Arc<Context>| {
         let (clusters, stop, turns) = (clusters.clone(), stop.clone(), turns.clone());
         let key = ObjectRef::from_obj(&*ec);

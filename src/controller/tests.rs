@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::controller::Action;
@@ -86,6 +86,7 @@ struct Feed {
     configs: reflector::store::Writer<Cached<ConfigMap>>,
     pods: reflector::store::Writer<Cached<Pod>>,
     policies: reflector::store::Writer<Cached<NetworkPolicy>>,
+    secrets: reflector::store::Writer<Cached<Secret>>,
 }
 
 fn caches() -> (Caches, Feed) {
@@ -98,6 +99,7 @@ fn caches() -> (Caches, Feed) {
     let (configs, configs_w) = reflector::store();
     let (pods, pods_w) = reflector::store();
     let (policies, policies_w) = reflector::store();
+    let (secrets, secrets_w) = reflector::store();
     (
         Caches {
             sets,
@@ -109,6 +111,7 @@ fn caches() -> (Caches, Feed) {
             configs,
             pods,
             policies,
+            secrets,
         },
         Feed {
             sets: sets_w,
@@ -120,6 +123,7 @@ fn caches() -> (Caches, Feed) {
             configs: configs_w,
             pods: pods_w,
             policies: policies_w,
+            secrets: secrets_w,
         },
     )
 }
@@ -131,8 +135,17 @@ fn refill<K: Child>(
     api: &FakeApi,
     resource: &str,
 ) {
+    refill_selected(writer, api, resource, MANAGED_SELECTOR);
+}
+
+fn refill_selected<K: Child>(
+    writer: &mut reflector::store::Writer<Cached<K>>,
+    api: &FakeApi,
+    resource: &str,
+    selector: &str,
+) {
     writer.apply_watcher_event(&watcher::Event::Init);
-    for o in api.list_selected(resource, MANAGED_SELECTOR) {
+    for o in api.list_selected(resource, selector) {
         // As the watches cache it: compact and slimmed.
         let obj: Cached<K> = serde_json::from_value(o).expect("a stored object deserializes");
         writer.apply_watcher_event(&watcher::Event::InitApply(obj));
@@ -155,6 +168,8 @@ fn sync_caches(api: &FakeApi, ctx: &Arc<Context>) {
     refill(&mut feed.configs, api, "configmaps");
     refill(&mut feed.pods, api, "pods");
     refill(&mut feed.policies, api, "networkpolicies");
+    let client_tls = format!("{}=true", crate::api::CLIENT_TLS_LABEL);
+    refill_selected(&mut feed.secrets, api, "secrets", &client_tls);
 }
 
 /// One reconcile of the cluster as the fake holds it now, reading the children from the
@@ -1984,4 +1999,51 @@ async fn a_waiting_pass_is_small() {
         waiting <= 512 && waiting * 8 < running,
         "a waiting pass takes {waiting} bytes, a running one {running}"
     );
+}
+
+/// A TLS cluster's pass presents the client certificate of its Secret to the members: read
+/// from the watch cache when the Secret carries the label cert-manager gives it (no request per
+/// pass: 1,000 healthy TLS clusters resynced every 30 s would otherwise spend 33 GETs a
+/// second, more than the loop's whole API budget), through the API when it does not (a Secret
+/// the user made without the label).
+#[tokio::test]
+async fn a_tls_cluster_reads_its_client_certificate_from_the_cache() {
+    const SECRET: &str = "/api/v1/namespaces/prod/secrets/etcd-client-tls";
+    let (api, ctx) = setup(3, None);
+    let mut ec = api.get(EC).unwrap();
+    ec["spec"]["tls"] = json!({});
+    api.insert(EC, ec);
+    pass(&api, &ctx).await.unwrap();
+    // What cert-manager writes from the client Certificate the pass applied.
+    let certificate = api
+        .get("/apis/cert-manager.io/v1/namespaces/prod/certificates/etcd-client")
+        .expect("the client Certificate");
+    let labels = certificate["spec"]["secretTemplate"]["labels"].clone();
+    assert_eq!(labels[crate::api::CLIENT_TLS_LABEL], "true", "{labels}");
+    let x = "eA=="; // not a certificate: the in-memory etcd speaks no TLS anyway
+    api.insert(
+        SECRET,
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "etcd-client-tls", "namespace": "prod", "labels": labels},
+               "data": {"ca.crt": x, "tls.crt": x, "tls.key": x}}),
+    );
+    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
+    etcd_of(&ctx).set_down(false);
+    let secret_gets = |api: &FakeApi| {
+        api.calls()
+            .iter()
+            .filter(|c| c.method == "GET" && c.resource() == "secrets")
+            .count()
+    };
+    api.clear_calls();
+    let error = pass(&api, &ctx).await.unwrap_err().to_string();
+    // The certificate reached the transport (which refuses it here): it was read.
+    assert!(error.contains("speaks no TLS"), "{error}");
+    assert_eq!(secret_gets(&api), 0, "read from the cache");
+    // The same Secret without the label: one GET per pass.
+    api.set(SECRET, "/metadata/labels", json!({}));
+    api.clear_calls();
+    let error = pass(&api, &ctx).await.unwrap_err().to_string();
+    assert!(error.contains("speaks no TLS"), "{error}");
+    assert_eq!(secret_gets(&api), 1, "read through the API");
 }

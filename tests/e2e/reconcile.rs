@@ -699,6 +699,17 @@ pub fn a_tls_cluster_gets_its_certificates_from_cert_manager(env: &Env) {
         }
     }
     let issued = started.elapsed();
+    // cert-manager labels the client Secret from the Certificate's secretTemplate: the loop's
+    // watch cache selects it by that label (and only it).
+    for purpose in ["peer", "server", "client"] {
+        let secret = get_opt(env, ns, "secret", &format!("{name}-{purpose}-tls")).unwrap();
+        let label = &secret["metadata"]["labels"][etcd_webhook::api::CLIENT_TLS_LABEL];
+        if purpose == "client" {
+            assert_eq!(label, "true", "{}", secret["metadata"]);
+        } else {
+            assert!(label.is_null(), "{purpose}: {}", secret["metadata"]);
+        }
+    }
     // One CA for all three.
     assert_eq!(files["peer/ca.crt"], files["client/ca.crt"]);
     assert_eq!(files["server/ca.crt"], files["client/ca.crt"]);

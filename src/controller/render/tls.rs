@@ -201,7 +201,9 @@ pub fn leaf_certificate(ec: &EtcdCluster, purpose: Purpose) -> Value {
         "issuerRef": leaf_issuer(ec),
         "secretTemplate": {"labels": labels(ec, "tls")},
     });
-    if purpose != Purpose::Client {
+    if purpose == Purpose::Client {
+        spec["secretTemplate"]["labels"][crate::api::CLIENT_TLS_LABEL] = json!("true");
+    } else {
         spec["dnsNames"] = json!(dns_names(ec, purpose));
     }
     cm_object(ec, "Certificate", purpose.certificate(ec), spec)
