@@ -213,10 +213,20 @@ impl Context {
         }
         let ns = ec.namespace().unwrap_or_default();
         let name = render::Purpose::Client.secret(ec);
-        // From the cache when it carries the label (cert-manager's do), else from the API.
-        let cached = children::Children::of(ec, self)
-            .read::<Secret>(&name)
-            .await?;
+        // From the cache when it carries the label (cert-manager's do), else from the API (also
+        // while the cache has not listed yet: after a start, or when the loop's RBAC lacks list
+        // and watch on Secrets; never a wait).
+        let listed = futures_util::FutureExt::now_or_never(
+            <Secret as Child>::cache(&self.caches).wait_until_ready(),
+        )
+        .is_some_and(|r| r.is_ok());
+        let cached = if listed {
+            children::Children::of(ec, self)
+                .read::<Secret>(&name)
+                .await?
+        } else {
+            None
+        };
         let secret = match cached {
             Some(s) => Some(Arc::unwrap_or_clone(s)),
             None => Api::<Secret>::namespaced(self.client.clone(), &ns)
