@@ -1,6 +1,7 @@
 //! Prometheus metrics, served on the health port's `/metrics` (OpenMetrics text).
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -74,9 +75,12 @@ pub struct ConversionLabels {
     pub to: &'static str,
 }
 
-/// Latency buckets that resolve sub-millisecond answers: 50us .. 1s.
-const LATENCY_BUCKETS: [f64; 14] = [
+/// Latency buckets that resolve sub-millisecond answers: 50us .. 10s (the apiserver gives a
+/// webhook call 5 s, the `timeoutSeconds` of both configurations, and the alert on p99 needs
+/// buckets past it).
+const LATENCY_BUCKETS: [f64; 17] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
 ];
 
 fn latency_histogram() -> Histogram {
@@ -98,9 +102,26 @@ pub struct CertLabels {
     pub subject: String,
 }
 
+const PREFIX: &str = "etcd_webhook";
+
+/// Registers one family and notes its name and type (the exposition leaves a family out until
+/// it has a sample, so [`Metrics::series_names`] cannot be read from it).
+fn register(
+    registry: &mut Registry,
+    families: &mut Vec<(String, MetricType)>,
+    name: &str,
+    help: &str,
+    metric: impl prometheus_client::registry::Metric,
+) {
+    families.push((format!("{PREFIX}_{name}"), metric.metric_type()));
+    registry.register(name, help, metric);
+}
+
 /// Every metric the server keeps.
 pub struct Metrics {
     registry: Registry,
+    /// Every family registered: its exposition name and type.
+    families: Vec<(String, MetricType)>,
     pub admission_requests: Family<AdmissionLabels, Counter>,
     pub request_duration: HistogramFamily<EndpointLabel>,
     pub requests_in_flight: Family<EndpointLabel, Gauge>,
@@ -125,6 +146,9 @@ pub struct Metrics {
     pub leader: Gauge,
     pub finalizers_in_progress: Gauge,
     pub backup_last_success: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub backup_interval: Family<ClusterLabels, Gauge>,
+    pub backup_scheduled_since: Family<ClusterLabels, Gauge>,
+    pub leader_changes: Family<ClusterLabels, Counter>,
     pub defragmentations: Family<ClusterLabels, Counter>,
     pub defragmentation_freed_bytes: Family<ClusterLabels, Counter>,
     pub defragmentation_seconds: Family<ClusterLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
@@ -150,7 +174,8 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("etcd_webhook");
+        let mut registry = Registry::with_prefix(PREFIX);
+        let mut families = Vec::new();
         let m = Metrics {
             admission_requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
@@ -179,6 +204,9 @@ impl Metrics {
             leader: Gauge::default(),
             finalizers_in_progress: Gauge::default(),
             backup_last_success: Family::default(),
+            backup_interval: Family::default(),
+            backup_scheduled_since: Family::default(),
+            leader_changes: Family::default(),
             defragmentations: Family::default(),
             defragmentation_freed_bytes: Family::default(),
             defragmentation_seconds: Family::default(),
@@ -192,173 +220,297 @@ impl Metrics {
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 4.0, 9),
             ),
             registry: Registry::default(),
+            families: Vec::new(),
         };
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "admission_requests",
             "Admission reviews answered, by endpoint, operation, object version and result (allowed, denied, error)",
             m.admission_requests.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "request_duration_seconds",
             "Time to answer a webhook request, by endpoint",
             m.request_duration.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "requests_in_flight",
             "Webhook requests being answered, by endpoint",
             m.requests_in_flight.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "request_body_bytes",
             "Size of webhook request bodies, by endpoint",
             m.request_body_bytes.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "conversion_requests",
             "ConversionReviews answered, by result (success, failure)",
             m.conversion_requests.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "converted_objects",
             "Objects converted, by source and target version",
             m.converted_objects.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "http_errors",
             "Webhook requests answered with an HTTP error, by status",
             m.http_errors.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "tls_handshake_failures",
             "TLS handshakes that failed or timed out",
             m.tls_handshake_failures.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "panics",
             "Panics caught while answering a request (answered 500; the server keeps serving)",
             m.panics.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "cert_not_after_timestamp_seconds",
             "notAfter of the serving certificate, Unix seconds",
             m.cert_not_after.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "cert_info",
             "The serving certificate (value 1), by serial and subject",
             m.cert_info.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "cert_reloads",
             "Serving certificate loads, by result (success, failure)",
             m.cert_reloads.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "cert_last_reload_success_timestamp_seconds",
             "When a serving certificate was last loaded, Unix seconds",
             m.cert_last_reload.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "cert_files_rejected",
             "1 while the files on disk are rejected and the previous certificate keeps serving",
             m.cert_files_rejected.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "cert_secret_watch_failing",
             "1 while the watch of the --cert-secret Secret fails (retried with backoff; the last certificate keeps serving)",
             m.cert_secret_watch_failing.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "cabundle_mismatch",
             "1 while the served certificate does not verify against the object's caBundle for its Service name (the apiserver's calls fail), 0 when it does; by object",
             m.cabundle_mismatch.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "client_ca_reloads",
             "Client CA bundle loads (--client-ca), by result (success, failure)",
             m.client_ca_reloads.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "controller_reconciles",
             "EtcdCluster reconciles, by result (success, error)",
             m.reconciles.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "controller_reconcile_duration_seconds",
             "Time one EtcdCluster reconcile took",
             m.reconcile_duration.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "controller_reconciles_waiting",
             "Passes that fell due and wait for one of the --max-concurrent-reconciles turns (served first come, first served)",
             m.reconciles_waiting.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "controller_reconcile_wait_seconds",
             "How long a pass that fell due waited for its turn",
             m.reconcile_wait.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "controller_leader",
             "1 while this replica holds the etcd-webhook-leader Lease and reconciles",
             m.leader.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "controller_finalizers_in_progress",
             "EtcdClusters being deleted whose finalizer is still waiting (alert when it stays up past --finalizer-timeout)",
             m.finalizers_in_progress.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "backup_last_success_timestamp_seconds",
             "When the newest snapshot filed for each EtcdCluster was taken (Unix seconds; from status.backup.last; removed when the cluster goes)",
             m.backup_last_success.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
+            "backup_interval_seconds",
+            "The longest time between two runs of each EtcdCluster's backup schedule (alert when the newest snapshot is older than twice this; removed when backups are turned off or the cluster goes)",
+            m.backup_interval.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "backup_scheduled_since_timestamp_seconds",
+            "When each EtcdCluster's backup CronJob was created (Unix seconds): a cluster with no snapshot yet owes one from then",
+            m.backup_scheduled_since.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "cluster_leader_changes",
+            "Leader changes of each EtcdCluster the loop saw: another member leading at one pass than at the one before (an election between two passes that keeps or returns to the same leader is not seen; etcd_server_leader_changes_seen_total on the members' metrics port counts every one)",
+            m.leader_changes.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
             "member_defragmentations",
             "Defragmentations the loop made of an EtcdCluster's members (removed when the cluster goes)",
             m.defragmentations.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "member_defragmentation_freed_bytes",
             "Bytes the defragmentations gave back (database size before minus after)",
             m.defragmentation_freed_bytes.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "member_defragmentation_seconds",
             "Time the members were blocked by defragmentations, summed",
             m.defragmentation_seconds.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "nospace_alarm",
             "1 while a member of the EtcdCluster has etcd's NOSPACE alarm raised (writes refused)",
             m.nospace_alarm.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "cluster_members",
             "Members of each EtcdCluster by state as etcd last reported them: leader, follower, learner, or unhealthy (no answer, no leader, or an error)",
             m.cluster_members.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "member_db_size_bytes",
             "Each member's database on disk, as etcd last reported it",
             m.member_db_size.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "member_db_size_in_use_bytes",
             "The part of each member's database in use (the rest a defragmentation gives back)",
             m.member_db_size_in_use.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "kube_api_requests",
             "The reconcile loop's requests to the Kubernetes API by verb (WATCH for a watch) and answer code (error: none came); a 429 or 5xx with Retry-After is waited out and sent again, and counted each time",
             m.kube_api_requests.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut families,
             "kube_api_rate_limit_wait_seconds",
             "How long each of the loop's requests waited for the client-side limit (--kube-api-qps, --kube-api-burst)",
             m.kube_api_rate_limit_wait.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry,
+            families,
+            ..m
+        }
+    }
+
+    /// The name of every series the exposition can hold, sample or not yet: a gauge's name, a
+    /// counter's `_total`, a histogram's `_bucket`, `_sum` and `_count` (what PromQL reads).
+    pub fn series_names(&self) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for (name, kind) in &self.families {
+            let suffixes: &[&str] = match kind {
+                MetricType::Counter => &["_total"],
+                MetricType::Histogram => &["_bucket", "_sum", "_count"],
+                _ => &[""],
+            };
+            out.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        }
+        out
+    }
+
+    /// Drops every per-cluster series: a replica that stops leading no longer looks at the
+    /// clusters, and what it last saw would otherwise stand beside the new leader's view (and
+    /// keep an alert firing) for as long as it runs.
+    pub fn forget_clusters(&self) {
+        self.backup_last_success.clear();
+        self.backup_interval.clear();
+        self.backup_scheduled_since.clear();
+        self.leader_changes.clear();
+        self.defragmentations.clear();
+        self.defragmentation_freed_bytes.clear();
+        self.defragmentation_seconds.clear();
+        self.nospace_alarm.clear();
+        self.cluster_members.clear();
+        self.member_db_size.clear();
+        self.member_db_size_in_use.clear();
     }
 
     /// The OpenMetrics text of every metric.

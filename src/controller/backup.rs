@@ -33,7 +33,11 @@ pub(super) async fn schedule(
     let opts = &ctx.settings.render;
     let name = ec.name_any();
     let cron_name = format!("{name}-backup");
-    match render::backup_target(ec) {
+    let target = render::backup_target(ec);
+    if !matches!(target, Some(Ok(_))) {
+        unexport_schedule(ec, ctx);
+    }
+    match target {
         None => {
             if kids.remove::<CronJob>(&cron_name).await? {
                 ctx.event(
@@ -63,9 +67,10 @@ pub(super) async fn schedule(
             if target == BackupTarget::Volume {
                 kids.ensure(&render::backup_claim(ec)).await?;
             }
-            let (applied, _) = kids
+            let (applied, cron) = kids
                 .ensure(&render::backup_cron_job(ec, &target, opts))
                 .await?;
+            export_schedule(ec, ctx, &cron);
             if applied == Applied::Created {
                 ctx.event(
                     ec,
@@ -78,6 +83,35 @@ pub(super) async fn schedule(
         }
     }
     Ok(())
+}
+
+/// The schedule's gauges the overdue-backup alert reads: the longest gap between two runs and
+/// since when the CronJob exists. A schedule that never runs (`0 0 30 2 *`) has no gap to
+/// export: the alert cannot fire for it, and `/validate` already warned.
+fn export_schedule(ec: &EtcdCluster, ctx: &Context, cron: &CronJob) {
+    let labels = labels(ec);
+    let schedule = cron.spec.as_ref().map(|s| s.schedule.as_str());
+    match schedule.map(crate::admission::cron::longest_gap) {
+        Some(Ok(gap)) => {
+            let gap = i64::try_from(gap).unwrap_or(i64::MAX);
+            ctx.metrics.backup_interval.get_or_create(&labels).set(gap);
+        }
+        _ => {
+            ctx.metrics.backup_interval.remove(&labels);
+        }
+    }
+    if let Some(created) = cron.metadata.creation_timestamp.as_ref() {
+        ctx.metrics
+            .backup_scheduled_since
+            .get_or_create(&labels)
+            .set(created.0.as_second());
+    }
+}
+
+fn unexport_schedule(ec: &EtcdCluster, ctx: &Context) {
+    let labels = labels(ec);
+    ctx.metrics.backup_interval.remove(&labels);
+    ctx.metrics.backup_scheduled_since.remove(&labels);
 }
 
 /// What one finished backup pod (scheduled or final) reported in its termination message.
@@ -289,6 +323,9 @@ pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
         .unwrap()
         .remove(&format!("{}/{}", l.namespace, l.name));
     ctx.metrics.backup_last_success.remove(&l);
+    ctx.metrics.backup_interval.remove(&l);
+    ctx.metrics.backup_scheduled_since.remove(&l);
+    ctx.metrics.leader_changes.remove(&l);
     ctx.metrics.defragmentations.remove(&l);
     ctx.metrics.defragmentation_freed_bytes.remove(&l);
     ctx.metrics.defragmentation_seconds.remove(&l);

@@ -116,6 +116,7 @@ pub async fn run_when_leader<F, Fut>(
         token.cancel();
         let _ = task.await;
         metrics.leader.set(0);
+        metrics.forget_clusters();
         if stop.is_cancelled() {
             break;
         }

@@ -52,10 +52,36 @@ pub(super) async fn update_status(
     )
     .await
     .map_err(|e| Error::kube("update status of", "EtcdCluster", &ec.name_any(), e))?;
+    count_leader_change(ctx, ec, view.status.as_ref(), &want);
     let mut memo = ctx.written.lock().expect("not poisoned");
     memo.retain(|_, (at, _)| at.elapsed() < STATUS_MEMO);
     memo.insert(uid, (std::time::Instant::now(), want));
     Ok(true)
+}
+
+/// A written status naming another leader than the one the cluster showed is one leader change
+/// (written once: the memo stands in for a cluster whose cache is behind). The counter starts
+/// at 0 when a cluster first shows a leader, so a rate over it is defined.
+fn count_leader_change(
+    ctx: &Context,
+    ec: &EtcdCluster,
+    shown: Option<&crate::api::v1::EtcdClusterStatus>,
+    want: &crate::api::v1::EtcdClusterStatus,
+) {
+    let Some(leader) = want.leader.as_ref() else {
+        return;
+    };
+    let counter = ctx
+        .metrics
+        .leader_changes
+        .get_or_create(&super::backup::labels(ec))
+        .clone();
+    match shown.and_then(|s| s.leader.as_ref()) {
+        Some(before) if before != leader => {
+            counter.inc();
+        }
+        _ => {}
+    }
 }
 
 /// How long the status last written stands in for a cached cluster that does not show it yet.

@@ -405,6 +405,40 @@ async fn the_status_lists_every_member_and_the_leader() {
     assert!(writes(&calls).is_empty(), "{:?}", describe(&writes(&calls)));
 }
 
+/// A leader change is counted once per cluster, when the status names another leader; the
+/// cluster's series go when it goes, and all of them when the replica stops leading.
+#[tokio::test]
+async fn leader_changes_are_counted_and_per_cluster_series_are_forgotten() {
+    let (api, ctx) = running_three().await;
+    let changes = |ctx: &Context| {
+        let m = ctx.metrics.encode();
+        m.lines()
+            .find_map(|l| {
+                l.strip_prefix(
+                    r#"etcd_webhook_cluster_leader_changes_total{namespace="prod",name="etcd"} "#,
+                )
+            })
+            .map(|v| v.parse::<u64>().unwrap())
+    };
+    assert_eq!(changes(&ctx), Some(0), "{}", ctx.metrics.encode());
+    assert_eq!(cluster_json(&api)["status"]["leader"], "etcd-0");
+    etcd_of(&ctx).set_leader("etcd-2");
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(cluster_json(&api)["status"]["leader"], "etcd-2");
+    assert_eq!(changes(&ctx), Some(1));
+    // Passes that see the same leader count nothing more.
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(changes(&ctx), Some(1));
+    etcd_of(&ctx).set_leader("etcd-1");
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(changes(&ctx), Some(2));
+    // A replica that stops leading drops every per-cluster series it held.
+    ctx.metrics.forget_clusters();
+    let metrics = ctx.metrics.encode();
+    assert!(!metrics.contains(r#"name="etcd""#), "{metrics}");
+}
+
 fn members_config(api: &FakeApi) -> Value {
     api.get(CONFIG).expect("the members' ConfigMap")["data"].clone()
 }
@@ -1019,9 +1053,32 @@ async fn backups_bring_a_cron_job_and_volume_and_go_when_disabled() {
         pvc["metadata"]["ownerReferences"].is_null(),
         "snapshots outlive the cluster"
     );
+    // What the overdue-backup alert reads: the schedule's longest gap (6 h) and since when the
+    // CronJob exists.
+    let created: k8s_openapi::jiff::Timestamp = cron["metadata"]["creationTimestamp"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let metrics = ctx.metrics.encode();
+    for line in [
+        r#"etcd_webhook_backup_interval_seconds{namespace="prod",name="etcd"} 21600"#.to_owned(),
+        format!(
+            r#"etcd_webhook_backup_scheduled_since_timestamp_seconds{{namespace="prod",name="etcd"}} {}"#,
+            created.as_second()
+        ),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     api.set(EC, "/spec/backup/enabled", json!(false));
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
+    let metrics = ctx.metrics.encode();
+    assert!(
+        !metrics.contains("etcd_webhook_backup_interval_seconds{")
+            && !metrics.contains("etcd_webhook_backup_scheduled_since_timestamp_seconds{"),
+        "backups off: nothing is owed\n{metrics}"
+    );
     assert!(api.get(CRON).is_none());
     assert!(api.get(BACKUP_PVC).is_some(), "snapshots are kept");
     assert!(events(&api.calls()).contains(&("Normal".to_owned(), "BackupDisabled".to_owned())));

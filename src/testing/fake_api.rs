@@ -518,6 +518,7 @@ impl FakeCore {
                 obj["metadata"]["uid"] = json!(format!("uid-{v}"));
                 obj["metadata"]["resourceVersion"] = json!(v.to_string());
                 obj["metadata"]["generation"] = json!(1);
+                obj["metadata"]["creationTimestamp"] = json!(created_now());
                 self.record("ADDED", &full, &obj);
                 self.objects.insert(full, obj.clone());
                 (201, obj)
@@ -586,6 +587,7 @@ impl FakeCore {
                 let mut o = body.clone();
                 o["metadata"]["uid"] = json!(format!("uid-{}", self.version + 1));
                 o["metadata"]["generation"] = json!(1);
+                o["metadata"]["creationTimestamp"] = json!(created_now());
                 o
             }
             (None, _) => return (404, status(404, "NotFound", format!("{path} not found"))),
@@ -722,4 +724,12 @@ impl FakeCore {
         }
         (200, obj)
     }
+}
+
+/// A creationTimestamp as the apiserver sets one: now, to the second.
+fn created_now() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    k8s_openapi::jiff::Timestamp::from_second(now)
+        .expect("now is a timestamp")
+        .to_string()
 }

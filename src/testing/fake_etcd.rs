@@ -26,6 +26,8 @@ struct State {
     unhealthy: std::collections::BTreeSet<String>,
     /// Every refusal answered, in order.
     refusals: Vec<String>,
+    /// The leader's member ID every `status` names (0: the default, the first member, 4097).
+    leader: u64,
 }
 
 #[derive(Default)]
@@ -90,6 +92,13 @@ impl FakeEtcd {
             .unwrap()
             .members
             .retain(|m| host_name(&m.2) != pod);
+    }
+
+    /// An election: the member of pod `pod` leads from now on.
+    pub fn set_leader(&self, pod: &str) {
+        let mut s = self.state.lock().unwrap();
+        let id = s.members.iter().find(|m| m.1 == pod).expect("a member").0;
+        s.leader = id;
     }
 
     /// The cluster ID the answers carry (another cluster's volumes answering).
@@ -238,7 +247,9 @@ impl FakeEtcd {
                     .find(|m| m.1 == pod && !s.unhealthy.contains(pod))
                 {
                     Some(m) => Ok(json!({
-                        "dbSize": "20480", "leader": "4097", "isLearner": m.3,
+                        "dbSize": "20480",
+                        "leader": if s.leader == 0 { 4097 } else { s.leader }.to_string(),
+                        "isLearner": m.3,
                         "raftIndex": if m.4 { "100" } else { "3" },
                     })),
                     None => Err(EtcdError::Unreachable {
