@@ -2,7 +2,8 @@
 # Builds the end-to-end tests' control plane (etcd, kube-apiserver, kube-controller-manager and
 # cert-manager's controller and cainjector in one multi-call binary, see main.go) from the Go
 # modules pinned by go.mod/go.sum, once, and prints its path; cert-manager's CRDs are copied beside
-# it (cert-manager-crds/). The binary is cached under target/controlplane/<hash of go.mod, go.sum, *.go>/, so a
+# it (cert-manager-crds/). Prometheus' promtool (go.mod's `tool`, a main package of its own) is
+# built by the same `go build` into the same folder (promtool), sharing its dependencies. The binary is cached under target/controlplane/<hash of go.mod, go.sum, *.go>/, so a
 # second call only prints the path; concurrent callers wait for one build (flock).
 #   usage: bin=$(tests/controlplane/build.sh)
 set -euo pipefail
@@ -13,11 +14,18 @@ root=$(cd "$here/../.." && pwd)
 # k8s.io/kubernetes version in go.mod; build.sh checks that below.
 k8s_version=v1.34.12
 
-key=$(cat "$here/go.mod" "$here/go.sum" "$here"/*.go | sha256sum | cut -c1-16)
+# The Prometheus operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule), for the e2e check
+# that the chart's monitors and alerts are accepted as the operator defines them: taken from the
+# operator's Go module at this version (`go mod download` checks it against the Go checksum
+# database), copied beside the binary (prometheus-operator-crds/).
+prometheus_operator_version=v0.89.0
+
+key=$( (cat "$here/go.mod" "$here/go.sum" "$here"/*.go; echo "$prometheus_operator_version") | sha256sum | cut -c1-16)
 out_dir=${CARGO_TARGET_DIR:-$root/target}/controlplane/$key
 out=$out_dir/controlplane
 crds=$out_dir/cert-manager-crds
-if [[ -x $out && -d $crds ]]; then
+monitoring_crds=$out_dir/prometheus-operator-crds
+if [[ -x $out && -x $out_dir/promtool && -d $crds && -d $monitoring_crds ]]; then
   echo "$out"
   exit 0
 fi
@@ -38,23 +46,34 @@ grep -q "k8s.io/kubernetes $k8s_version\$" "$here/go.mod" || {
 mkdir -p "$out_dir"
 exec 9>"$out_dir.lock"
 flock 9
-if [[ ! -x $out || ! -d $crds ]]; then
-  echo "building the control plane (kube-apiserver $k8s_version, kube-controller-manager, etcd) into $out_dir; the first build takes minutes" >&2
+if [[ ! -x $out || ! -x $out_dir/promtool || ! -d $crds || ! -d $monitoring_crds ]]; then
+  echo "building the control plane (kube-apiserver $k8s_version, kube-controller-manager, etcd) and promtool into $out_dir; the first build takes minutes" >&2
   start=$(date +%s)
   minor=${k8s_version#v1.}
   minor=${minor%%.*}
+  rm -rf "$out_dir/build.tmp" && mkdir -p "$out_dir/build.tmp"
   (
     cd "$here"
     go build -mod=readonly -trimpath \
       -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
-      -o "$out.tmp" .
+      -o "$out_dir/build.tmp/" . github.com/prometheus/prometheus/cmd/promtool
   ) >&2
-  mv "$out.tmp" "$out"
+  mv "$out_dir/build.tmp/promtool" "$out_dir/promtool"
+  mv "$out_dir/build.tmp/controlplane" "$out"
+  rmdir "$out_dir/build.tmp"
   # cert-manager's CRDs, from the same module version as its controllers.
   cm_dir=$(cd "$here" && go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)
   rm -rf "$crds.tmp" && mkdir -p "$crds.tmp"
   cp "$cm_dir"/deploy/crds/*.yaml "$crds.tmp"/
   rm -rf "$crds" && mv "$crds.tmp" "$crds"
+  po_dir=$(cd / && go mod download -json "github.com/prometheus-operator/prometheus-operator@$prometheus_operator_version" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [[ -n $po_dir ]] || { echo "could not download the Prometheus operator's module $prometheus_operator_version" >&2; exit 1; }
+  rm -rf "$monitoring_crds.tmp" && mkdir -p "$monitoring_crds.tmp"
+  for kind in servicemonitors podmonitors prometheusrules; do
+    cp "$po_dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$monitoring_crds.tmp"/
+  done
+  rm -rf "$monitoring_crds" && mv "$monitoring_crds.tmp" "$monitoring_crds"
   echo "control plane built in $(($(date +%s) - start)) s" >&2
 fi
 echo "$out"

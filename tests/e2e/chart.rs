@@ -112,8 +112,82 @@ pub fn helm_chart_installed_for_real(cp: ControlPlane) {
         installed.as_secs_f64(),
         to_first.as_secs_f64()
     );
+    monitoring_is_accepted(&env, &helm);
     ok(
         helm(&["uninstall", "etcd-webhook", "--namespace", NAMESPACE]),
         "helm uninstall",
     );
+}
+
+/// Issue 31: with the Prometheus operator's CRDs installed (from its Go module, by
+/// tests/controlplane/build.sh), the chart's ServiceMonitor, PodMonitor, PrometheusRule and
+/// dashboard ConfigMap (`helm upgrade` with ci/monitoring-values.yaml), and config/prometheus and
+/// config/grafana, are accepted by the real apiserver, and what it stores is what was tested:
+/// nothing pruned by the operator's schemas (the alerts' groups, honorLabels, the relabeling).
+fn monitoring_is_accepted(env: &Env, helm: &dyn Fn(&[&str]) -> std::process::Output) {
+    let crds = env
+        .cp
+        .bin()
+        .parent()
+        .unwrap()
+        .join("prometheus-operator-crds");
+    ok(
+        env.kubectl(&["apply", "--server-side", "-f", crds.to_str().unwrap()]),
+        "install the Prometheus operator's CRDs",
+    );
+    ok(
+        env.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/podmonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ]),
+        "the Prometheus operator's CRDs established",
+    );
+    ok(
+        helm(&[
+            "upgrade",
+            "etcd-webhook",
+            "charts/etcd-webhook",
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "-f",
+            "charts/etcd-webhook/ci/monitoring-values.yaml",
+        ]),
+        "helm upgrade with the monitors, the alerts and the dashboard",
+    );
+    let rules: serde_json::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(common::root().join("config/prometheus/rules.yaml")).unwrap(),
+    )
+    .unwrap();
+    let stored = env.get_json(&["-n", NAMESPACE, "prometheusrule", "etcd-webhook"]);
+    assert_eq!(
+        stored["spec"], rules,
+        "the apiserver stores the tested alerts as they are"
+    );
+    let sm = env.get_json(&["-n", NAMESPACE, "servicemonitor", "etcd-webhook"]);
+    assert_eq!(sm["spec"]["endpoints"][0]["honorLabels"], true, "{sm}");
+    let pm = env.get_json(&["-n", NAMESPACE, "podmonitor", "etcd-webhook-etcd-members"]);
+    assert_eq!(
+        pm["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["targetLabel"], "etcd_cluster",
+        "{pm}"
+    );
+    assert_eq!(pm["spec"]["namespaceSelector"]["any"], true, "{pm}");
+    let dashboard = env.get_json(&["-n", NAMESPACE, "configmap", "etcd-webhook-dashboard"]);
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    // The kustomize trees, as the apiserver would take them.
+    for dir in ["config/prometheus", "config/grafana"] {
+        ok(
+            env.kubectl(&[
+                "apply",
+                "--dry-run=server",
+                "-k",
+                common::root().join(dir).to_str().unwrap(),
+            ]),
+            &format!("kubectl apply --dry-run=server -k {dir}"),
+        );
+    }
 }

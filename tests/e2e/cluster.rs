@@ -62,6 +62,16 @@ pub struct ControlPlane {
     /// The multi-call binary every component runs from.
     bin: PathBuf,
     procs: Vec<Proc>,
+    /// The trace receiver of a traced control plane ([`ControlPlane::start_with`]).
+    pub otlp: Option<Otlp>,
+}
+
+/// Where a traced control plane's OTLP receiver listens, and the file it writes the spans to
+/// (one JSON object per span: service, name, ids, kind, attributes).
+pub struct Otlp {
+    /// OTLP/HTTP base URL, for the webhook's `--otlp-endpoint`.
+    pub http_url: String,
+    pub spans: PathBuf,
 }
 
 struct Pki {
@@ -148,6 +158,13 @@ impl ControlPlane {
     /// when the apiserver is ready and the controller manager has created the default
     /// ServiceAccount.
     pub fn start() -> ControlPlane {
+        Self::start_with(false)
+    }
+
+    /// With `traced`, an OTLP receiver (`controlplane otlp`) starts first and kube-apiserver
+    /// sends it a span for every request (`--tracing-config-file`, every request sampled);
+    /// [`ControlPlane::otlp`] says where it listens and where the spans go.
+    pub fn start_with(traced: bool) -> ControlPlane {
         let bin = common::control_plane();
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -171,6 +188,7 @@ impl ControlPlane {
             dir,
             bin: bin.clone(),
             procs: Vec::new(),
+            otlp: None,
         };
         std::fs::write(
             &cp.service_map,
@@ -237,6 +255,36 @@ impl ControlPlane {
             http_get_plain(etcd_client, "/health").filter(|body| body.contains("\"true\""))
         });
 
+        // The trace receiver, before the apiserver that sends to it.
+        let mut tracing_args = Vec::new();
+        if traced {
+            let (grpc, http) = (free_port(), free_port());
+            let spans = cp.dir.join("spans.jsonl");
+            cp.spawn(
+                &bin,
+                "otlp",
+                &[
+                    format!("--grpc=127.0.0.1:{grpc}"),
+                    format!("--http=127.0.0.1:{http}"),
+                    format!("--out={}", spans.display()),
+                ],
+            );
+            let config = cp.dir.join("tracing.yaml");
+            std::fs::write(
+                &config,
+                format!(
+                    "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\n\
+                     endpoint: 127.0.0.1:{grpc}\nsamplingRatePerMillion: 1000000\n"
+                ),
+            )
+            .unwrap();
+            tracing_args.push(format!("--tracing-config-file={}", config.display()));
+            cp.otlp = Some(Otlp {
+                http_url: format!("http://127.0.0.1:{http}"),
+                spans,
+            });
+        }
+
         // kube-apiserver
         let port = free_port();
         cp.server = format!("https://127.0.0.1:{port}");
@@ -269,7 +317,10 @@ impl ControlPlane {
                 // NamespaceLifecycle, ServiceAccount, ...); this one is on in hardened clusters.
                 "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
                 "--v=1".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(tracing_args)
+            .collect::<Vec<String>>(),
             &[("CONTROLPLANE_SERVICE_MAP", service_map.as_os_str())],
         );
         wait_for("kube-apiserver /readyz", Duration::from_secs(120), || {
@@ -390,6 +441,11 @@ impl ControlPlane {
     }
 
     /// Panics (with the log's tail) when a component has exited.
+    /// The multi-call binary; promtool and the CRDs it was built with lie beside it.
+    pub fn bin(&self) -> &std::path::Path {
+        &self.bin
+    }
+
     pub fn check_alive(&mut self) {
         for p in &mut self.procs {
             if let Ok(Some(status)) = p.child.try_wait() {
