@@ -240,6 +240,15 @@ pub struct LogArgs {
         default_value = "info"
     )]
     pub log_level: String,
+    /// Export traces over OTLP/HTTP (protobuf) to this collector's base URL, e.g.
+    /// `http://otel-collector.monitoring:4318` (spans go to `URL/v1/traces`): one span per
+    /// webhook request, continuing the apiserver's `traceparent`, and one per reconcile pass.
+    /// Off when unset; `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` turn
+    /// it on too, and the other standard `OTEL_*` variables apply (`OTEL_SERVICE_NAME`,
+    /// `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`, `OTEL_EXPORTER_OTLP_HEADERS`,
+    /// `OTEL_SDK_DISABLED`, ...).
+    #[arg(long, global = true, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

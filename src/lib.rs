@@ -13,6 +13,7 @@ pub mod listen;
 pub mod metrics;
 pub mod migrate;
 pub mod offline;
+pub mod otel;
 pub mod server;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -18,6 +18,10 @@ fn main() -> anyhow::Result<()> {
         Command::Convert(args) => commands::convert(args),
         Command::Render(args) => commands::render(args),
         _ => {
+            // Before anything makes a TLS client (the trace exporter's, set up with the logs).
+            rustls::crypto::ring::default_provider()
+                .install_default()
+                .map_err(|_| anyhow::anyhow!("a TLS crypto provider was already installed"))?;
             let log_writer = app::logging::init(&cli.log)?;
             let outcome = run(cli.command);
             // Every line logged so far reaches stderr before the process ends (the writer
@@ -34,9 +38,6 @@ fn main() -> anyhow::Result<()> {
 
 /// The commands that log: their exit code, or the error main reports.
 fn run(command: Command) -> anyhow::Result<i32> {
-    rustls::crypto::ring::default_provider()
-        .install_default()
-        .map_err(|_| anyhow::anyhow!("a TLS crypto provider was already installed"))?;
     Ok(match command {
         Command::Crd(args) => commands::crd(&args),
         Command::MigrateStorage(args) => commands::migrate_storage(&args),

@@ -234,7 +234,19 @@ pub(super) fn in_turn(
                 return Ok(Action::await_change());
             };
             match clusters.get(&key) {
-                Some(now) => Box::pin(reconcile(now, ctx)).await,
+                Some(now) => {
+                    let span = crate::otel::pass_span(
+                        key.namespace.as_deref().unwrap_or_default(),
+                        &key.name,
+                    );
+                    let result = tracing::Instrument::instrument(
+                        Box::pin(reconcile(now, ctx)),
+                        span.clone(),
+                    )
+                    .await;
+                    span.record("result", if result.is_ok() { "success" } else { "error" });
+                    result
+                }
                 // Deleted while it waited: nothing left to do.
                 None => Ok(Action::await_change()),
             }

@@ -95,6 +95,11 @@ impl AppState {
         req: Option<&AdmissionRequest>,
         result: &'static str,
     ) {
+        let span = tracing::Span::current();
+        span.record("admission.result", result);
+        if let Some(r) = req {
+            span.record("admission.uid", r.uid.as_str());
+        }
         let (operation, version) = match req {
             Some(r) => (
                 operation_label(&r.operation),
@@ -202,7 +207,9 @@ async fn guard(
     in_flight.inc();
     let start = std::time::Instant::now();
     let http1 = req.version() == axum::http::Version::HTTP_11;
-    let mut response = match tokio::time::timeout(state.request_timeout, next.run(req)).await {
+    let span = crate::otel::request_span(req.method(), req.uri().path(), req.headers());
+    let answer = tracing::Instrument::instrument(next.run(req), span.clone());
+    let mut response = match tokio::time::timeout(state.request_timeout, answer).await {
         Ok(response) => response,
         Err(_) => {
             tracing::warn!(endpoint, timeout = ?state.request_timeout, "request timed out");
@@ -216,6 +223,7 @@ async fn guard(
         .get_or_create(&labels)
         .observe(start.elapsed().as_secs_f64());
     let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
     if status.is_client_error() || status.is_server_error() {
         state
             .metrics

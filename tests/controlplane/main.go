@@ -9,6 +9,7 @@
 //	controlplane cainjector --kubeconfig FILE
 //	controlplane s3 --listen ADDR --data FILE --access-key KEY [--bucket NAME] (s3.go)
 //	controlplane etcdutl snapshot restore|status ... (etcdutl.go)
+//	controlplane otlp --grpc ADDR --http ADDR --out FILE (otlp.go)
 //
 // The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
 // loopback Endpoints, so webhooks named by a service reference (as the shipped configurations do) are
@@ -38,7 +39,7 @@ import (
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 )
 
-const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector|s3|etcdutl [flags]"
+const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector|s3|etcdutl|otlp [flags]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -68,6 +69,8 @@ func main() {
 		os.Exit(runS3(rest))
 	case "etcdutl":
 		os.Exit(runEtcdutl(rest))
+	case "otlp":
+		os.Exit(runOTLP(rest))
 	default:
 		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q\n%s\n", component, usage)
 		os.Exit(2)

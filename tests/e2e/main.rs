@@ -20,6 +20,7 @@ mod reconcile;
 mod rotation;
 mod scale;
 mod storage;
+mod traces;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
@@ -46,7 +47,14 @@ const OWN_CLUSTER: &[OwnScenario] = &[
         "many_clusters_settle_without_throttling",
         scale::many_clusters_settle_without_throttling,
     ),
+    (
+        "one_apply_is_one_trace_through_the_webhook",
+        traces::one_apply_is_one_trace_through_the_webhook,
+    ),
 ];
+
+/// Own-cluster scenarios whose control plane sends traces (`ControlPlane::start_with`).
+const TRACED: &[&str] = &["one_apply_is_one_trace_through_the_webhook"];
 
 /// In order: the leader and outage scenarios replace the serving replica, so they come last.
 const SCENARIOS: &[Scenario] = &[
@@ -160,7 +168,7 @@ fn main() {
         let t = Instant::now();
         let mut logs = None;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let cp = cluster::ControlPlane::start();
+            let cp = cluster::ControlPlane::start_with(TRACED.contains(name));
             logs = Some(cp.logs.clone());
             scenario(cp)
         }));
