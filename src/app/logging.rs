@@ -118,10 +118,11 @@ pub fn init(args: &LogArgs) -> Result<Logging, InitError> {
             64 * 1024,
             std::io::stderr(),
         ));
-    let traces = trace_endpoint(args).map(tracer_provider).transpose()?;
+    let endpoint = trace_endpoint(args);
+    let traces = endpoint.clone().map(tracer_provider).transpose()?;
     match &traces {
-        // No exporter: the subscriber the logs always had, one global filter (measured: a
-        // per-layer filter costs every logged line), which also turns the trace spans off.
+        // No exporter: the subscriber the logs always had, one global filter (no per-layer
+        // filter bookkeeping on each logged line), which also turns the trace spans off.
         None => {
             let builder = tracing_subscriber::fmt()
                 .with_env_filter(filter)
@@ -153,7 +154,7 @@ pub fn init(args: &LogArgs) -> Result<Logging, InitError> {
             tracing_subscriber::registry().with(fmt).with(otel).init();
         }
     }
-    if let Some(endpoint) = trace_endpoint(args) {
+    if let Some(endpoint) = endpoint {
         tracing::info!(
             endpoint = endpoint.as_deref().unwrap_or("from OTEL_EXPORTER_OTLP_*"),
             "exporting traces over OTLP/HTTP"

@@ -87,7 +87,7 @@ pub(super) async fn schedule(
 
 /// The schedule's gauges the overdue-backup alert reads: the longest gap between two runs and
 /// since when the CronJob exists. A schedule that never runs (`0 0 30 2 *`) has no gap to
-/// export: the alert cannot fire for it, and `/validate` already warned.
+/// export, so the overdue-backup alert cannot fire for it.
 fn export_schedule(ec: &EtcdCluster, ctx: &Context, cron: &CronJob) {
     let labels = labels(ec);
     let schedule = cron.spec.as_ref().map(|s| s.schedule.as_str());

@@ -74,13 +74,12 @@ fn count_leader_change(
     let counter = ctx
         .metrics
         .leader_changes
-        .get_or_create(&super::backup::labels(ec))
-        .clone();
-    match shown.and_then(|s| s.leader.as_ref()) {
-        Some(before) if before != leader => {
-            counter.inc();
-        }
-        _ => {}
+        .get_or_create(&super::backup::labels(ec));
+    if shown
+        .and_then(|s| s.leader.as_ref())
+        .is_some_and(|before| before != leader)
+    {
+        counter.inc();
     }
 }
 
