@@ -1,29 +1,40 @@
 #!/usr/bin/env python3
-"""Load benchmark: etcd-webhook against the floor server (benches/floor.rs), side by side.
+"""Load benchmark: etcd-webhook against the floor server (benches/floor.rs) and a controller-runtime
+peer (benches/peer-go: what a kubebuilder project serves, with the same defaults and rules), side
+by side.
 
-Builds release binaries, generates payloads (benches/payloads.py), starts both servers pinned to
-core 0 with one tokio worker each, drives them with h2load pinned to core 1, alternates which
-goes first over the rounds, and prints one table: absolute numbers, the ratio to the floor, and
-pass/fail for every target of docs/benchmarks.md. A full run exits 1 when any target is missed
-(a smoke run exits 1 when a request fails or a measurement is missing, and leaves the ratios,
-taken on debug binaries and 1 s runs, unjudged). Only loopback addresses are used.
+Builds release binaries (and the peer, from Go modules), generates payloads (benches/payloads.py),
+checks that the product and the peer answer the same cases the same way (allowed or denied, the
+fields named, the defaults filled in), starts the servers pinned to core 0 with one worker each
+(TOKIO_WORKER_THREADS=1, GOMAXPROCS=1), drives them with h2load pinned to core 1, alternates which
+goes first over the rounds, and prints two tables: every target as a ratio to the floor, and the
+three of them side by side with the ratio to the peer (no targets). A full run exits 1 when any
+target is missed (a smoke run exits 1 when a request fails, the two disagree, or a measurement is
+missing, and leaves the ratios, taken on debug binaries and 1 s runs, unjudged). Only loopback
+addresses are used.
 
-  python3 benches/load.py                 # full run (~15 min on 2 cores)
-  python3 benches/load.py --smoke         # ~15 s (CI): every endpoint answers, nothing fails,
-                                          # every measurement is taken; ratios not judged
+  python3 benches/load.py                 # full run (~18 min on 2 cores)
+  python3 benches/load.py --smoke         # ~20 s (CI): every endpoint answers, nothing fails,
+                                          # the peer agrees, every measurement is taken; ratios
+                                          # not judged
   python3 benches/load.py --memory-only   # P7 alone: one process, RSS after each load round
+  python3 benches/load.py --no-peer       # without the Go peer (no Go needed)
   python3 benches/load.py --allocator mimalloc
 """
 import argparse
+import base64
 import json
 import os
 import re
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TICK = os.sysconf("SC_CLK_TCK")
@@ -142,6 +153,15 @@ def run_round(servers, paths, payloads, args, tmp, results, order):
                 if c == 16 and what == "validate":
                     r.setdefault("c16_p99_ms", []).append(percentiles(log)[1])
         r.setdefault("rss_peak", []).append(s.mem("VmHWM"))
+        # P10: new connections, one request each.
+        c0 = s.cpu()
+        total = 0
+        for _ in range(4 if args.smoke else 20):
+            _, n = h2load(url(paths[name]["validate"]), payloads["validate"], 50, requests=50)
+            total += n
+        r.setdefault("handshake_cpu_us", []).append((s.cpu() - c0) / total * 1e6)
+        if "convert" not in paths[name]:
+            continue  # the peer serves no conversion
         # P8: 100-object conversions.
         c0 = s.cpu()
         rps, n = h2load(url(paths[name]["convert"]), payloads["convert-100"], 16, seconds=D)
@@ -152,13 +172,6 @@ def run_round(servers, paths, payloads, args, tmp, results, order):
             h2load(url(paths[name]["convert"]), payloads[f"convert-{objects}"], 1, requests=count, log=log)
             durations = sorted(int(l.split("\t")[2]) for l in open(log) if l.strip())
             r.setdefault(f"convert{objects}_ms", []).append(durations[len(durations) // 2] / 1000.0)
-        # P10: new connections, one request each.
-        c0 = s.cpu()
-        total = 0
-        for _ in range(4 if args.smoke else 20):
-            _, n = h2load(url(paths[name]["validate"]), payloads["validate"], 50, requests=50)
-            total += n
-        r.setdefault("handshake_cpu_us", []).append((s.cpu() - c0) / total * 1e6)
 
 
 def memory_across_rounds(argv, env, payloads, tmp, args):
@@ -183,6 +196,121 @@ def memory_across_rounds(argv, env, payloads, tmp, args):
     return rss
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post(url, body, ca):
+    ctx = ssl.create_default_context(cafile=ca)
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+        return json.load(resp)["response"]
+
+
+def denied_fields(response):
+    """The fields a denial names (`spec.size: Invalid value...`), from either server's message."""
+    message = (response.get("status") or {}).get("message", "")
+    return sorted(set(re.findall(r"((?:spec|metadata)\.[A-Za-z.]+): (?:Invalid value|Forbidden)", message)))
+
+
+def patched_spec(obj, response):
+    """The object's spec once the answer's JSON patch (add/replace only) is applied."""
+    doc = json.loads(json.dumps(obj))
+    patch = json.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+    for op in patch:
+        if op["op"] not in ("add", "replace"):
+            raise SystemExit(f"unexpected patch operation {op}")
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        at = doc
+        for part in parents:
+            at = at[part]
+        at[last] = op["value"]
+    return doc["spec"]
+
+
+def agreement_cases(review_path):
+    """(name, AdmissionReview) pairs: one valid CREATE and UPDATE, and one per rule broken, for
+    both servers (in v1, the version the peer registers for)."""
+    base = json.load(open(review_path))
+    def case(spec=None, old=None, meta=None, drop=()):
+        r = json.loads(json.dumps(base))
+        o = r["request"]["object"]
+        o["spec"].update(spec or {})
+        for k in drop:
+            o["spec"].pop(k, None)
+        o["metadata"].update(meta or {})
+        if old is not None:
+            r["request"]["operation"] = "UPDATE"
+            prev = json.loads(json.dumps(base["request"]["object"]))
+            prev["spec"].update(old)
+            r["request"]["oldObject"] = prev
+        return r
+    backup = lambda **kw: {"backup": dict(base["request"]["object"]["spec"]["backup"], **kw)}
+    return [
+        ("valid create", case()),
+        ("size 1 (a warning)", case({"size": 1})),
+        ("size 4", case({"size": 4})),
+        ("size 9", case({"size": 9})),
+        ("version v3.4.30", case({"version": "v3.4.30"})),
+        ("version 3.5.10", case({"version": "3.5.10"})),
+        ("storage 0Gi", case({"storageSize": "0Gi"})),
+        ("storage 10G", case({"storageSize": "10G"})),
+        ("class SSD", case({"storageClass": "SSD"})),
+        ("schedule of 4 fields", case(backup(schedule="0 */6 * *"))),
+        ("retention 0", case(backup(retention=0))),
+        ("destination gs://", case(backup(destination="gs://bucket/x"))),
+        ("quota 1 byte", case({"maintenance": {"quotaBackendBytes": 1}})),
+        ("compaction 1d", case({"maintenance": {"autoCompactionRetention": "1d"}})),
+        ("defrag 100%", case({"maintenance": {"defragThresholdPercent": 100}})),
+        ("restore from http://", case({"restore": {"from": "http://x/y.db"}})),
+        ("name of 46 characters", case(meta={"name": "e" * 46})),
+        ("name 1etcd", case(meta={"name": "1etcd"})),
+        ("several at once", case({"size": 4, "storageSize": "0Gi", "version": "v3.7.0"})),
+        ("valid update (grow)", case({"size": 5, "storageSize": "30Gi"}, old={})),
+        ("shrink 5 to 3", case({"size": 3}, old={"size": 5})),
+        ("storage 20Gi to 10Gi", case({"storageSize": "10Gi"}, old={"storageSize": "20Gi"})),
+        ("class ssd to nvme", case({"storageClass": "nvme"}, old={})),
+        ("class removed", case(drop=("storageClass",), old={})),
+        ("downgrade", case({"version": "v3.5.1"}, old={})),
+        ("v3.5.1 to v3.6.4", case({"version": "v3.6.4"}, old={"version": "v3.5.1"})),
+        ("v3.5.26 to v3.6.4", case({"version": "v3.6.4"}, old={"version": "v3.5.26"})),
+        ("tls added", case({"tls": {"enabled": True}}, old={})),
+        ("restore changed", case({"restore": {"from": "s3://b/a.db"}}, old={"restore": {"from": "s3://b/b.db"}})),
+    ]
+
+
+def check_agreement(ours, peer, paths, payloads, ca):
+    """Every case answered alike by both: allowed or not, the same fields named, a warning or
+    none; every defaulting review patched to the same spec. Returns the disagreements."""
+    url = lambda s, p: f"https://localhost:{s.addr.split(':')[1]}{p}"
+    bad = []
+    cases = agreement_cases(payloads["validate"])
+    for name, review in cases:
+        a = post(url(ours, paths["ours"]["validate"]), review, ca)
+        b = post(url(peer, paths["peer"]["validate"]), review, ca)
+        left = (a["allowed"], denied_fields(a), bool(a.get("warnings")))
+        right = (b["allowed"], denied_fields(b), bool(b.get("warnings")))
+        if left != right:
+            bad.append(f"/validate {name}: product {left}, peer {right}")
+    mutate = json.load(open(payloads["mutate"]))
+    partial = json.loads(json.dumps(mutate))
+    partial["request"]["object"]["spec"] = {"size": 3, "version": "v3.6.4", "backup": {"schedule": "@daily"}}
+    for name, review in (("the mutate payload", mutate), ("a partial backup", partial),
+                         ("nothing to add", json.load(open(payloads["validate"])))):
+        obj = review["request"]["object"]
+        a = patched_spec(obj, post(url(ours, paths["ours"]["mutate"]), review, ca))
+        b = patched_spec(obj, post(url(peer, paths["peer"]["mutate"]), review, ca))
+        if a != b:
+            bad.append(f"/mutate {name}: product {a}, peer {b}")
+    print(f"product and peer agree on {len(cases) - len([b for b in bad if b.startswith('/validate')])} of "
+          f"{len(cases)} validation cases and {3 - len([b for b in bad if b.startswith('/mutate')])} of 3 defaulting cases")
+    for b in bad:
+        print("  DISAGREE " + b)
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="a ~15 s run: every endpoint answers, nothing fails, every measurement is taken (ratios not judged)")
@@ -192,6 +320,7 @@ def main():
                     help="global allocator of both binaries (mimalloc is the product's default)")
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--skip-build", action="store_true")
+    ap.add_argument("--no-peer", action="store_true", help="leave out the controller-runtime peer (benches/peer-go)")
     ap.add_argument("--memory-only", action="store_true", help="only P7 (one process, RSS after each round)")
     ap.add_argument("--memory-rounds", type=int, default=4, help="load rounds of the P7 process")
     ap.add_argument("--profile", choices=["release", "debug"], default=None,
@@ -211,6 +340,9 @@ def main():
         profile = ["--release"] if args.profile == "release" else []
         subprocess.run(["cargo", "build", *profile, "--locked", *no_default, "--features", features,
                         "--bin", "etcd-webhook", "--bin", "etcd-webhook-floor"], check=True, cwd=ROOT)
+    peer_bin = None
+    if not args.no_peer:
+        peer_bin = sh(["bash", os.path.join(ROOT, "benches/peer-go/build.sh")]).stdout.strip()
     tmp = tempfile.mkdtemp(prefix="etcd-webhook-bench-")
     sh([sys.executable, os.path.join(ROOT, "benches/payloads.py"), os.path.join(tmp, "payloads")])
     pl = lambda f: os.path.join(tmp, "payloads", f)
@@ -225,7 +357,19 @@ def main():
                                         "--cert-dir", certs] + extra
     floor_argv = lambda extra: pin(0) + [os.path.join(target, "etcd-webhook-floor"), "127.0.0.1:0", certs] + extra
     paths = {"ours": {"validate": "/validate", "mutate": "/mutate", "convert": "/convert"},
-             "floor": {"validate": "/parse", "mutate": "/parse", "convert": "/convert"}}
+             "floor": {"validate": "/parse", "mutate": "/parse", "convert": "/convert"},
+             "peer": {"validate": "/validate-etcd-example-com-v1-etcdcluster",
+                      "mutate": "/mutate-etcd-example-com-v1-etcdcluster"}}
+    # The peer: one Go worker (GOMAXPROCS=1, as the others have one tokio worker), core 0.
+    peer_env = dict(os.environ, GOMAXPROCS="1")
+    peer_argv = lambda: pin(0) + [peer_bin, "--port", str(free_port()), "--cert-dir", certs]
+
+    def start_all():
+        servers = {"ours": Proc("ours", ours_argv([]), env, "etcd-webhook listening", os.path.join(tmp, "ours.out")),
+                   "floor": Proc("floor", floor_argv([]), env, "floor listening", os.path.join(tmp, "floor.out"))}
+        if peer_bin:
+            servers["peer"] = Proc("peer", peer_argv(), peer_env, "peer-go listening", os.path.join(tmp, "peer.out"))
+        return servers
 
     rss_rounds = memory_across_rounds(ours_argv([]), env, payloads, tmp, args)
     print("P7 RSS after each round, one process: " + ", ".join(f"{r:.1f} MiB" for r in rss_rounds))
@@ -235,12 +379,15 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
         sys.exit(0 if grow <= 1.2 or args.smoke else 1)
 
+    disagreements = []
     results = {}
     for rnd in range(args.rounds):
-        servers = {"ours": Proc("ours", ours_argv([]), env, "etcd-webhook listening", os.path.join(tmp, "ours.out")),
-                   "floor": Proc("floor", floor_argv([]), env, "floor listening", os.path.join(tmp, "floor.out"))}
+        servers = start_all()
         try:
-            order = ["ours", "floor"] if rnd % 2 == 0 else ["floor", "ours"]
+            if rnd == 0 and peer_bin:
+                disagreements = check_agreement(servers["ours"], servers["peer"], paths, payloads,
+                                                os.path.join(certs, "ca.crt"))
+            order = sorted(servers, reverse=rnd % 2 == 1)
             run_round(servers, paths, payloads, args, tmp, results, order)
         finally:
             for s in servers.values():
@@ -275,12 +422,20 @@ def main():
     avg = {n: {k: sum(v) / len(v) for k, v in r.items()} for n, r in results.items()}
     avg["ours"]["rss_rounds"] = rss_rounds
     missed, unmeasured = report(avg, args)
+    if peer_bin:
+        side_by_side(avg, args)
+        missed += [f"the peer disagrees: {d}" for d in disagreements]
+        if disagreements:
+            print(f"\nthe product and the peer disagree on {len(disagreements)} case(s): the comparison is not like for like")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rounds": results, "mean": avg, "missed": missed, "unmeasured": unmeasured}, f, indent=2)
     shutil.rmtree(tmp, ignore_errors=True)
     if unmeasured:
         print(f"\nFAILED: not measured: " + "; ".join(unmeasured))
+        sys.exit(1)
+    if disagreements:
+        print("\nFAILED: the product and the peer answer differently: " + "; ".join(disagreements))
         sys.exit(1)
     if missed and not args.smoke:
         print(f"\nFAILED: {len(missed)} target(s) missed: " + "; ".join(missed))
@@ -365,6 +520,29 @@ def report(avg, args):
         if missed:
             print(f"smoke mode: {len(missed)} target(s) missed, not judged (debug binaries, 1 s runs)")
     return missed, unmeasured
+
+
+def side_by_side(avg, args):
+    """The floor, the product and the controller-runtime peer in one table, with the product's
+    ratio to the peer (no targets: a comparison)."""
+    o, f, p = avg["ours"], avg["floor"], avg["peer"]
+    rows = [("/validate req/s, c16", "validate_c16_rps", True), ("/validate req/s, c64", "validate_c64_rps", True),
+            ("/mutate req/s, c16", "mutate_c16_rps", True), ("/mutate req/s, c64", "mutate_c64_rps", True),
+            ("CPU per request, validate c16 (us)", "validate_c16_cpu_us", False),
+            ("CPU per request, mutate c16 (us)", "mutate_c16_cpu_us", False),
+            ("p50 at c1 (ms)", "c1_p50_ms", False), ("p99 at c1 (ms)", "c1_p99_ms", False),
+            ("p99 at c16 (ms)", "c16_p99_ms", False), ("idle RSS (MiB)", "rss_idle", False),
+            ("peak RSS, c64 (MiB)", "rss_peak", False), ("CPU per new TLS connection (us)", "handshake_cpu_us", False)]
+    print(f"\n{'side by side (no targets)':36} {'floor':>10} {'product':>10} {'peer':>10} {'product/peer':>13}")
+    for what, key, higher in rows:
+        if key not in o or key not in p:
+            continue
+        ratio = o[key] / p[key] if p[key] else float("inf")
+        better = "" if abs(ratio - 1) < 0.005 else "better" if (ratio > 1) == higher else "worse"
+        print(f"{what:36} {f.get(key, float('nan')):>10.2f} {o[key]:>10.2f} {p[key]:>10.2f} {ratio:>12.2f}x {better}")
+    if args.profile == "debug":
+        print("debug Rust binaries against the peer's optimized Go build: a check that every column is "
+              "measured, not a comparison")
 
 
 if __name__ == "__main__":
