@@ -157,6 +157,15 @@ impl ControlPlane {
     /// Builds (if needed) and starts etcd, kube-apiserver and kube-controller-manager; returns
     /// when the apiserver is ready and the controller manager has created the default
     /// ServiceAccount.
+    /// A kube client with the admin kubeconfig.
+    pub async fn client(&self) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
     pub fn start() -> ControlPlane {
         Self::start_with(false)
     }

@@ -11,6 +11,7 @@
 mod common;
 
 mod admission;
+mod bench;
 mod chart;
 mod cluster;
 mod install;
@@ -131,6 +132,10 @@ const SCENARIOS: &[Scenario] = &[
 ];
 
 fn main() {
+    if std::env::args().any(|a| a == "--bench-apiserver") {
+        bench_apiserver();
+        return;
+    }
     let filters: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
@@ -258,5 +263,23 @@ fn shared_cluster(
     env.save_webhook_logs();
     if failed.len() > failed_before {
         env.cp.print_logs(60);
+    }
+}
+
+/// `--bench-apiserver`: the apiserver-side benchmark (bench.rs), on a traced control plane of
+/// its own; no scenario runs. Exits 1 when it cannot measure (a failed create, a misrouted call).
+fn bench_apiserver() {
+    common::install_crypto();
+    let mut logs = None;
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let cp = cluster::ControlPlane::start_with(true);
+        logs = Some(cp.logs.clone());
+        bench::apiserver_side(cp)
+    }));
+    if outcome.is_err() {
+        if let Some(logs) = &logs {
+            cluster::print_logs(logs, 60);
+        }
+        std::process::exit(1);
     }
 }

@@ -120,14 +120,6 @@ impl Transport for InNamespace {
     }
 }
 
-async fn client(cp: &ControlPlane) -> Client {
-    let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
-}
-
 /// Stops the played kubelet and the loop when the scenario ends, passed or failed, so that the
 /// last reference to the [`Net`] goes and its processes and namespaces are removed.
 struct Stopper {
@@ -480,7 +472,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     let net = Arc::new(Mutex::new(net));
 
     let rt = common::runtime();
-    let kube = rt.block_on(client(&cp));
+    let kube = rt.block_on(cp.client());
     let stop = CancellationToken::new();
     let settings = Settings {
         namespace: Some(NS.to_owned()),

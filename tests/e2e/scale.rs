@@ -61,7 +61,7 @@ fn rss_mib(pid: u32) -> f64 {
 }
 
 /// `name{labels} value` samples of one metric family, by their label text.
-fn samples(text: &str, name: &str) -> BTreeMap<String, f64> {
+pub fn samples(text: &str, name: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter_map(|l| l.strip_prefix(name))
         .filter_map(|rest| {
