@@ -346,14 +346,6 @@ fn span_durations(spans: &[Value], window: (u64, u64), name: &str) -> Vec<f64> {
     out
 }
 
-fn read_spans(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 pub fn apiserver_side(cp: ControlPlane) {
     let spans_path = cp
         .otlp
@@ -418,7 +410,7 @@ pub fn apiserver_side(cp: ControlPlane) {
         "the apiserver's webhook spans",
         Duration::from_secs(60),
         || {
-            let spans = read_spans(&spans_path);
+            let spans = crate::traces::spans(&spans_path);
             let found: usize = phases
                 .values()
                 .flatten()

@@ -18,7 +18,8 @@ use crate::install::{Env, ok};
 const NS: &str = "e2e-trace";
 const WEBHOOK: &str = "etcd-webhook";
 
-fn spans(path: &std::path::Path) -> Vec<Value> {
+/// Every span the receiver wrote to `path` so far.
+pub fn spans(path: &std::path::Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
