@@ -158,7 +158,7 @@ pub struct RenderArgs {
     pub default_storage_class: Option<String>,
     /// Whether a new EtcdCluster that says nothing about TLS gets member TLS (`spec.tls: {}`:
     /// certificates from cert-manager), as `serve --default-member-tls` writes it.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub default_member_tls: bool,
     /// Fail (exit 1) on a field the EtcdCluster's version does not have, as
     /// `kubectl apply --validate=strict` does; `--strict=false` only warns.
@@ -183,7 +183,7 @@ pub struct ReviewArgs {
     pub default_storage_class: Option<String>,
     /// Whether a new EtcdCluster that says nothing about TLS gets member TLS (`spec.tls: {}`:
     /// certificates from cert-manager), as `serve --default-member-tls` writes it.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub default_member_tls: bool,
     /// Fail (exit 1) on a field the EtcdCluster's version does not have, as
     /// `kubectl apply --validate=strict` does; `--strict=false` only warns.
@@ -346,8 +346,9 @@ pub struct ServeArgs {
     pub default_storage_class: Option<String>,
     /// Member TLS for new EtcdClusters: `/mutate` writes `spec.tls: {}` into a new v1 cluster
     /// that says nothing about TLS (its members then get certificates from cert-manager and
-    /// require client certificates). Off by default for now: such clusters run plain HTTP.
-    #[arg(long, env = "ETCD_WEBHOOK_DEFAULT_MEMBER_TLS", default_value_t = false, action = clap::ArgAction::Set,
+    /// require client certificates). On by default; `--default-member-tls=false` leaves such
+    /// clusters on plain HTTP (a cluster can still ask for either with `spec.tls.enabled`).
+    #[arg(long, env = "ETCD_WEBHOOK_DEFAULT_MEMBER_TLS", default_value_t = true, action = clap::ArgAction::Set,
         num_args = 0..=1, default_missing_value = "true")]
     pub default_member_tls: bool,
     #[command(flatten)]

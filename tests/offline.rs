@@ -89,10 +89,19 @@ fn review_samples_and_multi_document_input() {
             s.display(),
             String::from_utf8_lossy(&out.stderr)
         );
+        // Complete: nothing to add but member TLS, which `serve` (and `review`) write into a
+        // new v1 cluster that says nothing about it (the older versions have no tls field:
+        // the apiserver sends their creates to /mutate as v1).
+        let want = if s.to_str().unwrap().contains("etcd_v1_") {
+            r#"[{"op":"add","path":"/spec/tls","value":{}}]"#
+        } else {
+            "[]"
+        };
         assert_eq!(
             String::from_utf8(out.stdout).unwrap().trim(),
-            "[]",
-            "samples are complete: no defaults to add"
+            want,
+            "{}: samples are complete: only the TLS default to add",
+            s.display()
         );
         all.push_str(&std::fs::read_to_string(&s).unwrap());
         all.push_str("---\n");
@@ -343,7 +352,77 @@ fn render_prints_what_the_controller_creates_for_every_sample() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(code(&out), 0, "{}: {stderr}", sample.display());
         let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let items = list["items"].as_array().unwrap();
+        let all = list["items"].as_array().unwrap();
+        // Member TLS by default, for every version's sample: the cluster's own CA chain from
+        // cert-manager, the three certificates, and the NetworkPolicy.
+        let names: Vec<String> = all
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap(),
+                    o["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        for suffix in [
+            "Issuer/-selfsigned",
+            "Certificate/-ca",
+            "Issuer/-ca",
+            "Certificate/-peer",
+            "Certificate/-server",
+            "Certificate/-client",
+        ] {
+            let (kind, end) = suffix.split_once('/').unwrap();
+            assert!(
+                names
+                    .iter()
+                    .any(|n| n.starts_with(&format!("{kind}/")) && n.ends_with(end)),
+                "{}: no {suffix} in {names:?}",
+                sample.display()
+            );
+        }
+        assert!(
+            names.iter().any(|n| n.starts_with("NetworkPolicy/")),
+            "{names:?}"
+        );
+        let sts = all.iter().find(|o| o["kind"] == "StatefulSet").unwrap();
+        let args = sts["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        for flag in [
+            "--listen-client-urls=https://",
+            "--listen-peer-urls=https://",
+            "--client-cert-auth=true",
+            "--peer-client-cert-auth=true",
+        ] {
+            assert!(
+                args.contains(flag),
+                "{}: no {flag} in {args}",
+                sample.display()
+            );
+        }
+        let plain = run(
+            &[
+                "render",
+                "-f",
+                sample.to_str().unwrap(),
+                "-o",
+                "json",
+                "--default-member-tls=false",
+            ],
+            None,
+        );
+        let plain: Value = serde_json::from_slice(&plain.stdout).unwrap();
+        assert!(
+            plain["items"].as_array().unwrap().iter().all(|o| !matches!(
+                o["kind"].as_str(),
+                Some("Issuer" | "Certificate" | "NetworkPolicy")
+            )),
+            "--default-member-tls=false: {plain}"
+        );
+        let items: Vec<&Value> = all
+            .iter()
+            .filter(|o| !matches!(o["kind"].as_str(), Some("Issuer" | "Certificate")))
+            .collect();
         let kinds: Vec<&str> = items.iter().map(|o| o["kind"].as_str().unwrap()).collect();
         assert_eq!(
             &kinds[..5],
@@ -403,11 +482,18 @@ fn render_prints_what_the_controller_creates_for_every_sample() {
     assert_eq!(
         kinds,
         [
+            "Issuer",
+            "Certificate",
+            "Issuer",
+            "Certificate",
+            "Certificate",
+            "Certificate",
             "Service",
             "Service",
             "ConfigMap",
             "StatefulSet",
             "PodDisruptionBudget",
+            "NetworkPolicy",
             "CronJob",
             "Job"
         ]

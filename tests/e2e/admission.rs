@@ -97,8 +97,12 @@ pub fn samples_round_trip_through_every_version(env: &Env) {
             &format!("kubectl apply -f {file}"),
         );
 
-        // What the webhooks would store, decided offline.
-        let (code, defaulted, err) = offline(&["review", "-f", "-"], &sample.to_string());
+        // What the webhooks would store, decided offline, with the suite's replica flags
+        // (plain clusters: see `Env::install_with`).
+        let (code, defaulted, err) = offline(
+            &["review", "-f", "-", "--default-member-tls=false"],
+            &sample.to_string(),
+        );
         assert_eq!(code, 0, "{file}: etcd-webhook review: {err}");
         let defaulted = &yaml_docs(&defaulted)[0];
         let expected_v1 = convert_offline(defaulted, "v1");

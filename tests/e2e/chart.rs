@@ -88,6 +88,43 @@ pub fn helm_chart_installed_for_real(cp: ControlPlane) {
         stored["spec"].get("storageClass").is_none(),
         "no class named: the claims get the cluster's default StorageClass: {stored}"
     );
+    // Member TLS by default (issue 28): /mutate wrote `tls: {}` into the new cluster (sent to it
+    // as v1), and the loop's certificates become Ready through the real cert-manager.
+    assert_eq!(stored["spec"]["tls"], json!({}), "TLS by default: {stored}");
+    let tls_started = Instant::now();
+    let certificates = [
+        "certificate/first-ca",
+        "certificate/first-peer",
+        "certificate/first-server",
+        "certificate/first-client",
+    ];
+    crate::cluster::wait_for(
+        "the loop to make the cluster's Certificates",
+        std::time::Duration::from_secs(60),
+        || {
+            let mut args = vec!["-n", "e2e-helm", "get"];
+            args.extend(certificates);
+            env.kubectl(&args).status.success().then_some(())
+        },
+    );
+    ok(
+        env.kubectl(&[
+            "-n",
+            "e2e-helm",
+            "wait",
+            "--for=condition=Ready",
+            "--timeout=120s",
+            certificates[0],
+            certificates[1],
+            certificates[2],
+            certificates[3],
+        ]),
+        "the default TLS cluster's Certificates become Ready",
+    );
+    eprintln!(
+        "    the default TLS cluster's four Certificates Ready {:.1} s after it was admitted",
+        tls_started.elapsed().as_secs_f64()
+    );
     let old = env.get_json(&[
         "-n",
         "e2e-helm",

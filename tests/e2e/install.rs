@@ -175,11 +175,19 @@ impl Env {
 
     /// The install, with `replica_flags` added to every replica's arguments (replacing the
     /// Deployment's value of the same flag), e.g. `--controller=off` for webhooks only.
+    /// Clusters are plain HTTP unless a scenario sets `spec.tls` (`--default-member-tls=false`,
+    /// unless `replica_flags` say otherwise): the played kubelet runs members plain, and
+    /// scenarios that make hundreds of clusters would otherwise have cert-manager issue four
+    /// certificates for each. The shipped default (TLS) is what the chart scenario installs.
     pub fn install_with(cp: ControlPlane, replica_flags: &[&str]) -> Env {
         let objects = kustomize("config/default");
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
         apply_as_installer(&cp, &list, "kubectl apply --server-side config/default");
-        Env::adopt(cp, &objects, replica_flags)
+        let mut flags = replica_flags.to_vec();
+        if !flags.iter().any(|f| f.starts_with("--default-member-tls")) {
+            flags.push("--default-member-tls=false");
+        }
+        Env::adopt(cp, &objects, &flags)
     }
 
     /// The rest of an install once its `objects` are in the cluster (by kubectl or helm): the
