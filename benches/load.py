@@ -297,15 +297,23 @@ def check_agreement(ours, peer, paths, payloads, ca):
     mutate = json.load(open(payloads["mutate"]))
     partial = json.loads(json.dumps(mutate))
     partial["request"]["object"]["spec"] = {"size": 3, "version": "v3.6.4", "backup": {"schedule": "@daily"}}
-    for name, review in (("the mutate payload", mutate), ("a partial backup", partial),
-                         ("nothing to add", json.load(open(payloads["validate"])))):
+    # An UPDATE written without spec.tls keeps the stored one.
+    update = json.load(open(payloads["validate"]))
+    update["request"]["operation"] = "UPDATE"
+    update["request"]["oldObject"] = json.loads(json.dumps(update["request"]["object"]))
+    update["request"]["oldObject"]["spec"]["tls"] = {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}
+    del update["request"]["object"]["spec"]["tls"]
+    defaulting = (("the mutate payload", mutate), ("a partial backup", partial),
+                  ("nothing to add", json.load(open(payloads["validate"]))), ("an update without tls", update))
+    for name, review in defaulting:
         obj = review["request"]["object"]
         a = patched_spec(obj, post(url(ours, paths["ours"]["mutate"]), review, ca))
         b = patched_spec(obj, post(url(peer, paths["peer"]["mutate"]), review, ca))
         if a != b:
             bad.append(f"/mutate {name}: product {a}, peer {b}")
     print(f"product and peer agree on {len(cases) - len([b for b in bad if b.startswith('/validate')])} of "
-          f"{len(cases)} validation cases and {3 - len([b for b in bad if b.startswith('/mutate')])} of 3 defaulting cases")
+          f"{len(cases)} validation cases and {len(defaulting) - len([b for b in bad if b.startswith('/mutate')])} of "
+          f"{len(defaulting)} defaulting cases")
     for b in bad:
         print("  DISAGREE " + b)
     return bad

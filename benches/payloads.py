@@ -17,7 +17,8 @@ os.makedirs(out, exist_ok=True)
 
 SPECS = {
     "v1": {"size": 3, "version": "v3.5.10", "storageClass": "ssd", "storageSize": "20Gi",
-           "backup": {"enabled": True, "schedule": "0 */6 * * *", "retention": 14, "destination": "s3://etcd-backups/prod"}},
+           "backup": {"enabled": True, "schedule": "0 */6 * * *", "retention": 14, "destination": "s3://etcd-backups/prod"},
+           "tls": {}},
     "v1beta1": {"size": 3, "version": "v3.5.10", "storage": {"className": "ssd", "size": "20Gi"},
                 "backup": {"enabled": True, "schedule": "0 */6 * * *"}},
     "v1alpha1": {"replicas": 3, "etcdVersion": "3.5.10", "storageClassName": "ssd", "storageSizeGi": 20,

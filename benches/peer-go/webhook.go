@@ -7,12 +7,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"github.com/robfig/cron/v3"
+	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -39,10 +41,28 @@ type EtcdClusterCustomDefaulter struct{}
 
 var _ admission.CustomDefaulter = &EtcdClusterCustomDefaulter{}
 
-func (d *EtcdClusterCustomDefaulter) Default(_ context.Context, obj runtime.Object) error {
+func (d *EtcdClusterCustomDefaulter) Default(ctx context.Context, obj runtime.Object) error {
 	c, ok := obj.(*EtcdCluster)
 	if !ok {
 		return fmt.Errorf("expected an EtcdCluster object but got %T", obj)
+	}
+	// Member TLS (the product's --default-member-tls, on by default): a new cluster that says
+	// nothing about it gets spec.tls: {}; an update that leaves it out keeps the stored one.
+	if c.Spec.TLS == nil {
+		req, err := admission.RequestFromContext(ctx)
+		if err != nil {
+			return err
+		}
+		switch req.Operation {
+		case admissionv1.Create:
+			c.Spec.TLS = &TLS{}
+		case admissionv1.Update:
+			var old EtcdCluster
+			if err := json.Unmarshal(req.OldObject.Raw, &old); err != nil {
+				return fmt.Errorf("decoding the stored object: %w", err)
+			}
+			c.Spec.TLS = old.Spec.TLS
+		}
 	}
 	if c.Spec.Version == "" {
 		c.Spec.Version = defaultVersion
