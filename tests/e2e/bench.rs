@@ -353,7 +353,8 @@ pub fn apiserver_side(cp: ControlPlane) {
         .expect("a traced control plane")
         .spans
         .clone();
-    let env = Env::install_with(cp, &["--controller=off"]);
+    // The shipped TLS default, as the peer has it (the suite's installs turn it off).
+    let env = Env::install_with(cp, &["--controller=off", "--default-member-tls=true"]);
     env.create_namespace(NS);
     let peer = start_peer(&env);
     let product_addr = env
