@@ -110,12 +110,13 @@ fn controller_starts_after_the_listener_and_releases_the_lease_on_sigterm() {
         "the log names the API server: {log}"
     );
     assert_eq!(server.metric("etcd_webhook_controller_leader", ""), 1.0);
-    // The loop's requests go through its client-side limit and are counted by verb and code.
+    // The loop's requests go through its client-side limit and are counted by verb and code
+    // (a watch is counted once it is answered, which may follow the list by a moment).
     assert!(
-        server.metric(
+        wait_until(Duration::from_secs(10), || server.metric(
             "etcd_webhook_kube_api_requests_total",
             "verb=\"WATCH\",code=\"200\""
-        ) >= 1.0,
+        ) >= 1.0),
         "{}",
         server.health_get("/metrics").1
     );
