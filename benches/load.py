@@ -234,7 +234,7 @@ def agreement_cases(review_path):
     """(name, AdmissionReview) pairs: one valid CREATE and UPDATE, and one per rule broken, for
     both servers (in v1, the version the peer registers for)."""
     base = json.load(open(review_path))
-    def case(spec=None, old=None, meta=None, drop=()):
+    def case(spec=None, old=None, meta=None, drop=(), old_drop=()):
         r = json.loads(json.dumps(base))
         o = r["request"]["object"]
         o["spec"].update(spec or {})
@@ -245,6 +245,8 @@ def agreement_cases(review_path):
             r["request"]["operation"] = "UPDATE"
             prev = json.loads(json.dumps(base["request"]["object"]))
             prev["spec"].update(old)
+            for k in old_drop:
+                prev["spec"].pop(k, None)
             r["request"]["oldObject"] = prev
         return r
     backup = lambda **kw: {"backup": dict(base["request"]["object"]["spec"]["backup"], **kw)}
@@ -276,7 +278,17 @@ def agreement_cases(review_path):
         ("downgrade", case({"version": "v3.5.1"}, old={})),
         ("v3.5.1 to v3.6.4", case({"version": "v3.6.4"}, old={"version": "v3.5.1"})),
         ("v3.5.26 to v3.6.4", case({"version": "v3.6.4"}, old={"version": "v3.5.26"})),
-        ("tls added", case({"tls": {"enabled": True}}, old={})),
+        ("tls changed", case({"tls": {"enabled": True}}, old={})),
+        ("tls added to a plain cluster", case(old={}, old_drop=("tls",))),
+        ("tls removed", case(drop=("tls",), old={})),
+        ("storage 2000000Gi", case({"storageSize": "2000000Gi"})),
+        ("version empty", case({"version": ""})),
+        ("schedule @every 1h", case(backup(schedule="@every 1h"))),
+        ("schedule with a time zone", case(backup(schedule="TZ=UTC 0 * * * *"))),
+        ("schedule ? in the minute", case(backup(schedule="? * * * *"))),
+        ("schedule @daily", case(backup(schedule="@daily"))),
+        ("destination with a vertical tab", case(backup(destination="s3://bucket/a\x0bb"))),
+        ("generateName -", case(meta={"name": "", "generateName": "-"})),
         ("restore changed", case({"restore": {"from": "s3://b/a.db"}}, old={"restore": {"from": "s3://b/b.db"}})),
     ]
 
@@ -303,7 +315,9 @@ def check_agreement(ours, peer, paths, payloads, ca):
     update["request"]["oldObject"] = json.loads(json.dumps(update["request"]["object"]))
     update["request"]["oldObject"]["spec"]["tls"] = {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}
     del update["request"]["object"]["spec"]["tls"]
-    defaulting = (("the mutate payload", mutate), ("a partial backup", partial),
+    empty = json.loads(json.dumps(mutate))
+    empty["request"]["object"]["spec"] = {"size": 3, "version": ""}
+    defaulting = (("the mutate payload", mutate), ("a partial backup", partial), ("an empty version stays", empty),
                   ("nothing to add", json.load(open(payloads["validate"]))), ("an update without tls", update))
     for name, review in defaulting:
         obj = review["request"]["object"]

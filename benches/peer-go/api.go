@@ -15,9 +15,9 @@ var GroupVersion = schema.GroupVersion{Group: "etcd.example.com", Version: "v1"}
 
 type EtcdClusterSpec struct {
 	Size         int32        `json:"size"`
-	Version      string       `json:"version,omitempty"`
+	Version      *string      `json:"version,omitempty"`
 	StorageClass *string      `json:"storageClass,omitempty"`
-	StorageSize  string       `json:"storageSize,omitempty"`
+	StorageSize  *string      `json:"storageSize,omitempty"`
 	Backup       *Backup      `json:"backup,omitempty"`
 	Restore      *Restore     `json:"restore,omitempty"`
 	Maintenance  *Maintenance `json:"maintenance,omitempty"`
@@ -129,7 +129,7 @@ func ptr[T any](p *T) *T {
 
 func (in *EtcdClusterSpec) DeepCopyInto(out *EtcdClusterSpec) {
 	*out = *in
-	out.StorageClass = ptr(in.StorageClass)
+	out.Version, out.StorageClass, out.StorageSize = ptr(in.Version), ptr(in.StorageClass), ptr(in.StorageSize)
 	if in.Backup != nil {
 		b := *in.Backup
 		b.Enabled, b.Schedule, b.Retention, b.Destination = ptr(b.Enabled), ptr(b.Schedule), ptr(b.Retention), ptr(b.Destination)

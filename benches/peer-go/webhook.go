@@ -10,8 +10,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/robfig/cron/v3"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -64,11 +66,14 @@ func (d *EtcdClusterCustomDefaulter) Default(ctx context.Context, obj runtime.Ob
 			c.Spec.TLS = old.Spec.TLS
 		}
 	}
-	if c.Spec.Version == "" {
-		c.Spec.Version = defaultVersion
+	// Missing fields only (as the schema's defaults): an empty string stays, and is refused.
+	if c.Spec.Version == nil {
+		v := defaultVersion
+		c.Spec.Version = &v
 	}
-	if c.Spec.StorageSize == "" {
-		c.Spec.StorageSize = defaultStorageSize
+	if c.Spec.StorageSize == nil {
+		v := defaultStorageSize
+		c.Spec.StorageSize = &v
 	}
 	if b := c.Spec.Backup; b != nil {
 		if b.Enabled == nil {
@@ -141,7 +146,7 @@ func validateName(c *EtcdCluster) field.ErrorList {
 	}
 	check := name
 	if prefix {
-		check = strings.TrimSuffix(name, "-") + "a"
+		check = name + "a" // a prefix may end with '-'
 	}
 	for _, msg := range validation.IsDNS1035Label(check) {
 		if !strings.Contains(msg, "no more than") {
@@ -187,15 +192,48 @@ func gib(s string) (int64, bool) {
 		return 0, false
 	}
 	v, err := strconv.ParseInt(n, 10, 64)
-	return v, err == nil && v < 1<<20
+	return v, err == nil
 }
 
 func quotaOfVolume(storageSize string) int64 {
 	v, ok := gib(storageSize)
-	if !ok {
+	if !ok || v >= 10 { // 80% of 10 GiB is past the 8 GiB cap (and no overflow)
 		return quotaMax
 	}
 	return min(v*(1<<30)*80/100, quotaMax)
+}
+
+// or reads an optional field, missing as its default (as the schema fills it in).
+func or(p *string, d string) string {
+	if p == nil {
+		return d
+	}
+	return *p
+}
+
+func hasSpace(s string) bool { return strings.IndexFunc(s, unicode.IsSpace) >= 0 }
+
+var cronMacros = []string{"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+
+// checkSchedule reads a schedule as Kubernetes' CronJob controller does (robfig/cron's
+// ParseStandard), without what the product refuses: @every, time zones, '?' outside the day
+// fields.
+func checkSchedule(schedule string) error {
+	trimmed := strings.TrimSpace(schedule)
+	if strings.HasPrefix(trimmed, "@") {
+		if !slices.Contains(cronMacros, trimmed) {
+			return fmt.Errorf("unknown macro %q (use one of %s)", trimmed, strings.Join(cronMacros, ", "))
+		}
+		return nil
+	}
+	if strings.HasPrefix(trimmed, "TZ=") || strings.HasPrefix(trimmed, "CRON_TZ=") {
+		return fmt.Errorf("time zones are not supported in the schedule")
+	}
+	if f := strings.Fields(trimmed); len(f) == 5 && strings.Contains(f[0]+f[1]+f[3], "?") {
+		return fmt.Errorf("'?' is only for the day fields")
+	}
+	_, err := cron.ParseStandard(trimmed)
+	return err
 }
 
 var storageClassPattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
@@ -213,10 +251,11 @@ func validateSpec(s *EtcdClusterSpec) (admission.Warnings, field.ErrorList) {
 	case s.Size == 1:
 		warnings = append(warnings, "spec.size is 1: a single member has no fault tolerance; use 3 or 5 for production")
 	}
-	if r, ok := parseRelease(s.Version); !ok {
-		errs = append(errs, field.Invalid(spec.Child("version"), s.Version, "must be an etcd release like v3.5.10"))
+	version, storageSize := or(s.Version, defaultVersion), or(s.StorageSize, defaultStorageSize)
+	if r, ok := parseRelease(version); !ok {
+		errs = append(errs, field.Invalid(spec.Child("version"), version, "must be an etcd release like v3.5.10"))
 	} else if r.major != 3 || r.minor < 5 || r.minor > 6 {
-		errs = append(errs, field.Invalid(spec.Child("version"), s.Version, "must be a v3.5.x or v3.6.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)"))
+		errs = append(errs, field.Invalid(spec.Child("version"), version, "must be a v3.5.x or v3.6.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)"))
 	}
 	if c := s.StorageClass; c != nil {
 		switch {
@@ -228,15 +267,15 @@ func validateSpec(s *EtcdClusterSpec) (admission.Warnings, field.ErrorList) {
 			errs = append(errs, field.Invalid(spec.Child("storageClass"), *c, "must be a StorageClass name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"))
 		}
 	}
-	if v, ok := gib(s.StorageSize); !ok {
-		errs = append(errs, field.Invalid(spec.Child("storageSize"), s.StorageSize, "must be a whole number of GiB, like 10Gi"))
+	if v, ok := gib(storageSize); !ok {
+		errs = append(errs, field.Invalid(spec.Child("storageSize"), storageSize, "must be a whole number of GiB, like 10Gi"))
 	} else if v == 0 {
-		errs = append(errs, field.Invalid(spec.Child("storageSize"), s.StorageSize, "must be at least 1Gi"))
+		errs = append(errs, field.Invalid(spec.Child("storageSize"), storageSize, "must be at least 1Gi"))
 	}
 	if b := s.Backup; b != nil {
 		path := spec.Child("backup")
 		if b.Schedule != nil {
-			if _, err := cron.ParseStandard(*b.Schedule); err != nil {
+			if err := checkSchedule(*b.Schedule); err != nil {
 				errs = append(errs, field.Invalid(path.Child("schedule"), *b.Schedule, "must be a 5-field cron schedule: "+err.Error()))
 			}
 		}
@@ -246,7 +285,7 @@ func validateSpec(s *EtcdClusterSpec) (admission.Warnings, field.ErrorList) {
 		if d := b.Destination; d != nil {
 			if rest, found := strings.CutPrefix(*d, "s3://"); !found {
 				errs = append(errs, field.Invalid(path.Child("destination"), *d, "is not supported: use s3://bucket/prefix (S3 or an S3-compatible store), or leave it unset to keep snapshots on the volume claim NAME-backup"))
-			} else if bucket, _, _ := strings.Cut(rest, "/"); bucket == "" || strings.ContainsAny(*d, " \t\n\r") {
+			} else if bucket, _, _ := strings.Cut(rest, "/"); bucket == "" || hasSpace(*d) {
 				errs = append(errs, field.Invalid(path.Child("destination"), *d, "must name a bucket, like s3://bucket/prefix, with no spaces"))
 			}
 		}
@@ -254,8 +293,8 @@ func validateSpec(s *EtcdClusterSpec) (admission.Warnings, field.ErrorList) {
 	if m := s.Maintenance; m != nil {
 		path := spec.Child("maintenance")
 		if q := m.QuotaBackendBytes; q != nil {
-			if most := quotaOfVolume(s.StorageSize); *q < quotaMin || *q > most {
-				errs = append(errs, field.Invalid(path.Child("quotaBackendBytes"), *q, fmt.Sprintf("must be between %d (16 MiB) and %d: 80%% of storageSize %s, at most %d (8 GiB), so the WAL and snapshots fit beside it", quotaMin, most, s.StorageSize, quotaMax)))
+			if most := quotaOfVolume(storageSize); *q < quotaMin || *q > most {
+				errs = append(errs, field.Invalid(path.Child("quotaBackendBytes"), *q, fmt.Sprintf("must be between %d (16 MiB) and %d: 80%% of storageSize %s, at most %d (8 GiB), so the WAL and snapshots fit beside it", quotaMin, most, storageSize, quotaMax)))
 			}
 		}
 		if r := m.AutoCompactionRetention; r != nil && !retentionPattern.MatchString(*r) {
@@ -264,6 +303,9 @@ func validateSpec(s *EtcdClusterSpec) (admission.Warnings, field.ErrorList) {
 		if p := m.DefragThresholdPercent; p != nil && (*p < 0 || *p > 99) {
 			errs = append(errs, field.Invalid(path.Child("defragThresholdPercent"), *p, "must be between 0 (only to recover from NOSPACE) and 99"))
 		}
+	}
+	if t := s.TLS; t != nil && t.Certificates != nil && *t.Certificates != "CertManager" && *t.Certificates != "Secrets" {
+		errs = append(errs, field.NotSupported(spec.Child("tls", "certificates"), *t.Certificates, []string{"CertManager", "Secrets"}))
 	}
 	if r := s.Restore; r != nil {
 		if msg := restoreSourceError(r.From); msg != "" {
@@ -274,7 +316,7 @@ func validateSpec(s *EtcdClusterSpec) (admission.Warnings, field.ErrorList) {
 }
 
 func restoreSourceError(from string) string {
-	if strings.ContainsAny(from, " \t\n\r") {
+	if hasSpace(from) {
 		return "must not contain spaces"
 	}
 	if rest, found := strings.CutPrefix(from, "s3://"); found {
@@ -300,9 +342,10 @@ func validateUpdate(old, s *EtcdClusterSpec) field.ErrorList {
 	if s.Size < old.Size {
 		errs = append(errs, field.Forbidden(spec.Child("size"), fmt.Sprintf("cannot shrink from %d to %d: removing members can lose quorum; size may only stay or grow", old.Size, s.Size)))
 	}
-	if o, ok := gib(old.StorageSize); ok {
-		if n, ok := gib(s.StorageSize); ok && n < o {
-			errs = append(errs, field.Forbidden(spec.Child("storageSize"), fmt.Sprintf("cannot shrink from %s to %s: volumes can grow but never shrink", old.StorageSize, s.StorageSize)))
+	oldSize, newSize := or(old.StorageSize, defaultStorageSize), or(s.StorageSize, defaultStorageSize)
+	if o, ok := gib(oldSize); ok {
+		if n, ok := gib(newSize); ok && n < o {
+			errs = append(errs, field.Forbidden(spec.Child("storageSize"), fmt.Sprintf("cannot shrink from %s to %s: volumes can grow but never shrink", oldSize, newSize)))
 		}
 	}
 	switch o, n := old.StorageClass, s.StorageClass; {
@@ -319,8 +362,8 @@ func validateUpdate(old, s *EtcdClusterSpec) field.ErrorList {
 	if !equality.Semantic.DeepEqual(old.TLS, s.TLS) {
 		errs = append(errs, field.Forbidden(spec.Child("tls"), tlsImmutable))
 	}
-	o, ok1 := parseRelease(old.Version)
-	n, ok2 := parseRelease(s.Version)
+	o, ok1 := parseRelease(or(old.Version, defaultVersion))
+	n, ok2 := parseRelease(or(s.Version, defaultVersion))
 	if ok1 && ok2 && o != n {
 		switch {
 		case n.less(o):
