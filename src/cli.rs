@@ -348,8 +348,10 @@ pub struct ServeArgs {
     /// that says nothing about TLS (its members then get certificates from cert-manager and
     /// require client certificates). On by default; `--default-member-tls=false` leaves such
     /// clusters on plain HTTP (a cluster can still ask for either with `spec.tls.enabled`).
+    /// Given twice (a chart's `server.extraArgs` on top of `webhook.defaultMemberTls`), the last
+    /// one counts.
     #[arg(long, env = "ETCD_WEBHOOK_DEFAULT_MEMBER_TLS", default_value_t = true, action = clap::ArgAction::Set,
-        num_args = 0..=1, default_missing_value = "true")]
+        num_args = 0..=1, default_missing_value = "true", overrides_with = "default_member_tls")]
     pub default_member_tls: bool,
     #[command(flatten)]
     pub controller: ControllerArgs,

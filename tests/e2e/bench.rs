@@ -83,6 +83,7 @@ fn start_peer(env: &Env) -> Peer {
     let bin = String::from_utf8(built.stdout).unwrap().trim().to_owned();
     let log = env.cp.logs.join("peer-go.log");
     let port = free_port().to_string();
+    let out = std::fs::File::create(&log).unwrap();
     let child = Command::new(&bin)
         .args([
             "--port",
@@ -92,8 +93,8 @@ fn start_peer(env: &Env) -> Peer {
             "--cert-dir",
         ])
         .arg(&env.webhook_certs)
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
         .spawn()
         .expect("start the peer");
     let line = wait_for("the peer to listen", Duration::from_secs(30), || {

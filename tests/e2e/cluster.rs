@@ -154,9 +154,6 @@ pub fn token_user(token: &str) -> String {
 }
 
 impl ControlPlane {
-    /// Builds (if needed) and starts etcd, kube-apiserver and kube-controller-manager; returns
-    /// when the apiserver is ready and the controller manager has created the default
-    /// ServiceAccount.
     /// A kube client with the admin kubeconfig.
     pub async fn client(&self) -> kube::Client {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
@@ -166,6 +163,9 @@ impl ControlPlane {
         kube::Client::try_from(config).unwrap()
     }
 
+    /// Builds (if needed) and starts etcd, kube-apiserver and kube-controller-manager; returns
+    /// when the apiserver is ready and the controller manager has created the default
+    /// ServiceAccount.
     pub fn start() -> ControlPlane {
         Self::start_with(false)
     }
