@@ -422,11 +422,8 @@ pub fn objects(
             .map_err(|e| doc.error(e.to_string()))?;
         // The apiserver converts a v1alpha1 or v1beta1 create to v1 before `/mutate` sees it
         // (`matchPolicy: Equivalent`), so such a cluster gets the TLS default too.
-        if settings.default_member_tls
-            && let Some(spec) = v1.get_mut("spec").and_then(Value::as_object_mut)
-            && spec.get("tls").is_none_or(Value::is_null)
-        {
-            spec.insert("tls".to_owned(), json!({}));
+        if settings.default_member_tls && admission::tls::lacks_tls(&v1) {
+            v1["spec"]["tls"] = json!({});
         }
         let meta = v1
             .get_mut("metadata")

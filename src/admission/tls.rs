@@ -23,8 +23,7 @@ pub fn default_tls(
     if version != Version::V1 {
         return None;
     }
-    let spec = obj.get("spec")?.as_object()?;
-    if spec.get("tls").is_some_and(|t| !t.is_null()) {
+    if !lacks_tls(obj) {
         return None;
     }
     match req.operation {
@@ -37,6 +36,14 @@ pub fn default_tls(
             .cloned(),
         _ => None,
     }
+}
+
+/// Whether `obj` (any version's layout with a `spec` object) says nothing about TLS: the
+/// cluster a CREATE default applies to (`offline::objects` asks this of a converted v1 object).
+pub fn lacks_tls(obj: &Value) -> bool {
+    obj.get("spec")
+        .and_then(Value::as_object)
+        .is_some_and(|spec| spec.get("tls").is_none_or(Value::is_null))
 }
 
 #[cfg(test)]

@@ -171,7 +171,6 @@ fn route(env: &Env, addr: &str, paths: (&str, &str), served: impl Fn() -> bool) 
 /// What one phase (one webhook, one concurrency) measured.
 #[derive(Default)]
 struct Phase {
-    created: usize,
     latencies_ms: Vec<f64>,
     window: (u64, u64),
     before: String,
@@ -232,7 +231,6 @@ fn create_many(
     });
     let end = now_nanos();
     Phase {
-        created: latencies.len(),
         latencies_ms: latencies,
         window: (start, end),
         before,
@@ -395,7 +393,7 @@ pub fn apiserver_side(cp: ControlPlane) {
                 .map(|(k, v)| v - counted.get(k).copied().unwrap_or(0.0))
                 .sum();
             let expected = if who == "peer" {
-                2.0 * phase.created as f64
+                2.0 * phase.latencies_ms.len() as f64
             } else {
                 0.0
             };
@@ -407,7 +405,11 @@ pub fn apiserver_side(cp: ControlPlane) {
         }
     }
     // The apiserver sends spans in batches every 5 s.
-    let expected_spans = 2 * phases.values().flatten().map(|p| p.created).sum::<usize>();
+    let expected_spans = 2 * phases
+        .values()
+        .flatten()
+        .map(|p| p.latencies_ms.len())
+        .sum::<usize>();
     let spans = wait_for(
         "the apiserver's webhook spans",
         Duration::from_secs(60),
