@@ -9,6 +9,7 @@
 //	controlplane cainjector --kubeconfig FILE
 //	controlplane s3 --listen ADDR --data FILE --access-key KEY [--bucket NAME] (s3.go)
 //	controlplane etcdutl snapshot restore|status ... (etcdutl.go)
+//	controlplane etcdctl [etcdctl flags] (etcdctl.go)
 //	controlplane otlp --grpc ADDR --http ADDR --out FILE (otlp.go)
 //
 // The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
@@ -39,7 +40,7 @@ import (
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 )
 
-const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector|s3|etcdutl|otlp [flags]"
+const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector|s3|etcdutl|etcdctl|otlp [flags]"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -69,6 +70,8 @@ func main() {
 		os.Exit(runS3(rest))
 	case "etcdutl":
 		os.Exit(runEtcdutl(rest))
+	case "etcdctl":
+		os.Exit(runEtcdctl(rest))
 	case "otlp":
 		os.Exit(runOTLP(rest))
 	default:
