@@ -389,10 +389,26 @@ pub struct ImageArgs {
     /// Registry of the etcd images: members run `<registry>/etcd:<spec.version>`.
     #[arg(long, env = "ETCD_WEBHOOK_ETCD_IMAGE_REGISTRY", default_value = render::DEFAULT_ETCD_REGISTRY)]
     pub etcd_image_registry: String,
-    /// Image whose `/etcd-webhook backup` the backup Jobs run: this project's own (the chart
-    /// passes the webhook's image).
-    #[arg(long, env = "ETCD_WEBHOOK_BACKUP_IMAGE", default_value = render::DEFAULT_BACKUP_IMAGE)]
-    pub backup_image: String,
+    /// Image whose `/etcd-webhook backup` the backup, restore and final-snapshot Jobs run: this
+    /// project's own. Unset, the loop uses the image its own container runs (read from its Pod
+    /// at start, so a `kustomize edit set image` reaches the Jobs too); `render` and a loop
+    /// outside a pod use the compiled-in default.
+    #[arg(long, env = "ETCD_WEBHOOK_BACKUP_IMAGE")]
+    pub backup_image: Option<String>,
+    /// Image pull Secret (in the cluster's namespace) given to every pod the loop makes: the
+    /// members and the backup, restore and final-snapshot Jobs. Repeat or comma-separate.
+    #[arg(
+        long = "image-pull-secret",
+        env = "ETCD_WEBHOOK_IMAGE_PULL_SECRETS",
+        value_delimiter = ','
+    )]
+    pub image_pull_secrets: Vec<String>,
+    /// ServiceAccount (in the cluster's namespace) the backup, restore and final-snapshot pods
+    /// run as: the identity an object store trusts (IRSA, Workload Identity: their webhooks
+    /// project the token they need). Unset: the namespace's `default`. The Kubernetes API
+    /// token is never mounted.
+    #[arg(long, env = "ETCD_WEBHOOK_BACKUP_SERVICE_ACCOUNT")]
+    pub backup_service_account: Option<String>,
     /// No longer used (snapshots are filed by `--backup-image`); accepted so that an older
     /// install's flags still start the server, with a warning.
     #[arg(long, hide = true)]
@@ -448,7 +464,20 @@ impl From<&ImageArgs> for RenderOptions {
     fn from(args: &ImageArgs) -> Self {
         RenderOptions {
             etcd_registry: args.etcd_image_registry.clone(),
-            backup_image: args.backup_image.clone(),
+            backup_image: args
+                .backup_image
+                .clone()
+                .unwrap_or_else(|| render::DEFAULT_BACKUP_IMAGE.to_owned()),
+            image_pull_secrets: args
+                .image_pull_secrets
+                .iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            backup_service_account: args
+                .backup_service_account
+                .clone()
+                .filter(|s| !s.is_empty()),
             member_cpu: args.member_cpu_request.clone(),
             member_memory: args.member_memory_request.clone(),
             network_policy: match args.network_policy {

@@ -1351,3 +1351,106 @@ fn network_policy_defaults_admit_both_address_families() {
         .collect();
     assert_eq!(cidrs, ["0.0.0.0/0", "::/0"]);
 }
+
+/// The README's install with `kustomize edit set image` (what it writes into
+/// config/manager/kustomization.yaml): the Deployment runs the user's image, and the loop,
+/// given no `--backup-image`, finds that image on its own Pod (made from the rendered
+/// template) and gives it to the backup CronJob, the final-snapshot Job and the restore Jobs.
+/// Before, the Jobs kept the compiled-in image, which is not published.
+#[test]
+fn kustomize_edit_set_image_reaches_every_job() {
+    let user_image = "registry.example.com/etcd-webhook:0.1.0";
+    let dir = tempfile::tempdir().unwrap();
+    let copy = Command::new("cp")
+        .arg("-r")
+        .arg(root().join("config"))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(copy.success());
+    let manager = dir.path().join("config/manager/kustomization.yaml");
+    let mut k = std::fs::read_to_string(&manager).unwrap();
+    k.push_str(
+        "images:\n- name: ghcr.io/example/etcd-webhook\n  newName: registry.example.com/etcd-webhook\n  newTag: 0.1.0\n",
+    );
+    std::fs::write(&manager, k).unwrap();
+    let rendered = tool(
+        "kubectl",
+        &[
+            "kustomize",
+            dir.path().join("config/default").to_str().unwrap(),
+        ],
+    );
+    let install = Install {
+        name: "kustomize with an image set".to_owned(),
+        docs: documents(&rendered),
+    };
+    let deploy: Deployment = install.one("Deployment");
+    let template = deploy.spec.unwrap().template;
+    let args = serve_args(&install);
+    assert!(
+        arg(&args, "--backup-image").is_none(),
+        "the kustomize install leaves --backup-image out: {args:?}"
+    );
+    // The Pod the ReplicaSet makes from the template (a name, the same spec).
+    let pod = k8s_openapi::api::core::v1::Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("etcd-webhook-5d8f7c9b4-x2x9q".to_owned()),
+            namespace: Some(NS.to_owned()),
+            ..template.metadata.unwrap_or_default()
+        },
+        spec: template.spec,
+        ..Default::default()
+    };
+    let image = controller::own_image::of_pod(&pod).unwrap();
+    assert_eq!(image, user_image);
+    let opts = controller::render::RenderOptions {
+        backup_image: image,
+        ..Default::default()
+    };
+    let ec: api::v1::EtcdCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": "first", "namespace": "default", "uid": "6a3c1f9e-0000-4000-8000-000000000009"},
+        "spec": {"size": 3, "version": "v3.6.4", "storageSize": "1Gi",
+                 "backup": {"enabled": true, "schedule": "0 */6 * * *", "retention": 7,
+                            "destination": "s3://bucket/etcd"}},
+    }))
+    .unwrap();
+    let target = controller::render::backup_target(&ec).unwrap().unwrap();
+    let images = |spec: &PodSpec| -> Vec<String> {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .filter(|c| c.command.as_deref() == Some(&["/etcd-webhook".to_owned()][..]))
+            .map(|c| c.image.clone().unwrap())
+            .collect()
+    };
+    let cron = controller::render::backup_cron_job(&ec, &target, &opts);
+    let cron_pod = cron
+        .spec
+        .unwrap()
+        .job_template
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let final_job = controller::render::final_snapshot_job(&ec, &target, &opts);
+    let final_pod = final_job.spec.unwrap().template.spec.unwrap();
+    let restore = controller::render::restore_job(
+        &ec,
+        0,
+        api::SnapshotSource::S3("s3://bucket/etcd/first.db"),
+        None,
+        &opts,
+    );
+    let restore_pod = restore.spec.unwrap().template.spec.unwrap();
+    for (what, pod) in [
+        ("backup CronJob", &cron_pod),
+        ("final-snapshot Job", &final_pod),
+        ("restore Job", &restore_pod),
+    ] {
+        assert_eq!(images(pod), vec![user_image.to_owned()], "{what}");
+    }
+}

@@ -82,6 +82,9 @@ fn fresh(size: i32, release: Release) -> Net {
     for (i, name) in names.iter().enumerate() {
         assert_eq!(net.members(i), want, "member list through {name}");
     }
+    // `kubectl exec fresh3-0 -- etcdctl member list -w table` on a plain cluster.
+    let listed: Vec<&str> = names.iter().map(String::as_str).collect();
+    etcdctl_lists_the_members(&net, &container, 0, &listed);
     for k in 0..50 {
         assert!(
             net.put(0, &format!("/k/{k}"), &format!("v{k}")),
@@ -523,6 +526,30 @@ fn formed_with(ec: EtcdCluster, max: i32, ca: Option<&TestCa>) -> (Net, Loop) {
     }
     lp.settle(&mut net, Duration::from_secs(60));
     (net, lp)
+}
+
+/// `etcdctl member list -w table` run in member `i` as `kubectl exec` would (v3.6.4's
+/// etcdctl, the container's environment and Secret mounts, uid 65532): it succeeds and lists
+/// every name in `names` as a started voter (`false` in the learner column).
+fn etcdctl_lists_the_members(net: &Net, container: &Container, i: usize, names: &[&str]) {
+    let etcdctl = (common::control_plane(), vec!["etcdctl"]);
+    let (code, out, err) = net.exec(i, container, &etcdctl, &["member", "list", "-w", "table"]);
+    assert_eq!(
+        code, 0,
+        "etcdctl member list in {}: {out}{err}",
+        net.pods[i].name
+    );
+    for name in names {
+        let row = out
+            .lines()
+            .find(|l| l.split('|').any(|c| c.trim() == *name))
+            .unwrap_or_else(|| panic!("{name} not in etcdctl's table:\n{out}"));
+        assert_eq!(
+            row.split('|').map(str::trim).nth(6),
+            Some("false"),
+            "{name} is a started voter: {row}"
+        );
+    }
 }
 
 /// Every key in `keys` reads back (linearizable) through every running member.
@@ -1629,6 +1656,34 @@ fn nospace_recovery(name: &str, release: Release) {
         put_big(&net, 1, "/small", 1, b's').is_err(),
         "writes refused everywhere"
     );
+    // The alarm takes no member out of liveness, and from v3.5.3 on none out of readiness
+    // (the rendered probes leave NOSPACE out: `/readyz` here on v3.6.4), so the members keep
+    // serving reads and nothing restarts them. v3.5.0-v3.5.2 spend `exclude=NOSPACE` on the
+    // first member's alarm (etcdhttp `checkHealth` deletes it from the set), so with every
+    // member's alarm raised their readiness fails anyway: there the liveness check is a TCP
+    // one, and the loop asks etcd whenever a member runs, ready or not.
+    for i in 0..3 {
+        let url = |p: &k8s_openapi::api::core::v1::Probe| {
+            let path = p.http_get.as_ref().and_then(|g| g.path.clone());
+            path.map(|path| format!("http://{}:2381{path}", net.pods[i].addr))
+        };
+        let said =
+            url(container.readiness_probe.as_ref().unwrap()).map(|u| net.http(i, "GET", &u, None));
+        let name = &net.pods[i].name;
+        assert!(net.alive(i, &container), "{name} alive under NOSPACE");
+        if release == Release::V3_5_1 {
+            let (code, body) = said.expect("an HTTP readiness probe");
+            assert!(
+                code == 503 && body.contains("ALARM NOSPACE"),
+                "v3.5.1 under NOSPACE, exclude or not: {code} {body}"
+            );
+        } else {
+            assert!(
+                net.ready(i, &container),
+                "{name} ready under NOSPACE: {said:?}"
+            );
+        }
+    }
     let leader = net.pods[leader_of(&net)].name.clone();
 
     let started = Instant::now();
@@ -1817,6 +1872,12 @@ fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no
     eprintln!(
         "refused (curl exit codes): no certificate {no_cert}, another CA's {other_ca}, plain HTTP on the client port {plain_client} and on the peer port {plain_peer}"
     );
+
+    // `kubectl exec tls-N -- etcdctl member list -w table`, as README says, with nothing but
+    // the container's own environment: every member lists the three started voters.
+    for i in 0..3 {
+        etcdctl_lists_the_members(&net, &lp.container, i, &["tls-0", "tls-1", "tls-2"]);
+    }
 
     // Every leaf renewed (new keys, the same CA) with writes through every member.
     let before: Vec<u32> = net.pods.iter().map(|p| p.starts).collect();

@@ -186,7 +186,7 @@ pub(super) async fn start_controller(
         if set.is_some() {
             tracing::warn!(
                 flag,
-                backup_image = %args.images.backup_image,
+                backup_image = ?args.images.backup_image,
                 "{flag} is no longer used and is ignored: the backup Jobs run --backup-image's `etcd-webhook backup`"
             );
         }
@@ -204,12 +204,29 @@ pub(super) async fn start_controller(
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         stop_timeout: args.controller_stop_timeout,
     };
+    // The Jobs' image: --backup-image, else this pod's own (read before the loop starts, in
+    // the loop's task: the webhooks are serving already and do not wait for it).
+    let own_image = args.images.backup_image.is_none().then(|| {
+        let pod_name = std::env::var("POD_NAME")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|n| !n.trim().is_empty());
+        (
+            lease_client.clone(),
+            pod_namespace().unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+            pod_name.filter(|_| in_pod),
+        )
+    });
+    let mut settings = settings;
     if !args.leader_elect {
         tracing::info!("leader election off: this replica reconciles");
         metrics.leader.set(1);
-        return Ok(Some(tokio::spawn(controller::run(
-            client, settings, metrics, stop,
-        ))));
+        return Ok(Some(tokio::spawn(async move {
+            if let Some((client, ns, pod)) = own_image {
+                settings.render.backup_image = jobs_image(client, &ns, pod).await;
+            }
+            controller::run(client, settings, metrics, stop).await
+        })));
     }
     let duration = args.lease_duration.as_secs().max(2);
     let lease = leader::LeaseSettings {
@@ -217,17 +234,49 @@ pub(super) async fn start_controller(
         grace_secs: (duration / 3).max(1),
         ..leader::LeaseSettings::new(lease_namespace, identity)
     };
-    let work = {
-        let (client, metrics) = (client.clone(), metrics.clone());
-        move |token: CancellationToken| {
-            controller::run(client.clone(), settings.clone(), metrics.clone(), token)
+    Ok(Some(tokio::spawn(async move {
+        if let Some((client, ns, pod)) = own_image {
+            settings.render.backup_image = jobs_image(client, &ns, pod).await;
         }
-    };
-    Ok(Some(tokio::spawn(leader::run_when_leader(
-        lease_client,
-        lease,
-        metrics,
-        stop,
-        work,
-    ))))
+        let work = {
+            let (client, metrics) = (client.clone(), metrics.clone());
+            move |token: CancellationToken| {
+                controller::run(client.clone(), settings.clone(), metrics.clone(), token)
+            }
+        };
+        leader::run_when_leader(lease_client, lease, metrics, stop, work).await
+    })))
+}
+
+/// The image of this pod's own container (`controller::own_image`), tried a few times (the
+/// apiserver may not answer at once); outside a pod, or when it cannot be read, the
+/// compiled-in default, with an error in the log that says which flag to set.
+async fn jobs_image(client: kube::Client, namespace: &str, pod: Option<String>) -> String {
+    let fallback = crate::controller::render::DEFAULT_BACKUP_IMAGE;
+    if pod.is_none() {
+        tracing::info!(
+            image = fallback,
+            "not in a pod: the backup, restore and final-snapshot Jobs run the compiled-in image (--backup-image sets another)"
+        );
+        return fallback.to_owned();
+    }
+    let mut delay = std::time::Duration::from_millis(500);
+    for attempt in 1..=5 {
+        match crate::controller::own_image::lookup(client.clone(), namespace, pod.clone()).await {
+            Ok(image) => {
+                tracing::info!(%image, "the backup, restore and final-snapshot Jobs run this pod's own image (--backup-image sets another)");
+                return image;
+            }
+            Err(e @ crate::controller::own_image::OwnImageError::Read { .. }) if attempt < 5 => {
+                tracing::debug!(error = %e, attempt, "reading this pod's image; trying again");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, image = fallback, "cannot read this pod's own image: the backup, restore and final-snapshot Jobs run the compiled-in image, which may not exist in your registry; set --backup-image (or grant get on this pod)");
+                break;
+            }
+        }
+    }
+    fallback.to_owned()
 }

@@ -22,6 +22,7 @@ mod finalizer;
 pub mod leader;
 pub mod maintenance;
 pub mod membership;
+pub mod own_image;
 mod policy;
 pub mod rbac;
 pub mod render;

@@ -63,6 +63,11 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
     ("", "secrets", &["list", "watch"]),
 ];
 
-/// The leader election's calls, granted by a Role in the Lease's namespace.
-pub const LEADER_RBAC_RULES: &[(&str, &str, &[&str])] =
-    &[("coordination.k8s.io", "leases", &["get", "create", "patch"])];
+/// The calls in the install's own namespace, granted by a Role there: the leader election's
+/// Lease, and the replica's own Pod, read once at start for the image the Jobs run when
+/// `--backup-image` is not given (`own_image`; a single-namespace install has no cluster-wide
+/// `get` on pods).
+pub const LEADER_RBAC_RULES: &[(&str, &str, &[&str])] = &[
+    ("coordination.k8s.io", "leases", &["get", "create", "patch"]),
+    ("", "pods", &["get"]),
+];

@@ -42,6 +42,16 @@ pub(super) async fn member_pods(
         .collect())
 }
 
+/// Whether some member pod's etcd container is running now (ready or not), as the kubelet
+/// reports it.
+pub(super) fn any_running(pods: &[std::sync::Arc<Pod>]) -> bool {
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .any(|c| c.name == "etcd" && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
 /// How each member pod's etcd container last ended (its current state if it is terminated,
 /// else its last state), by ordinal. A pod being deleted is left out: what it says is about a
 /// volume that is already being replaced.
@@ -108,9 +118,12 @@ pub(super) async fn converge(
     let pods = member_pods(ec, kids).await?;
     let exits = exits(ec, &pods);
     let recorded = recorded_cluster_id(ec);
-    // No member ready: nothing answers `member list` with a leader (a cluster being created,
-    // or one without a quorum), and no membership change could be made. Not asked.
-    let outcome = if ready == 0 {
+    // No member ready and none running: nothing could answer (a cluster being created, or
+    // every member down). Not asked. A member that runs but is not ready is asked: not ready
+    // may mean an alarm, a member still replaying its log, or a readiness probe that fails
+    // while etcd serves (NOSPACE on v3.5.0-v3.5.10's `/health`), and the upkeep that clears
+    // an alarm needs this pass's answer.
+    let outcome = if ready == 0 && !any_running(&pods) {
         None
     } else {
         let transport = ctx.etcd_for(ec).await?;

@@ -2104,3 +2104,59 @@ async fn a_tls_cluster_reads_its_client_certificate_from_the_cache() {
     assert!(error.contains("speaks no TLS"), "{error}");
     assert_eq!(secret_gets(&api), 1, "read through the API");
 }
+
+/// A member whose container runs but is not ready (a NOSPACE alarm behind v3.5.0-v3.5.10's
+/// `/health`, a member replaying its log) is still asked: the pass reads the member list (and
+/// so the upkeep that clears an alarm runs) although the StatefulSet counts no pod ready.
+/// With no container running, nothing is asked.
+#[tokio::test]
+async fn a_running_member_that_is_not_ready_is_still_asked() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 0}));
+    etcd_of(&ctx).set_down(false);
+    let pod = |i: usize, running: bool| {
+        let state = if running {
+            json!({"running": {"startedAt": "2026-12-01T00:00:00Z"}})
+        } else {
+            json!({"waiting": {"reason": "ContainerCreating"}})
+        };
+        api.insert(
+            &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                    "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                    "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
+                "status": {"phase": if running { "Running" } else { "Pending" },
+                    "conditions": [{"type": "Ready", "status": "False"}],
+                    "containerStatuses": [{"name": "etcd", "ready": false, "restartCount": 0,
+                        "image": "x", "imageID": "", "state": state}]},
+            }),
+        );
+    };
+    for i in 0..3 {
+        pod(i, false);
+    }
+    pass(&api, &ctx).await.unwrap();
+    let ec = cluster_json(&api);
+    assert!(
+        ec["metadata"]["annotations"][render::CLUSTER_ID_ANNOTATION].is_null(),
+        "no container runs: etcd not asked: {ec}"
+    );
+    for i in 0..3 {
+        pod(i, true);
+    }
+    pass(&api, &ctx).await.unwrap();
+    let ec = cluster_json(&api);
+    assert!(
+        ec["metadata"]["annotations"][render::CLUSTER_ID_ANNOTATION].is_string(),
+        "running members are asked: {ec}"
+    );
+    assert_eq!(
+        ec["status"]["members"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        ec["status"]
+    );
+}

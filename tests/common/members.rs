@@ -409,6 +409,48 @@ impl Net {
         pod.starts += 1;
     }
 
+    /// `kubectl exec POD -- PROGRAM ARGS` into pod `i`'s running `container`: in its
+    /// namespace, its Secret volumes at their mount paths, as uid/gid 65532, with exactly the
+    /// container's environment (as the kubelet gives an exec'd process). `program` is the
+    /// harness's binary standing in for the image's (`controlplane etcdctl`). Returns the exit
+    /// code and what it printed (stdout, then stderr).
+    pub fn exec(
+        &self,
+        i: usize,
+        container: &Container,
+        program: &(PathBuf, Vec<&str>),
+        args: &[&str],
+    ) -> (i32, String, String) {
+        let pod = &self.pods[i];
+        let env = pod_env(container, &pod.name, &self.namespace, &self.config);
+        let mut binds = String::new();
+        for m in container.volume_mounts.iter().flatten() {
+            if let Some(dir) = self.secrets.get(&m.name) {
+                std::fs::create_dir_all(&m.mount_path).unwrap();
+                binds += &format!("mount --bind {} {} && ", dir.display(), m.mount_path);
+            }
+        }
+        let script = format!(
+            "{binds}exec setpriv --reuid {RUN_AS} --regid {RUN_AS} --clear-groups --inh-caps=-all -- \"$0\" \"$@\""
+        );
+        let out = Command::new("timeout")
+            .args(["30", "ip", "netns", "exec", &pod.ns, "sh", "-c", &script])
+            .arg(&program.0)
+            .args(&program.1)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(&env)
+            .stdin(Stdio::null())
+            .output()
+            .expect("exec into a member");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// Stops pod `i` (SIGTERM, then SIGKILL after 10 s).
     pub fn stop(&mut self, i: usize) {
         if let Some(mut child) = self.pods[i].proc.take() {

@@ -170,6 +170,8 @@ fn snapshot_pod(
             volumes: Some(volumes),
             restart_policy: Some("Never".to_owned()),
             security_context: Some(restricted_pod()),
+            service_account_name: opts.backup_service_account.clone(),
+            image_pull_secrets: pull_secrets(opts),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             ..Default::default()
@@ -392,6 +394,8 @@ pub fn restore_job(
                     ),
                     restart_policy: Some("Never".to_owned()),
                     security_context: Some(restricted_pod()),
+                    service_account_name: opts.backup_service_account.clone(),
+                    image_pull_secrets: pull_secrets(opts),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     ..Default::default()

@@ -8,7 +8,7 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, ConfigMap, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource,
+    Affinity, ConfigMap, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource, EnvVar,
     HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
     PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, TCPSocketAction,
     TopologySpreadConstraint, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
@@ -20,6 +20,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::*;
+
+/// etcd's `/health` with the NOSPACE alarm left out of its verdict (every v3.5 release takes
+/// `exclude`).
+const HEALTH_WITHOUT_NOSPACE: &str = "/health?exclude=NOSPACE";
 
 fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
@@ -36,12 +40,18 @@ fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
 }
 
 /// The member's readiness and liveness probes for its etcd release. Ready needs a quorum;
-/// alive never does, so losing the quorum restarts no member:
-/// - from v3.5.11, `/readyz` (which also fails on a learner) and `/livez`;
-/// - from v3.5.3, `/health` and `/health?serializable=true`, answered locally from that release
-///   on (etcd-io/etcd#13706);
+/// alive never does, so losing the quorum restarts no member; and neither fails on a NOSPACE
+/// alarm, so a full database leaves every member serving reads and the loop's recovery
+/// (compaction, defragmentation, disarm) reachable:
+/// - from v3.5.11, `/readyz` (which also fails on a learner, and ignores NOSPACE) and `/livez`;
+/// - from v3.5.3, `/health?exclude=NOSPACE` and `/health?exclude=NOSPACE&serializable=true`
+///   (`/health` fails on any alarm before v3.5.11; `serializable` is answered locally from
+///   v3.5.3 on, etcd-io/etcd#13706), as kubeadm probes those releases;
 /// - before v3.5.3 every health endpoint needs a leader, so liveness only checks that the
-///   metrics port accepts connections.
+///   metrics port accepts connections; readiness asks `/health?exclude=NOSPACE` too, but
+///   those releases spend the exclusion on the first member's alarm (etcdhttp `checkHealth`
+///   deletes it from the set), so with several members' alarms raised they are not ready: the
+///   loop asks etcd whenever a member runs, ready or not, so the recovery still happens.
 pub fn probes(version: &str) -> (Probe, Probe) {
     let at_least = |minor: u64, patch: u64| {
         version
@@ -59,8 +69,12 @@ pub fn probes(version: &str) -> (Probe, Probe) {
         )
     } else if at_least(5, 3) {
         (
-            health_probe("/health", 5, 3),
-            alive(health_probe("/health?serializable=true", 10, 6)),
+            health_probe(HEALTH_WITHOUT_NOSPACE, 5, 3),
+            alive(health_probe(
+                &format!("{HEALTH_WITHOUT_NOSPACE}&serializable=true"),
+                10,
+                6,
+            )),
         )
     } else {
         let tcp = Probe {
@@ -73,8 +87,33 @@ pub fn probes(version: &str) -> (Probe, Probe) {
             failure_threshold: Some(6),
             ..Default::default()
         };
-        (health_probe("/health", 5, 3), alive(tcp))
+        (health_probe(HEALTH_WITHOUT_NOSPACE, 5, 3), alive(tcp))
     }
+}
+
+/// What `kubectl exec NAME-0 -- etcdctl ...` needs, set in the member's container (the etcd
+/// image ships etcdctl on its PATH, and etcdctl reads `ETCDCTL_*`; etcd itself reads only
+/// `ETCD_*`): the member's own client port, and on a TLS cluster the member's client-port
+/// certificate, which carries `client auth` and `localhost` (etcd's own gateway dials the
+/// member with it too), checked against the cluster's CA.
+pub fn etcdctl_env(ec: &EtcdCluster) -> Vec<EnvVar> {
+    let value = |name: &str, value: String| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        ..Default::default()
+    };
+    let mut env = vec![value(
+        "ETCDCTL_ENDPOINTS",
+        format!("{}://localhost:{CLIENT_PORT}", scheme(ec)),
+    )];
+    if crate::api::tls_on(&ec.spec) {
+        env.extend([
+            value("ETCDCTL_CACERT", format!("{SERVER_TLS_MOUNT}/{TLS_CA}")),
+            value("ETCDCTL_CERT", format!("{SERVER_TLS_MOUNT}/{TLS_CERT}")),
+            value("ETCDCTL_KEY", format!("{SERVER_TLS_MOUNT}/{TLS_KEY}")),
+        ]);
+    }
+    env
 }
 
 /// Each member's requests, no limits.
@@ -227,10 +266,15 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
         image: Some(etcd_image(ec, opts)),
         command: Some(vec!["/usr/local/bin/etcd".to_owned()]),
         args: Some(args),
-        env: Some(vec![
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-        ]),
+        env: Some(
+            [
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+            ]
+            .into_iter()
+            .chain(etcdctl_env(ec))
+            .collect(),
+        ),
         env_from: Some(vec![EnvFromSource {
             config_map_ref: Some(ConfigMapEnvSource {
                 name: members_config_name(ec),
@@ -286,6 +330,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
                     affinity: Some(affinity),
                     topology_spread_constraints: Some(spread),
                     security_context: Some(restricted_pod()),
+                    image_pull_secrets: pull_secrets(opts),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(30),
@@ -339,6 +384,7 @@ pub fn member_claim(ec: &EtcdCluster, ordinal: i32) -> String {
 /// at least a quorum of the `voters` etcd reports stays available, so an eviction never leaves
 /// fewer (with 5 voters of which 3 run, none may go). Before etcd has answered, `voters` is
 /// `spec.size`. A single voter gets 1: it cannot be evicted without losing the cluster.
+/// Unhealthy pods may always be evicted (`AlwaysAllow`).
 pub fn pod_disruption_budget(ec: &EtcdCluster, voters: Option<i32>) -> PodDisruptionBudget {
     let voters = voters.unwrap_or(ec.spec.size).max(1);
     let mut selector = member_selector(ec);
@@ -347,6 +393,10 @@ pub fn pod_disruption_budget(ec: &EtcdCluster, voters: Option<i32>) -> PodDisrup
         metadata: meta(ec, ec.name_any(), "member"),
         spec: Some(PodDisruptionBudgetSpec {
             min_available: Some(IntOrString::Int(voters / 2 + 1)),
+            // A member pod that is running but not ready (crash-looping, or never ready) may
+            // always be evicted: it serves nobody, and keeping it would block every drain of
+            // its node while the healthy quorum is what the budget protects.
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".to_owned()),
             selector: Some(LabelSelector {
                 match_labels: Some(selector),
                 ..Default::default()

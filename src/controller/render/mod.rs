@@ -17,8 +17,8 @@ pub use tls::*;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, EnvVar, EnvVarSource, ObjectFieldSelector, PodSecurityContext, SeccompProfile,
-    SecurityContext, Service, ServicePort, ServiceSpec,
+    Capabilities, EnvVar, EnvVarSource, LocalObjectReference, ObjectFieldSelector,
+    PodSecurityContext, SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -71,8 +71,14 @@ pub const DEFAULT_MEMBER_MEMORY: &str = "256Mi";
 pub struct RenderOptions {
     /// `--etcd-image-registry`: images are `<registry>/etcd:<spec.version>`.
     pub etcd_registry: String,
-    /// `--backup-image`: the image whose `/etcd-webhook backup` the backup Jobs run.
+    /// `--backup-image` (or the loop's own image): the image whose `/etcd-webhook backup` the
+    /// backup Jobs run.
     pub backup_image: String,
+    /// `--image-pull-secret`: the pull Secrets of every pod the loop makes.
+    pub image_pull_secrets: Vec<String>,
+    /// `--backup-service-account`: the ServiceAccount of the backup, restore and
+    /// final-snapshot pods (`None`: the namespace's default, no token mounted).
+    pub backup_service_account: Option<String>,
     /// `--member-cpu-request`: each member's CPU request.
     pub member_cpu: String,
     /// `--member-memory-request`: each member's memory request.
@@ -91,6 +97,8 @@ impl Default for RenderOptions {
         Self {
             etcd_registry: DEFAULT_ETCD_REGISTRY.to_owned(),
             backup_image: DEFAULT_BACKUP_IMAGE.to_owned(),
+            image_pull_secrets: Vec::new(),
+            backup_service_account: None,
             member_cpu: DEFAULT_MEMBER_CPU.to_owned(),
             member_memory: DEFAULT_MEMBER_MEMORY.to_owned(),
             network_policy: NetworkPolicies::Tls,
@@ -263,6 +271,16 @@ fn restricted_pod() -> PodSecurityContext {
         seccomp_profile: Some(runtime_default()),
         ..Default::default()
     }
+}
+
+/// `--image-pull-secret`, as a pod spec names them (none: the field is left out).
+fn pull_secrets(opts: &RenderOptions) -> Option<Vec<LocalObjectReference>> {
+    (!opts.image_pull_secrets.is_empty()).then(|| {
+        opts.image_pull_secrets
+            .iter()
+            .map(|name| LocalObjectReference { name: name.clone() })
+            .collect()
+    })
 }
 
 fn field_env(name: &str, path: &str) -> EnvVar {
@@ -692,10 +710,18 @@ pub(crate) mod tests {
         for (version, ready, alive) in [
             ("v3.6.4", "/readyz", Some("/livez")),
             ("v3.5.11", "/readyz", Some("/livez")),
-            ("v3.5.10", "/health", Some("/health?serializable=true")),
-            ("v3.5.3", "/health", Some("/health?serializable=true")),
-            ("v3.5.2", "/health", None),
-            ("v3.4.30", "/health", None),
+            (
+                "v3.5.10",
+                "/health?exclude=NOSPACE",
+                Some("/health?exclude=NOSPACE&serializable=true"),
+            ),
+            (
+                "v3.5.3",
+                "/health?exclude=NOSPACE",
+                Some("/health?exclude=NOSPACE&serializable=true"),
+            ),
+            ("v3.5.2", "/health?exclude=NOSPACE", None),
+            ("v3.4.30", "/health?exclude=NOSPACE", None),
         ] {
             let (r, l) = probes(version);
             assert_eq!(path(&r).as_deref(), Some(ready), "{version}");
@@ -749,6 +775,122 @@ pub(crate) mod tests {
         let spread = pod.topology_spread_constraints.unwrap();
         assert_eq!(spread[0].topology_key, "topology.kubernetes.io/zone");
         assert_eq!(spread[0].when_unsatisfiable, "ScheduleAnyway");
+    }
+
+    #[test]
+    fn every_pod_the_loop_makes_gets_the_pull_secrets_and_jobs_the_service_account() {
+        let ec = cluster("etcd", 3, Some(backup(Some("s3://b/p"))));
+        let opts = RenderOptions {
+            image_pull_secrets: vec!["regcred".to_owned(), "mirror".to_owned()],
+            backup_service_account: Some("etcd-backup".to_owned()),
+            ..Default::default()
+        };
+        let target = backup_target(&ec).unwrap().unwrap();
+        let want = Some(vec![
+            LocalObjectReference {
+                name: "regcred".to_owned(),
+            },
+            LocalObjectReference {
+                name: "mirror".to_owned(),
+            },
+        ]);
+        let members = stateful_set(&ec, 3, &opts)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        assert_eq!(members.image_pull_secrets, want);
+        assert_eq!(
+            members.service_account_name, None,
+            "members need no identity"
+        );
+        let jobs = [
+            backup_cron_job(&ec, &target, &opts)
+                .spec
+                .unwrap()
+                .job_template
+                .spec
+                .unwrap()
+                .template,
+            final_snapshot_job(&ec, &target, &opts)
+                .spec
+                .unwrap()
+                .template,
+            restore_job(
+                &ec,
+                1,
+                crate::api::SnapshotSource::S3("s3://b/p/x.db"),
+                None,
+                &opts,
+            )
+            .spec
+            .unwrap()
+            .template,
+        ];
+        for t in jobs {
+            let pod = t.spec.unwrap();
+            assert_eq!(pod.image_pull_secrets, want);
+            assert_eq!(pod.service_account_name.as_deref(), Some("etcd-backup"));
+            assert_eq!(pod.automount_service_account_token, Some(false));
+        }
+        // Unset: the fields are left out (the namespace's default account, no pull Secret).
+        let plain = final_snapshot_job(&ec, &target, &RenderOptions::default());
+        let pod = plain.spec.unwrap().template.spec.unwrap();
+        assert_eq!(
+            (pod.image_pull_secrets, pod.service_account_name),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn etcdctl_in_a_member_talks_to_that_member() {
+        let env = |ec: &EtcdCluster| -> BTreeMap<String, String> {
+            stateful_set(ec, 3, &RenderOptions::default())
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+                .containers[0]
+                .env
+                .clone()
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.name.starts_with("ETCDCTL_"))
+                .map(|e| (e.name, e.value.unwrap()))
+                .collect()
+        };
+        let plain = cluster("etcd", 3, None);
+        assert_eq!(
+            env(&plain),
+            BTreeMap::from([(
+                "ETCDCTL_ENDPOINTS".to_owned(),
+                "http://localhost:2379".to_owned()
+            )])
+        );
+        let mut tls = cluster("etcd", 3, None);
+        tls.spec.tls = Some(Default::default());
+        let e = env(&tls);
+        assert_eq!(e["ETCDCTL_ENDPOINTS"], "https://localhost:2379");
+        assert_eq!(e["ETCDCTL_CACERT"], "/etc/etcd/tls/server/ca.crt");
+        assert_eq!(e["ETCDCTL_CERT"], "/etc/etcd/tls/server/tls.crt");
+        assert_eq!(e["ETCDCTL_KEY"], "/etc/etcd/tls/server/tls.key");
+        // The certificate it presents is for the client port and can authenticate a client.
+        assert!(dns_names(&tls, Purpose::Server).contains(&"localhost".to_owned()));
+        let usages = leaf_certificate(&tls, Purpose::Server)["spec"]["usages"].clone();
+        assert!(usages.as_array().unwrap().contains(&"client auth".into()));
+    }
+
+    #[test]
+    fn a_crash_looping_voter_never_blocks_a_drain() {
+        let pdb = pod_disruption_budget(&cluster("etcd", 3, None), Some(3));
+        let spec = pdb.spec.unwrap();
+        assert_eq!(spec.min_available, Some(IntOrString::Int(2)));
+        assert_eq!(
+            spec.unhealthy_pod_eviction_policy.as_deref(),
+            Some("AlwaysAllow")
+        );
     }
 
     #[test]
