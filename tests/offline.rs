@@ -131,7 +131,7 @@ fn review_samples_and_multi_document_input() {
     );
     assert_eq!(code(&out), 0);
     let patched: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
-    assert_eq!(patched["spec"]["version"], "v3.5.10");
+    assert_eq!(patched["spec"]["version"], "v3.6.4");
     assert_eq!(patched["spec"]["storageSize"], "10Gi");
 }
 
@@ -517,7 +517,7 @@ fn render_refuses_denied_and_foreign_manifests() {
     );
     assert_eq!(code(&out), 0);
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("image: mirror.local/etcd-io/etcd:v3.5.10")
+        String::from_utf8_lossy(&out.stdout).contains("image: mirror.local/etcd-io/etcd:v3.6.4")
     );
 }
 

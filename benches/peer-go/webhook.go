@@ -26,7 +26,7 @@ import (
 )
 
 const (
-	defaultVersion     = "v3.5.10"
+	defaultVersion     = "v3.6.4"
 	defaultStorageSize = "10Gi"
 	defaultSchedule    = "0 */6 * * *"
 	defaultRetention   = int32(7)

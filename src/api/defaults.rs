@@ -3,8 +3,11 @@
 //! The serde `default` attributes of the three API versions point here, so the same values end
 //! up in the generated CRD schema (`default:`) and in what `/mutate` fills in.
 
-/// etcd release used when `spec.version` is missing (v1, v1beta1).
-pub const VERSION: &str = "v3.5.10";
+/// etcd release used when `spec.version` is missing (v1, v1beta1): the newest release the
+/// tests run (tests/members.rs, tests/backups.rs: v3.6.4). Not v3.5.10, the default before:
+/// its `/health` fails on NOSPACE, it is below the v3.5.26 floor for v3.6, and its learner
+/// promotions are not persisted (etcd-io/etcd#19557).
+pub const VERSION: &str = "v3.6.4";
 /// Volume size used when none is given.
 pub const STORAGE_SIZE: &str = "10Gi";
 /// The same size in whole GiB (v1alpha1 `storageSizeGi`).
