@@ -352,7 +352,10 @@ pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
 
 /// Deletion: the final snapshot (when backups are on) as a Job, waited for by requeueing,
 /// then the finalizer goes. It always goes: a failed Job or `--finalizer-timeout` remove it
-/// with a Warning event.
+/// with a Warning event. The timeout counts from the Job's creation, and the Job is always
+/// created once: a loop that was down longer than the timeout still takes the snapshot. A
+/// Job of that name that another (former) cluster owns is never taken for this one's: the
+/// pass waits for the garbage collector to remove it (within the timeout from the deletion).
 pub(super) async fn cleanup(
     ec: &EtcdCluster,
     ctx: &Context,
@@ -398,6 +401,18 @@ pub(super) async fn cleanup(
         finalized(ctx, clusters, ec).await
     };
     let job = match kids.read::<Job>(&job_name).await {
+        Ok(Some(job)) if !owned_by(&job, ec) => {
+            if elapsed >= timeout {
+                return give_up(format!(
+                    "Job {job_name} belongs to another cluster of this name (a former one) and was not removed within --finalizer-timeout ({}) of the deletion; finalizer removed without a final snapshot",
+                    humantime::format_duration(timeout)
+                ))
+                .await;
+            }
+            tracing::info!(cluster = %ec.name_any(), job = %job_name, "the final-snapshot Job of a former cluster of this name is still there; waiting for it to go");
+            ctx.finalizing(ec, true);
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
         Ok(job) => job,
         Err(e) if elapsed >= timeout => {
             return give_up(format!(
@@ -425,9 +440,9 @@ pub(super) async fn cleanup(
             ))
             .await;
         }
-        None if elapsed >= timeout => {
+        None if job.is_some() && job_age(job.as_deref()) >= timeout => {
             return give_up(format!(
-                "Job {job_name} did not finish within --finalizer-timeout ({}); finalizer removed without a final snapshot",
+                "Job {job_name} did not finish within --finalizer-timeout ({}) of its start; finalizer removed without a final snapshot",
                 humantime::format_duration(timeout)
             ))
             .await;
@@ -446,12 +461,33 @@ pub(super) async fn cleanup(
         )
         .await;
     }
-    let left = timeout.saturating_sub(elapsed);
+    let left = timeout.saturating_sub(job_age(job.as_deref()));
     Ok(Action::requeue(
         Duration::from_secs(10)
             .min(left)
             .max(Duration::from_secs(1)),
     ))
+}
+
+/// How long ago `job` was created (zero for none yet, or one without a creation time).
+fn job_age(job: Option<&Job>) -> Duration {
+    job.and_then(|j| j.metadata.creation_timestamp.as_ref())
+        .map(|t| {
+            k8s_openapi::jiff::Timestamp::now()
+                .duration_since(t.0)
+                .unsigned_abs()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `job`'s controller is `ec` itself (same UID), not a former cluster of its name.
+fn owned_by(job: &Job, ec: &EtcdCluster) -> bool {
+    job.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.controller == Some(true))
+        .any(|o| Some(&o.uid) == ec.metadata.uid.as_ref())
 }
 
 /// The finalizer goes; nothing more to wait for.

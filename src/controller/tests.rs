@@ -1559,6 +1559,8 @@ async fn a_failed_final_snapshot_still_removes_the_finalizer_with_a_warning() {
     finalizer_goes_with_a_warning(&api, &ctx).await;
 }
 
+/// `--finalizer-timeout` (10 minutes) counts from the Job's start: a deletion long ago whose
+/// Job is young keeps waiting; a Job older than the timeout ends it.
 #[tokio::test]
 async fn the_finalizer_timeout_removes_it_with_a_warning() {
     let (api, ctx) = deleting_with_backup().await;
@@ -1569,7 +1571,79 @@ async fn the_finalizer_timeout_removes_it_with_a_warning() {
         "/metadata/deletionTimestamp",
         json!(long_ago.to_string()),
     );
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        api.get(EC).is_some(),
+        "the Job started moments ago: still waiting"
+    );
+    api.set(
+        FINAL_JOB,
+        "/metadata/creationTimestamp",
+        json!(long_ago.to_string()),
+    );
     finalizer_goes_with_a_warning(&api, &ctx).await;
+}
+
+/// A loop that was down for longer than `--finalizer-timeout` after the deletion still takes
+/// the final snapshot: its first pass creates the Job instead of giving up.
+#[tokio::test]
+async fn a_loop_down_past_the_timeout_still_takes_the_final_snapshot() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    delete_cluster(&api).await;
+    let long_ago =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(30);
+    api.set(
+        EC,
+        "/metadata/deletionTimestamp",
+        json!(long_ago.to_string()),
+    );
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(FINAL_JOB).is_some(), "the Job is created");
+    assert!(api.get(EC).is_some(), "and waited for");
+    complete_job(&api, FINAL_JOB, true);
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(EC).is_none());
+    assert!(events(&api.calls()).contains(&("Normal".to_owned(), "FinalSnapshotTaken".to_owned())));
+}
+
+/// A final-snapshot Job left by a former cluster of the same name (another UID) is not this
+/// cluster's snapshot, even when it succeeded: the pass waits for it to go, then runs its own.
+#[tokio::test]
+async fn a_former_clusters_final_snapshot_job_is_not_this_ones() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    let mut job = serde_json::to_value(render::final_snapshot_job(
+        &{
+            let mut former = cluster("etcd", 3, Some(backup(None)));
+            former.metadata.uid = Some("0ld0ld00-0000-4000-8000-000000000000".to_owned());
+            former
+        },
+        &render::BackupTarget::Volume,
+        &Default::default(),
+    ))
+    .unwrap();
+    job["status"] = json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]});
+    api.insert(FINAL_JOB, job);
+    delete_cluster(&api).await;
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        api.get(EC).is_some(),
+        "not finalized on a former cluster's Job"
+    );
+    assert!(
+        !events(&api.calls()).contains(&("Normal".to_owned(), "FinalSnapshotTaken".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    // The garbage collector removes it (its owner is gone); this cluster's own Job follows.
+    api.remove(FINAL_JOB);
+    pass(&api, &ctx).await.unwrap();
+    let own = api.get(FINAL_JOB).expect("this cluster's Job");
+    assert_eq!(
+        own["metadata"]["ownerReferences"][0]["uid"],
+        cluster_json(&api)["metadata"]["uid"]
+    );
 }
 
 #[tokio::test]
