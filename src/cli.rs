@@ -416,6 +416,10 @@ pub struct ImageArgs {
     /// No longer used (uploads are done by `--backup-image`); accepted with a warning.
     #[arg(long, hide = true)]
     pub backup_s3_image: Option<String>,
+    /// The cluster's DNS domain (the kubelet's clusterDomain): TLS members' certificates name
+    /// `*.NAME.NS.svc.<domain>`, the name etcd's peer listener finds for a connecting peer.
+    #[arg(long, env = "ETCD_WEBHOOK_CLUSTER_DOMAIN", default_value = render::DEFAULT_CLUSTER_DOMAIN, value_parser = parse_domain)]
+    pub cluster_domain: String,
     /// CPU request of each etcd member (no limit: a throttled member misses heartbeats).
     #[arg(long, env = "ETCD_WEBHOOK_MEMBER_CPU_REQUEST", default_value = render::DEFAULT_MEMBER_CPU)]
     pub member_cpu_request: String,
@@ -448,6 +452,25 @@ pub enum NetworkPolicyArg {
     None,
 }
 
+/// A DNS domain: dot-separated labels of letters, digits and `-` (a trailing dot is dropped).
+fn parse_domain(s: &str) -> Result<String, String> {
+    let d = s.trim().trim_end_matches('.').to_ascii_lowercase();
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    };
+    if d.len() <= 253 && d.split('.').all(label_ok) {
+        Ok(d)
+    } else {
+        Err(format!(
+            "{s:?} is not a DNS domain like cluster.local (labels of letters, digits and '-', separated by dots)"
+        ))
+    }
+}
+
 /// `key=value,...` as labels to match.
 fn parse_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
     s.split(',')
@@ -478,6 +501,7 @@ impl From<&ImageArgs> for RenderOptions {
                 .backup_service_account
                 .clone()
                 .filter(|s| !s.is_empty()),
+            cluster_domain: args.cluster_domain.clone(),
             member_cpu: args.member_cpu_request.clone(),
             member_memory: args.member_memory_request.clone(),
             network_policy: match args.network_policy {

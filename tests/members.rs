@@ -1869,8 +1869,61 @@ fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no
     let plain_client = refused(&[], &plain, "plain HTTP on the client port");
     let peer_plain = format!("http://{}:2380/members", net.pods[0].addr);
     let plain_peer = refused(&[], &peer_plain, "plain HTTP on the peer port");
+    // Only the peer certificate opens the peer port (`--peer-cert-allowed-cn=tls-peer`): the
+    // client certificate (same CA, `client auth`, no SAN, which etcd's SAN check lets through)
+    // is refused there, and the peer certificate answers GET /members.
+    let peer_get = |secret: &str| {
+        let dir = &net.secrets[secret];
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &target.ns,
+                "curl",
+                "--http1.1",
+                "-sS",
+                "-m",
+                "5",
+            ])
+            .args(["-o", "/dev/null", "-w", "%{http_code}"])
+            .arg("--cacert")
+            .arg(dir.join("ca.crt"))
+            .arg("--cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--key")
+            .arg(dir.join("tls.key"))
+            .arg(format!("https://tls-0.tls.{NAMESPACE}.svc:2380/members"))
+            .output()
+            .unwrap();
+        let code = out.status.code().unwrap_or(-1);
+        if code != 0 {
+            eprintln!(
+                "curl GET /members with {secret}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        (code, String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    assert_eq!(
+        peer_get("peer-tls"),
+        (0, "200".to_owned()),
+        "the peer certificate\n{}",
+        {
+            let l = net.logs();
+            let v: Vec<&str> = l
+                .lines()
+                .filter(|l| l.contains("peer") || l.contains("members"))
+                .collect();
+            v[v.len().saturating_sub(12)..].join("\n")
+        }
+    );
+    let (client_on_peer, status) = peer_get("client-tls");
+    assert!(
+        client_on_peer != 0 && !matches!(client_on_peer, 2 | 6 | 7 | 28) && status != "200",
+        "the client certificate on the peer port: curl exit {client_on_peer}, HTTP {status}"
+    );
     eprintln!(
-        "refused (curl exit codes): no certificate {no_cert}, another CA's {other_ca}, plain HTTP on the client port {plain_client} and on the peer port {plain_peer}"
+        "refused (curl exit codes): no certificate {no_cert}, another CA's {other_ca}, plain HTTP on the client port {plain_client} and on the peer port {plain_peer}, the client certificate on the peer port {client_on_peer}"
     );
 
     // `kubectl exec tls-N -- etcdctl member list -w table`, as README says, with nothing but

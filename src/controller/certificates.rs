@@ -34,7 +34,7 @@ pub fn digest(objects: &[serde_json::Value]) -> String {
 
 /// Applies `ec`'s cert-manager objects unless the members' ConfigMap says they already are.
 pub(super) async fn ensure(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), Error> {
-    let objects = render::certificates(ec);
+    let objects = render::certificates(ec, &kids.ctx.settings.render);
     if objects.is_empty() {
         return Ok(());
     }

@@ -1206,8 +1206,12 @@ impl TestCa {
                 "client-tls",
             ),
         ] {
-            let spec =
-                etcd_webhook::controller::render::leaf_certificate(ec, purpose)["spec"].clone();
+            let spec = etcd_webhook::controller::render::leaf_certificate(
+                ec,
+                purpose,
+                &Default::default(),
+            )["spec"]
+                .clone();
             let names: Vec<String> = spec["dnsNames"]
                 .as_array()
                 .into_iter()

@@ -61,6 +61,9 @@ pub const DEFAULT_ETCD_REGISTRY: &str = "quay.io/coreos";
 pub const DEFAULT_BACKUP_IMAGE: &str =
     concat!("ghcr.io/example/etcd-webhook:", env!("CARGO_PKG_VERSION"));
 
+/// The default of `--cluster-domain` (the kubelet's `clusterDomain` on most clusters).
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
 /// The default of `--member-cpu-request`.
 pub const DEFAULT_MEMBER_CPU: &str = "100m";
 /// The default of `--member-memory-request`.
@@ -79,6 +82,8 @@ pub struct RenderOptions {
     /// `--backup-service-account`: the ServiceAccount of the backup, restore and
     /// final-snapshot pods (`None`: the namespace's default, no token mounted).
     pub backup_service_account: Option<String>,
+    /// `--cluster-domain`: the cluster's DNS domain, in the members' certificate names.
+    pub cluster_domain: String,
     /// `--member-cpu-request`: each member's CPU request.
     pub member_cpu: String,
     /// `--member-memory-request`: each member's memory request.
@@ -99,6 +104,7 @@ impl Default for RenderOptions {
             backup_image: DEFAULT_BACKUP_IMAGE.to_owned(),
             image_pull_secrets: Vec::new(),
             backup_service_account: None,
+            cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
             member_cpu: DEFAULT_MEMBER_CPU.to_owned(),
             member_memory: DEFAULT_MEMBER_MEMORY.to_owned(),
             network_policy: NetworkPolicies::Tls,
@@ -302,7 +308,7 @@ fn field_env(name: &str, path: &str) -> EnvVar {
 /// finalizer would run on deletion. What `etcd-webhook render` prints.
 pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
     let json = |v: Result<serde_json::Value, serde_json::Error>| v.expect("k8s objects serialize");
-    let mut out = certificates(ec);
+    let mut out = certificates(ec, opts);
     out.extend([
         json(serde_json::to_value(headless_service(ec))),
         json(serde_json::to_value(client_service(ec))),
@@ -561,7 +567,7 @@ pub(crate) mod tests {
         }));
 
         let kinds = |ec: &EtcdCluster| -> Vec<String> {
-            certificates(ec)
+            certificates(ec, &RenderOptions::default())
                 .iter()
                 .map(|o| {
                     format!(
@@ -583,7 +589,7 @@ pub(crate) mod tests {
                 "Certificate/etcd-client"
             ]
         );
-        let server = leaf_certificate(&ec, Purpose::Server);
+        let server = leaf_certificate(&ec, Purpose::Server, &RenderOptions::default());
         let names = server["spec"]["dnsNames"].as_array().unwrap();
         for name in ["*.etcd.prod.svc", "etcd-client.prod.svc", "localhost"] {
             assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
@@ -614,19 +620,19 @@ pub(crate) mod tests {
             ]
         );
         assert_eq!(
-            leaf_certificate(&ec, Purpose::Peer)["spec"]["issuerRef"],
+            leaf_certificate(&ec, Purpose::Peer, &RenderOptions::default())["spec"]["issuerRef"],
             serde_json::json!({"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"})
         );
         ec.spec.tls = Some(Tls {
             certificates: Some(CertificateSource::Secrets),
             ..Tls::default()
         });
-        assert!(certificates(&ec).is_empty());
+        assert!(certificates(&ec, &RenderOptions::default()).is_empty());
         ec.spec.tls = Some(Tls {
             enabled: Some(false),
             ..Tls::default()
         });
-        assert!(certificates(&ec).is_empty());
+        assert!(certificates(&ec, &RenderOptions::default()).is_empty());
         assert_eq!(client_url(&ec), "http://etcd-client.prod.svc:2379");
     }
 
@@ -877,9 +883,50 @@ pub(crate) mod tests {
         assert_eq!(e["ETCDCTL_CERT"], "/etc/etcd/tls/server/tls.crt");
         assert_eq!(e["ETCDCTL_KEY"], "/etc/etcd/tls/server/tls.key");
         // The certificate it presents is for the client port and can authenticate a client.
-        assert!(dns_names(&tls, Purpose::Server).contains(&"localhost".to_owned()));
-        let usages = leaf_certificate(&tls, Purpose::Server)["spec"]["usages"].clone();
+        assert!(
+            dns_names(&tls, Purpose::Server, "cluster.local").contains(&"localhost".to_owned())
+        );
+        let usages =
+            leaf_certificate(&tls, Purpose::Server, &RenderOptions::default())["spec"]["usages"]
+                .clone();
         assert!(usages.as_array().unwrap().contains(&"client auth".into()));
+    }
+
+    #[test]
+    fn certificates_name_the_cluster_domain_and_only_the_peer_certificate_opens_raft() {
+        let mut tls = cluster("etcd", 3, None);
+        tls.spec.tls = Some(Default::default());
+        let opts = RenderOptions {
+            cluster_domain: "corp.internal".to_owned(),
+            ..Default::default()
+        };
+        let peer = leaf_certificate(&tls, Purpose::Peer, &opts);
+        let names = peer["spec"]["dnsNames"].as_array().unwrap();
+        assert!(
+            names.contains(&"*.etcd.prod.svc.corp.internal".into()),
+            "{names:?}"
+        );
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.as_str().unwrap().ends_with("cluster.local"))
+        );
+        let server = dns_names(&tls, Purpose::Server, "corp.internal");
+        assert!(server.contains(&"etcd-client.prod.svc.corp.internal".to_owned()));
+        let args = member_tls_args(&tls);
+        assert!(
+            args.contains(&"--peer-cert-allowed-cn=etcd-peer".to_owned()),
+            "{args:?}"
+        );
+        assert_eq!(peer["spec"]["commonName"], "etcd-peer");
+        // Secrets the user makes: their common names are theirs, none is pinned.
+        tls.spec.tls.as_mut().unwrap().certificates =
+            Some(crate::api::v1::CertificateSource::Secrets);
+        assert!(
+            !member_tls_args(&tls)
+                .iter()
+                .any(|a| a.starts_with("--peer-cert-allowed-cn"))
+        );
     }
 
     #[test]

@@ -67,6 +67,20 @@ pub fn member_tls_args(ec: &EtcdCluster) -> Vec<String> {
         format!("--peer-trusted-ca-file={peer}/{TLS_CA}"),
         "--peer-client-cert-auth=true".to_owned(),
     ]
+    .into_iter()
+    // Only the peer certificate opens raft connections: the client and server certificates
+    // are signed by the same CA and carry `client auth` too (and the client certificate has
+    // no SAN, which etcd's SAN check lets through). Not for Secrets the user makes: their
+    // names are theirs.
+    .chain(ours(ec).then(|| format!("--peer-cert-allowed-cn={}", Purpose::Peer.certificate(ec))))
+    .collect()
+}
+
+/// Whether the cluster's certificates are the ones this loop has cert-manager make (their
+/// common names are [`Purpose::certificate`]), not Secrets the user provides.
+fn ours(ec: &EtcdCluster) -> bool {
+    ec.spec.tls.as_ref().and_then(|t| t.certificates.as_ref())
+        != Some(&crate::api::v1::CertificateSource::Secrets)
 }
 
 /// A Secret volume named `name` (mode 0440: the pod's group, `fsGroup`, reads it).
@@ -110,20 +124,22 @@ pub fn member_tls_volumes(ec: &EtcdCluster) -> (Vec<Volume>, Vec<VolumeMount>) {
 }
 
 /// The DNS names a member's certificates cover: every member under the headless Service (in
-/// both spellings of the cluster domain), and for the client port the client Service too and
-/// `localhost` (etcd's gateway dials the member itself).
-pub fn dns_names(ec: &EtcdCluster, purpose: Purpose) -> Vec<String> {
+/// both spellings, with and without the cluster domain `--cluster-domain`: etcd's peer
+/// listener reverse-resolves a connecting peer's address, which the cluster DNS answers with
+/// the full name, and matches it against these, `checkCertSAN`), and for the client port the
+/// client Service too and `localhost` (etcd's gateway dials the member itself).
+pub fn dns_names(ec: &EtcdCluster, purpose: Purpose, domain: &str) -> Vec<String> {
     let (name, ns) = (ec.name_any(), namespace(ec));
     let mut names = vec![
         format!("*.{name}.{ns}.svc"),
-        format!("*.{name}.{ns}.svc.cluster.local"),
+        format!("*.{name}.{ns}.svc.{domain}"),
     ];
     if purpose == Purpose::Server {
         names.extend([
             format!("{name}-client"),
             format!("{name}-client.{ns}"),
             format!("{name}-client.{ns}.svc"),
-            format!("{name}-client.{ns}.svc.cluster.local"),
+            format!("{name}-client.{ns}.svc.{domain}"),
             "localhost".to_owned(),
         ]);
     }
@@ -181,7 +197,7 @@ fn cm_object(ec: &EtcdCluster, kind: &str, name: String, spec: Value) -> Value {
 }
 
 /// The leaf Certificate for `purpose`.
-pub fn leaf_certificate(ec: &EtcdCluster, purpose: Purpose) -> Value {
+pub fn leaf_certificate(ec: &EtcdCluster, purpose: Purpose, opts: &RenderOptions) -> Value {
     let usages: &[&str] = match purpose {
         Purpose::Peer | Purpose::Server => &[
             "server auth",
@@ -204,14 +220,14 @@ pub fn leaf_certificate(ec: &EtcdCluster, purpose: Purpose) -> Value {
     if purpose == Purpose::Client {
         spec["secretTemplate"]["labels"][crate::api::CLIENT_TLS_LABEL] = json!("true");
     } else {
-        spec["dnsNames"] = json!(dns_names(ec, purpose));
+        spec["dnsNames"] = json!(dns_names(ec, purpose, &opts.cluster_domain));
     }
     cm_object(ec, "Certificate", purpose.certificate(ec), spec)
 }
 
 /// Every cert-manager object a TLS cluster needs, in the order they are applied (issuers
 /// before what they sign); none for a plain cluster or one whose Secrets the user makes.
-pub fn certificates(ec: &EtcdCluster) -> Vec<Value> {
+pub fn certificates(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<Value> {
     let Some(tls) = ec
         .spec
         .tls
@@ -253,6 +269,6 @@ pub fn certificates(ec: &EtcdCluster) -> Vec<Value> {
             json!({"ca": {"secretName": format!("{name}-ca")}}),
         ));
     }
-    objects.extend(Purpose::ALL.map(|p| leaf_certificate(ec, p)));
+    objects.extend(Purpose::ALL.map(|p| leaf_certificate(ec, p, opts)));
     objects
 }
