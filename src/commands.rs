@@ -221,7 +221,12 @@ pub fn review(args: &ReviewArgs) -> i32 {
                 println!("{}", d.patch);
             }
         } else {
-            let patched: Vec<_> = decisions.iter().map(|d| d.patched.clone()).collect();
+            // Only what would be stored: a denied document prints nothing on stdout.
+            let patched: Vec<_> = decisions
+                .iter()
+                .filter(|d| d.allowed)
+                .map(|d| d.patched.clone())
+                .collect();
             print!("{}", offline::render(&patched, false, input.list));
         }
         Ok(decisions.iter().all(|d| d.allowed))

@@ -216,6 +216,7 @@ fn decide(
     object: Value,
     doc: &Document,
     settings: &admission::Settings,
+    schema: bool,
 ) -> Result<Decision, OfflineError> {
     let mutated = admission::mutate(&req, settings).map_err(|e| doc.error(e.to_string()))?;
     let patch: Value = match &mutated.patch {
@@ -233,6 +234,20 @@ fn decide(
     let verdict = admission::validate(&req, settings);
     let mut warnings = mutated.warnings;
     warnings.extend(verdict.warnings.iter().cloned());
+    // A manifest (not a review, which the apiserver made from an object it had checked) meets
+    // the CRD's schema between the two webhooks, as on the apiserver.
+    let refused = match (schema, api::convert::version_of(&patched)) {
+        (true, Ok(version)) => api::schema::violations(&api::schema::of(version), &patched),
+        _ => Vec::new(),
+    };
+    let (allowed, message) = match (refused.is_empty(), verdict.allowed) {
+        (true, _) => (verdict.allowed, verdict.message().to_owned()),
+        (false, true) => (false, refused.join(", ")),
+        (false, false) => (
+            false,
+            format!("{}, {}", refused.join(", "), verdict.message()),
+        ),
+    };
     let label = Document {
         value: patched.clone(),
         ..doc.clone()
@@ -244,8 +259,8 @@ fn decide(
         } else {
             label
         },
-        allowed: verdict.allowed,
-        message: verdict.message().to_owned(),
+        allowed,
+        message,
         warnings,
         patch,
         patched,
@@ -299,7 +314,7 @@ pub fn review(
 ) -> Result<Vec<Decision>, OfflineError> {
     docs.iter()
         .map(|doc| {
-            let mut decision = review_one(doc, docs, old, settings)?;
+            let mut decision = review_one(doc, old, settings)?;
             let object = match doc.value.get("kind").and_then(Value::as_str) {
                 Some("AdmissionReview") => doc.value.pointer("/request/object"),
                 _ => Some(&doc.value),
@@ -316,7 +331,6 @@ pub fn review(
 
 fn review_one(
     doc: &Document,
-    docs: &[Document],
     old: &[Document],
     settings: &admission::Settings,
 ) -> Result<Decision, OfflineError> {
@@ -332,32 +346,42 @@ fn review_one(
                         .pointer("/request/object")
                         .cloned()
                         .unwrap_or(Value::Null);
-                    decide(req, object, doc, settings)
+                    decide(req, object, doc, settings, false)
                 }
                 k if k == api::KIND => {
                     let version = api::convert::version_of(&doc.value)
                         .map_err(|e| doc.error(e.to_string()))?;
                     let key = |v: &Value| {
                         (
-                            v.pointer("/metadata/namespace").cloned(),
+                            Some(
+                                v.pointer("/metadata/namespace")
+                                    .cloned()
+                                    .unwrap_or_else(|| json!("default")),
+                            ),
                             v.pointer("/metadata/name").cloned(),
                         )
                     };
+                    // Paired by namespace and name (no namespace: `default`), never by position:
+                    // an object named `y` is no update of `x`.
                     let previous = match old {
                         [] => None,
-                        [only] if docs.len() == 1 => Some(&only.value),
                         many => Some(
                             &many
                                 .iter()
                                 .find(|o| key(&o.value) == key(&doc.value))
                                 .ok_or_else(|| {
-                                    doc.error("no object with the same namespace/name in --old")
+                                    let (ns, name) = key(&doc.value);
+                                    doc.error(format!(
+                                        "no object {ns}/{name} in --old (objects are paired by namespace and name)",
+                                        ns = ns.as_ref().and_then(Value::as_str).unwrap_or("default"),
+                                        name = name.as_ref().and_then(Value::as_str).unwrap_or(""),
+                                    ))
                                 })?
                                 .value,
                         ),
                     };
                     let req = synthetic_request(&doc.value, previous, version);
-                    decide(req, doc.value.clone(), doc, settings)
+                    decide(req, doc.value.clone(), doc, settings, true)
                 }
                 "ConversionReview" => Err(doc.error(
                     "this is a ConversionReview: `etcd-webhook convert` converts manifests (or send the review to /convert)",

@@ -7,6 +7,7 @@ pub mod defaults;
 pub mod etcd_version;
 mod field;
 pub mod quantity;
+pub mod schema;
 pub mod strict;
 pub mod v1;
 pub mod v1alpha1;

@@ -303,9 +303,11 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-/// Every object a new cluster gets, in apply order: the Services, the members' ConfigMap, the
-/// StatefulSet and PodDisruptionBudget, then (with backups) the backup volume, the CronJob, and the Job the
-/// finalizer would run on deletion. What `etcd-webhook render` prints.
+/// Every object a new cluster gets: the cert-manager objects of a TLS cluster, the Services,
+/// the members' ConfigMap, the StatefulSet and PodDisruptionBudget, the NetworkPolicy, (with
+/// `spec.restore`) each member's claim and restore Job, then (with backups) the backup volume,
+/// the CronJob, and the Job the finalizer would run on deletion. What `etcd-webhook render`
+/// prints.
 pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
     let json = |v: Result<serde_json::Value, serde_json::Error>| v.expect("k8s objects serialize");
     let mut out = certificates(ec, opts);
@@ -322,6 +324,21 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
     ]);
     if let Some(policy) = network_policy(ec, opts) {
         out.push(json(serde_json::to_value(policy)));
+    }
+    // A restore: each member's claim and its restore Job, made before the StatefulSet.
+    if let Some(restore) = &ec.spec.restore
+        && let Ok(source) = crate::api::SnapshotSource::parse(&restore.from)
+    {
+        for i in 0..ec.spec.size {
+            out.push(json(serde_json::to_value(member_claim_object(ec, i))));
+            out.push(json(serde_json::to_value(restore_job(
+                ec,
+                i,
+                source,
+                restore.sha256.as_deref(),
+                opts,
+            ))));
+        }
     }
     if let Some(Ok(target)) = backup_target(ec) {
         if target == BackupTarget::Volume {
