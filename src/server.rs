@@ -143,6 +143,21 @@ pub async fn serve(
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let mut tcp = tcp;
+            // Plain HTTP on the HTTPS port (`http://` by mistake) gets an answer that says
+            // so, as Go's servers give one, instead of a closed connection.
+            let mut first = [0u8; 1];
+            if let Ok(Ok(1)) = tokio::time::timeout(handshake_timeout, tcp.peek(&mut first)).await
+                && first[0].is_ascii_uppercase()
+            {
+                use tokio::io::AsyncWriteExt as _;
+                const PLAIN: &[u8] = b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nClient sent an HTTP request to an HTTPS server: this port speaks TLS only, use https://\n";
+                tracing::debug!(%peer, "plain HTTP on the HTTPS port");
+                metrics.tls_handshake_failures.inc();
+                let _ = tcp.write_all(PLAIN).await;
+                let _ = tcp.shutdown().await;
+                return;
+            }
             let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {

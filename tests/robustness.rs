@@ -138,6 +138,12 @@ fn bad_bodies_get_clear_4xx_and_serving_goes_on() {
         ),
         (
             "/validate",
+            b"apiVersion: admission.k8s.io/v1\nkind: AdmissionReview\n".to_vec(),
+            400,
+            "the body is YAML, and this API takes JSON",
+        ),
+        (
+            "/validate",
             br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":null}"#
                 .to_vec(),
             400,
@@ -371,9 +377,14 @@ fn plain_http_and_old_tls_are_refused() {
             .await
             .unwrap();
         let reply = read_some(&mut tcp, Duration::from_secs(5)).await;
+        let text = String::from_utf8_lossy(&reply);
+        // Told what went wrong (as Go's servers tell it), never served: no review is decided.
         assert!(
-            !reply.starts_with(b"HTTP/"),
-            "plain HTTP must not be answered"
+            text.starts_with("HTTP/1.0 400 Bad Request\r\n")
+                && text.contains("Client sent an HTTP request to an HTTPS server")
+                && text.contains("use https://")
+                && !text.contains("AdmissionReview"),
+            "plain HTTP gets a 400 that says to use https: {text:?}"
         );
 
         // A TLS 1.0 ClientHello (and 1.1: same shape, version 0x0302) gets no ServerHello.

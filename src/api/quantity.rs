@@ -116,6 +116,29 @@ pub struct StorageSize(i64);
 #[error("{0:?} is not a whole number of GiB like 10Gi")]
 pub struct NotAStorageSize(pub String);
 
+impl NotAStorageSize {
+    /// What is wrong with it, in words a person can act on (`2048Mi` is `2Gi`, `1Ti` is
+    /// `1024Gi`, digits too many for a size, anything else not a size at all); `like` ends the
+    /// generic case with an example in the version's spelling.
+    pub fn why(&self, like: &str) -> String {
+        let s = self.0.trim();
+        if let Some(digits) = s.strip_suffix("Gi")
+            && !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+        {
+            return format!("is too large: at most {}Gi", i64::MAX);
+        }
+        match (gib(s), bytes(s)) {
+            (Some(n), _) => format!("must be written in Gi: {n}Gi"),
+            (None, Some(b)) if b > 0 => format!(
+                "must be a whole number of GiB ({s} is {:.2}Gi){like}",
+                b as f64 / (1u64 << 30) as f64
+            ),
+            _ => format!("must be a whole number of GiB{like}"),
+        }
+    }
+}
+
 impl StorageSize {
     pub fn from_gib(gib: i64) -> Self {
         StorageSize(gib)

@@ -312,10 +312,30 @@ pub fn expect_object(what: &str, bytes: &[u8]) -> Result<(), ApiError> {
         None => Err(ApiError::BadRequest(format!(
             "malformed {what}: empty body (truncated JSON)"
         ))),
+        Some(_) if looks_like_yaml(bytes) => Err(ApiError::BadRequest(format!(
+            "malformed {what}: the body is YAML, and this API takes JSON (as the apiserver sends it): convert it first, e.g. `yq -o json`"
+        ))),
         Some(_) => Err(ApiError::BadRequest(format!(
             "malformed {what}: invalid type: the body must be a JSON object, not a sequence or a scalar"
         ))),
     }
+}
+
+/// A body that starts like a YAML document: `---`, or a first line `key: value` (a JSON body
+/// starts with `{`, `[`, a digit, a quote or a literal).
+fn looks_like_yaml(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(256)]);
+    let first = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .unwrap_or_default();
+    first.starts_with("---")
+        || first.split_once(':').is_some_and(|(k, _)| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        })
 }
 
 /// The reviews the endpoints take, and where each belongs.
@@ -369,5 +389,34 @@ pub fn decode_error(what: &str, e: &serde_json::Error) -> ApiError {
         ApiError::BadRequest(format!("{what}: truncated JSON: {e}"))
     } else {
         ApiError::BadRequest(format!("{what}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(body: &str) -> String {
+        match expect_object("AdmissionReview", body.as_bytes()) {
+            Err(ApiError::BadRequest(m)) => m,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_yaml_body_is_told_the_api_takes_json() {
+        for yaml in [
+            "apiVersion: admission.k8s.io/v1\nkind: AdmissionReview\n",
+            "---\napiVersion: v1\n",
+            "# a review\nrequest:\n  uid: x\n",
+        ] {
+            assert!(
+                message(yaml).contains("the body is YAML, and this API takes JSON"),
+                "{yaml}"
+            );
+        }
+        assert!(message("[1, 2]").contains("must be a JSON object"));
+        assert!(message("\"review\"").contains("must be a JSON object"));
+        assert!(expect_object("AdmissionReview", b" {}").is_ok());
     }
 }

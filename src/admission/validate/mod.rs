@@ -225,6 +225,33 @@ impl Ctx<'_> {
     }
 }
 
+/// A decoder's `invalid type: string "three", expected i32` in the API's words: the value as
+/// JSON (`"three"`) and what the field holds (`an integer`), never a Rust type name.
+fn wrong_type(message: &str) -> Option<(String, &'static str)> {
+    let rest = message.strip_prefix("invalid type: ")?;
+    let (got, expected) = rest.rsplit_once(", expected ")?;
+    let value = match got.split_once(' ') {
+        Some(("string", v)) => v.to_owned(),
+        Some((_, v)) => v.trim_matches('`').to_owned(),
+        None => format!("({got})"),
+    };
+    let value = match got {
+        "map" => "(an object)".to_owned(),
+        "sequence" => "(a list)".to_owned(),
+        _ => value,
+    };
+    let want = match expected.trim() {
+        e if e.starts_with('i') || e.starts_with('u') => "an integer",
+        e if e.starts_with("struct") || e.starts_with("a map") => "an object",
+        e if e.contains("sequence") => "a list",
+        e if e.contains("string") => "a string",
+        e if e.contains("bool") => "true or false",
+        e if e.starts_with('f') => "a number",
+        _ => return None,
+    };
+    Some((value, want))
+}
+
 fn decode_violation(e: ConvertError) -> Violation {
     match e {
         ConvertError::Decode { path, message } => {
@@ -240,6 +267,12 @@ fn decode_violation(e: ConvertError) -> Violation {
                     path,
                     kind: Kind::Required,
                     detail: "must be set".to_owned(),
+                }
+            } else if let Some((value, want)) = wrong_type(&message) {
+                Violation {
+                    path,
+                    kind: Kind::Invalid(value),
+                    detail: format!("must be {want}"),
                 }
             } else {
                 Violation {
@@ -595,8 +628,31 @@ mod tests {
         ));
         assert_eq!(
             m,
-            [r#"spec.storageSize: Invalid value: "10G": must be a whole number of GiB, like 10Gi"#]
+            [
+                r#"spec.storageSize: Invalid value: "10G": must be a whole number of GiB (10G is 9.31Gi), like 10Gi"#
+            ]
         );
+        // Each way a size goes wrong gets its own words.
+        for (size, why) in [
+            ("2048Mi", "must be written in Gi: 2Gi"),
+            ("1Ti", "must be written in Gi: 1024Gi"),
+            (
+                "99999999999999999999Gi",
+                "is too large: at most 9223372036854775807Gi",
+            ),
+            ("ten", "must be a whole number of GiB, like 10Gi"),
+        ] {
+            let m = messages(&create(
+                Version::V1,
+                &v1(json!({"size": 3, "storageSize": size})),
+            ));
+            assert_eq!(
+                m,
+                [format!(
+                    r#"spec.storageSize: Invalid value: "{size}": {why}"#
+                )]
+            );
+        }
         let m = messages(&create(
             Version::V1Alpha1,
             &alpha(json!({"replicas": 3, "storageSizeGi": 0, "storageClassName": "hdd_"})),
@@ -781,12 +837,16 @@ mod tests {
             &alpha(json!({"replicas": "three"})),
         ));
         assert_eq!(m.len(), 1);
-        assert!(
-            m[0].starts_with(
-                "spec.replicas: Invalid value: (not decodable): invalid type: string \"three\""
-            ),
-            "{m:?}"
+        assert_eq!(
+            m,
+            ["spec.replicas: Invalid value: \"three\": must be an integer"],
+            "no Rust type name"
         );
+        let m = messages(&create(
+            Version::V1,
+            &v1(json!({"size": 3, "version": "v3.6.4", "backup": 5})),
+        ));
+        assert_eq!(m, ["spec.backup: Invalid value: 5: must be an object"]);
         let m = messages(&create(Version::V1, &v1(json!({"version": "v3.5.10"}))));
         assert_eq!(m, ["spec.size: Required value: must be set"]);
         let m = messages(&create(

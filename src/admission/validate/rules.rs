@@ -109,13 +109,13 @@ pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdic
         .parse::<StorageSize>()
         .map(StorageSize::gib)
     {
-        Err(_) => out.violations.push(ctx.invalid(
+        Err(e) => out.violations.push(ctx.invalid(
             Field::StorageSize,
             spec.storage_size.clone(),
-            match ctx.version {
-                Version::V1Alpha1 => "must be a whole number of GiB",
-                _ => "must be a whole number of GiB, like 10Gi",
-            },
+            e.why(match ctx.version {
+                Version::V1Alpha1 => "",
+                _ => ", like 10Gi",
+            }),
         )),
         Ok(0) => out.violations.push(ctx.invalid(
             Field::StorageSize,
