@@ -85,12 +85,15 @@ pub struct BackupArgs {
     /// The EtcdCluster's name (snapshots are named after it).
     #[arg(long)]
     pub cluster: String,
-    /// Client URLs to ask for the member list (comma-separated), e.g. the client Service's.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// Client URLs to ask for the member list (comma-separated), e.g. the client Service's:
+    /// `http://HOST:2379`, or `https://` for a TLS cluster (with `--tls-dir`).
+    #[arg(long, value_delimiter = ',', required = true, value_parser = parse_endpoint)]
     pub endpoints: Vec<String>,
     /// `s3://bucket/prefix` (credentials and endpoint from the AWS_* variables) or a folder.
     #[arg(long)]
     pub destination: String,
+    /// `scheduled` (named NAME-snapshot-<UTC time>.db, counted in --retention) or `final`
+    /// (NAME-final-<UTC time>.db, the deletion's snapshot, never pruned).
     #[arg(long, value_enum, default_value_t = SnapshotKind::Scheduled)]
     pub kind: SnapshotKind,
     /// Scheduled snapshots kept (the newest; the one just taken always is).
@@ -450,6 +453,20 @@ pub enum NetworkPolicyArg {
     All,
     /// None (a policy made before is deleted).
     None,
+}
+
+/// A member's client URL: `http://` or `https://`, then a host.
+fn parse_endpoint(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    match s.split_once("://") {
+        Some(("http" | "https", rest)) if !rest.is_empty() => Ok(s.to_owned()),
+        Some((scheme, _)) => Err(format!(
+            "{s:?}: the scheme must be http or https, not {scheme:?}"
+        )),
+        None => Err(format!(
+            "{s:?} has no scheme: write http://{s} (or https://{s} for a TLS cluster, with --tls-dir)"
+        )),
+    }
 }
 
 /// A DNS domain: dot-separated labels of letters, digits and `-` (a trailing dot is dropped).

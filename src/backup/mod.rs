@@ -148,6 +148,13 @@ impl Destination {
         };
         match self {
             Destination::S3 { bucket, .. } => {
+                let source = credentials(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+                    .map_err(|why| Error::Store {
+                        step: "open",
+                        uri: self.uri(""),
+                        source: why.into(),
+                    })?;
+                tracing::debug!(credentials = source, "S3 credentials");
                 let mut builder =
                     object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
                 let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
@@ -171,6 +178,36 @@ impl Destination {
             )),
         }
     }
+}
+
+/// Where the S3 credentials come from, read from the environment as the S3 client reads it:
+/// keys, a web identity (IRSA), the container credentials endpoint, or else the instance
+/// metadata service; with that turned off (`AWS_EC2_METADATA_DISABLED=true`) and nothing
+/// else, "no credentials" in words that say what to set, instead of the metadata service's
+/// refusal.
+pub fn credentials(env: impl Fn(&str) -> Option<String>) -> Result<&'static str, String> {
+    match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+        (Some(_), Some(_)) => return Ok("keys"),
+        (Some(_), None) => {
+            return Err("AWS_ACCESS_KEY_ID is set without AWS_SECRET_ACCESS_KEY (the Secret NAME-backup-credentials needs both)".to_owned());
+        }
+        (None, Some(_)) => {
+            return Err("AWS_SECRET_ACCESS_KEY is set without AWS_ACCESS_KEY_ID (the Secret NAME-backup-credentials needs both)".to_owned());
+        }
+        (None, None) => {}
+    }
+    if env("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() && env("AWS_ROLE_ARN").is_some() {
+        return Ok("web identity");
+    }
+    if env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI").is_some()
+        || env("AWS_CONTAINER_CREDENTIALS_FULL_URI").is_some()
+    {
+        return Ok("container credentials");
+    }
+    if env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return Err("no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the Secret NAME-backup-credentials), or give the pods a cloud identity (--backup-service-account); the instance metadata service is off (AWS_EC2_METADATA_DISABLED)".to_owned());
+    }
+    Ok("instance metadata")
 }
 
 /// The voter to take the snapshot from: healthy, a follower when there is one, the highest
@@ -560,6 +597,42 @@ pub async fn fetch_command(args: &FetchArgs) -> u8 {
 mod tests {
     use super::*;
     use crate::controller::etcd::Member;
+
+    #[test]
+    fn s3_credentials_say_where_they_come_from_or_that_there_are_none() {
+        let env = |pairs: &[(&str, &str)]| {
+            let map: std::collections::HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            move |k: &str| map.get(k).cloned()
+        };
+        assert_eq!(
+            credentials(env(&[
+                ("AWS_ACCESS_KEY_ID", "a"),
+                ("AWS_SECRET_ACCESS_KEY", "b")
+            ])),
+            Ok("keys")
+        );
+        assert!(
+            credentials(env(&[("AWS_ACCESS_KEY_ID", "a")]))
+                .unwrap_err()
+                .contains("without AWS_SECRET_ACCESS_KEY")
+        );
+        assert_eq!(
+            credentials(env(&[
+                ("AWS_WEB_IDENTITY_TOKEN_FILE", "/t"),
+                ("AWS_ROLE_ARN", "arn")
+            ])),
+            Ok("web identity")
+        );
+        assert_eq!(credentials(env(&[])), Ok("instance metadata"));
+        let none = credentials(env(&[("AWS_EC2_METADATA_DISABLED", "true")])).unwrap_err();
+        assert!(
+            none.starts_with("no credentials: set AWS_ACCESS_KEY_ID"),
+            "{none}"
+        );
+    }
 
     fn member(id: u64, name: &str, learner: bool) -> Member {
         Member {

@@ -52,26 +52,38 @@ impl fmt::Display for Violation {
 
 impl Violation {
     /// The warning for a violation that ratcheting let through: short (warnings are shown one
-    /// per line by kubectl), with the value cut to 40 characters.
+    /// per line by kubectl), within the apiserver's [`WARNING_LIMIT`] characters, the value cut
+    /// to what fits (40 characters at most).
     fn unchanged_warning(&self) -> String {
-        let head = match &self.kind {
-            Kind::Invalid(v) => format!("Invalid value: {}", cut(v)),
-            Kind::Unsupported(v) => format!("Unsupported value: {}", cut(v)),
-            Kind::Required => "Required value".to_owned(),
-            Kind::Forbidden => "Forbidden".to_owned(),
+        const TAIL: &str = ": still breaks a rule, allowed as it is unchanged";
+        let (label, value) = match &self.kind {
+            Kind::Invalid(v) => ("Invalid value: ", Some(v)),
+            Kind::Unsupported(v) => ("Unsupported value: ", Some(v)),
+            Kind::Required => ("Required value", None),
+            Kind::Forbidden => ("Forbidden", None),
         };
-        format!(
-            "{}: {head}: still breaks a rule, allowed as it is unchanged",
-            self.path
-        )
+        let fixed = self.path.chars().count() + 2 + label.chars().count() + TAIL.chars().count();
+        let room = WARNING_LIMIT.saturating_sub(fixed).min(43);
+        let head = match value {
+            Some(v) => format!("{label}{}", cut(v, room)),
+            None => label.to_owned(),
+        };
+        let warning = format!("{}: {head}{TAIL}", self.path);
+        cut(&warning, WARNING_LIMIT)
     }
 }
 
-fn cut(s: &str) -> String {
-    match s.char_indices().nth(40) {
-        Some((i, _)) => format!("{}...", &s[..i]),
-        None => s.to_owned(),
+/// The longest admission warning the apiserver passes on whole.
+pub const WARNING_LIMIT: usize = 120;
+
+/// `s` in at most `max` characters, ending in `...` when cut.
+fn cut(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
     }
+    let keep = max.saturating_sub(3);
+    let end = s.char_indices().nth(keep).map_or(s.len(), |(i, _)| i);
+    format!("{}...", &s[..end])
 }
 
 /// The outcome: every violation found, and warnings for what is allowed but unwise.
@@ -367,6 +379,31 @@ mod tests {
     /// Ratcheting: an invalid stored spec does not block an update that leaves it as it is
     /// (labels, the finalizer's removal during deletion), and is named in a warning; a changed
     /// field is judged in full, and the update rules still apply.
+    /// A stored long invalid schedule, unchanged by an update: its warning stays within the
+    /// apiserver's 120 characters (it was 129).
+    #[test]
+    fn an_unchanged_long_value_warns_within_the_warning_limit() {
+        let spec = json!({"size": 3, "version": "v3.6.4", "storageSize": "10Gi",
+            "backup": {"enabled": true, "schedule": "0,5,10,15,20,25,30,35,40,45,50,55 */6 * * MON-FRI,SAT,SUN,XYZ", "retention": 7}});
+        let stored = v1(spec.clone());
+        let mut updated = v1(spec);
+        updated["metadata"]["labels"] = json!({"touched": "yes"});
+        let verdict = validate(Version::V1, Operation::Update, &updated, Some(&stored));
+        assert!(verdict.allowed(), "{}", verdict.message());
+        assert_eq!(verdict.warnings.len(), 1, "{:?}", verdict.warnings);
+        let w = &verdict.warnings[0];
+        assert!(
+            w.chars().count() <= WARNING_LIMIT,
+            "{} chars: {w}",
+            w.chars().count()
+        );
+        assert!(
+            w.starts_with("spec.backup.schedule: Invalid value: \"0,5,10,")
+                && w.ends_with("...: still breaks a rule, allowed as it is unchanged"),
+            "{w}"
+        );
+    }
+
     #[test]
     fn an_unchanged_invalid_field_does_not_deny_an_update() {
         let spec = json!({"size": 4, "version": "v3.5.10", "storageClass": "standard", "storageSize": "10Gi"});

@@ -118,6 +118,7 @@ pub fn version_of(obj: &Value) -> Result<Version, ConvertError> {
     let map = obj.as_object().ok_or(ConvertError::NotAnObject)?;
     match map.get("kind") {
         Some(Value::String(k)) if k == KIND => {}
+        Some(Value::String(other)) => return Err(ConvertError::WrongKind(other.clone())),
         Some(other) => return Err(ConvertError::WrongKind(other.to_string())),
         None => return Err(ConvertError::WrongKind(String::new())),
     }
@@ -771,7 +772,7 @@ pub(crate) mod tests {
             ),
             (
                 json!({"apiVersion": "etcd.example.com/v1", "kind": "Pod"}),
-                "is not EtcdCluster",
+                "kind \"Pod\" is not EtcdCluster",
             ),
             (
                 json!({"apiVersion": "etcd.example.com/v2", "kind": "EtcdCluster"}),
