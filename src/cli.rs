@@ -243,7 +243,8 @@ pub struct LogArgs {
         default_value = "info"
     )]
     pub log_level: String,
-    /// Export traces over OTLP/HTTP (protobuf) to this collector's base URL, e.g.
+    /// `serve` only (the other commands make no spans): export traces over OTLP/HTTP
+    /// (protobuf) to this collector's base URL, e.g.
     /// `http://otel-collector.monitoring:4318` (spans go to `URL/v1/traces`): one span per
     /// webhook request, continuing the apiserver's `traceparent`, and one per reconcile pass.
     /// Off when unset; `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` turn
