@@ -116,6 +116,89 @@ fn fresh_clusters_of_one_three_and_five_form_from_the_rendering() {
     }
 }
 
+/// From v3.5.11 a started learner is never ready (`/readyz`'s linearizable read is refused to
+/// it), while alive: readiness alone keeps it out of the client Service's endpoints, so for
+/// those releases the Service needs no label only the loop sets, and a member pod made again
+/// while the loop is down gets clients as soon as it is ready. v3.5.1's `/health` passes on a
+/// learner: there the Service keeps selecting the voter label the loop sets.
+#[test]
+fn a_learner_is_alive_but_never_ready() {
+    for release in [Release::V3_6_4, Release::V3_5_35, Release::V3_5_1] {
+        let name = format!(
+            "lrn{}",
+            release.version().replace('.', "").trim_start_matches('v')
+        );
+        let ec = cluster(&name, 1, release);
+        let container = member_container(&ec);
+        let names: Vec<String> = (0..2).map(|i| format!("{name}-{i}")).collect();
+        let mut net = Net::new(NAMESPACE, &name, &names, release);
+        net.config = render::bootstrap_config(&ec, 1, false).data.unwrap();
+        net.start(0, &container);
+        net.wait_ready(&container, Duration::from_secs(60));
+        let added = net.v3(
+            0,
+            "cluster/member/add",
+            json!({"peerURLs": [render::peer_url(&ec, 1)], "isLearner": true}),
+        );
+        assert!(added.is_some(), "{release:?}: the learner added");
+        net.config = render::members_config(
+            &ec,
+            &render::initial_cluster(&ec, 2),
+            "existing",
+            &Default::default(),
+        )
+        .data
+        .unwrap();
+        net.start(1, &container);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !net.members(0).contains(&(names[1].clone(), true)) {
+            assert!(
+                Instant::now() < deadline,
+                "{release:?}: the learner never started\n{}",
+                net.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // Caught up or not, for 5 s of probes: alive, never ready; the voter stays ready.
+        let selects_voters = render::client_service(&ec)
+            .spec
+            .unwrap()
+            .selector
+            .unwrap()
+            .contains_key(render::VOTER_LABEL);
+        let mut alive = false;
+        let mut ready = 0;
+        for _ in 0..10 {
+            if net.ready(1, &container) {
+                ready += 1;
+            }
+            assert!(
+                net.ready(0, &container),
+                "{release:?}: the voter stays ready"
+            );
+            alive |= net.alive(1, &container);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        assert!(alive, "{release:?}: the learner's liveness passes");
+        if release == Release::V3_5_1 {
+            assert!(
+                ready > 0,
+                "v3.5.1's /health on a learner: expected it to pass"
+            );
+            assert!(
+                selects_voters,
+                "v3.5.1: the client Service selects the voter label"
+            );
+        } else {
+            assert_eq!(ready, 0, "{release:?}: a learner passed readiness");
+            assert!(
+                !selects_voters,
+                "{release:?}: readiness alone selects the clients' members"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_restarted_member_keeps_its_data_and_rejoins() {
     let mut net = fresh(3, Release::V3_6_4);

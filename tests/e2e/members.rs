@@ -626,7 +626,8 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         t.elapsed().as_secs_f64()
     );
     assert_ne!(claim_uid(&rt), old_claim, "a new claim for member 1");
-    // Voters, and only they, carry the label the client Service selects.
+    // Voters, and only they, carry the label the budget selects (and the client Service, before
+    // v3.5.11).
     let voters = rt
         .block_on(pods.list(&ListParams::default().labels(&format!(
             "app.kubernetes.io/instance={NAME},etcd.example.com/voter=true"

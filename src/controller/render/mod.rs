@@ -230,11 +230,16 @@ pub fn headless_service(ec: &EtcdCluster) -> Service {
     }
 }
 
-/// Client Service `NAME-client`: ready voters only (a learner refuses most client calls;
-/// [`VOTER_LABEL`] is set on the voters' pods by the loop from `member list`).
+/// Service `NAME-client`: the members' client port, ready members only. From v3.5.11 a learner
+/// is never ready (`/readyz` refuses it the linearizable read), so readiness alone keeps
+/// clients off learners, and a member pod made again while the loop is down (an operator
+/// upgrade, a drain) gets clients as soon as it is ready; before v3.5.11 `/health` passes on a
+/// learner, so the Service also selects the voter label the loop sets from `member list`.
 pub fn client_service(ec: &EtcdCluster) -> Service {
     let mut selector = member_selector(ec);
-    selector.insert(VOTER_LABEL.to_owned(), "true".to_owned());
+    if !readiness_excludes_learners(&ec.spec.version) {
+        selector.insert(VOTER_LABEL.to_owned(), "true".to_owned());
+    }
     Service {
         metadata: meta(ec, format!("{}-client", ec.name_any()), "client"),
         spec: Some(ServiceSpec {
@@ -245,6 +250,13 @@ pub fn client_service(ec: &EtcdCluster) -> Service {
         }),
         ..Default::default()
     }
+}
+
+/// Whether the release's readiness probe fails on a learner (`/readyz`, from v3.5.11).
+pub fn readiness_excludes_learners(version: &str) -> bool {
+    version
+        .parse::<crate::api::EtcdVersion>()
+        .is_ok_and(|v| (v.major, v.minor, v.patch) >= (3, 5, 11))
 }
 
 fn restricted_container() -> SecurityContext {
