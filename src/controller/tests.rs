@@ -1167,6 +1167,51 @@ fn backup_ready(api: &FakeApi) -> Value {
         .unwrap()
 }
 
+/// An on-demand backup (`kubectl create job --from=cronjob/etcd-backup etcd-backup-now`): the
+/// Job copies the CronJob's pod template, so its pod carries the template's labels, and its
+/// report is recorded in `status.backup` and told as BackupTaken like a scheduled one.
+#[tokio::test]
+async fn an_on_demand_backup_from_the_cronjob_is_recorded_like_a_scheduled_one() {
+    let (api, ctx) = setup(3, Some(backup(Some("s3://b/p"))));
+    pass(&api, &ctx).await.unwrap();
+    let cron: CronJob = serde_json::from_value(api.get(CRON).expect("the CronJob")).unwrap();
+    let labels = cron
+        .spec
+        .unwrap()
+        .job_template
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .labels;
+    let uri = "s3://b/p/etcd-snapshot-20261203T101500Z.db";
+    let report = json!({"uri": uri, "size": 40992, "sha256": "cd".repeat(32),
+        "revision": 300, "keys": 60, "member": "etcd-1",
+        "time": "2026-12-03T10:15:00Z", "seconds": 0.2, "pruned": []});
+    api.insert(
+        "/api/v1/namespaces/prod/pods/etcd-backup-now-x7k2p",
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd-backup-now-x7k2p", "namespace": "prod", "labels": labels},
+            "spec": {"containers": [{"name": "backup", "image": "x"}]},
+            "status": {"phase": "Succeeded",
+                "containerStatuses": [{"name": "backup", "image": "x", "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "message": report.to_string(),
+                        "reason": "Completed", "finishedAt": "2026-12-03T10:15:01Z"}}}]}}),
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(cluster_json(&api)["status"]["backup"]["last"]["uri"], uri);
+    assert_eq!(backup_ready(&api)["reason"], "Succeeded");
+    let told = backup_events(&api.calls());
+    assert!(
+        told.iter()
+            .any(|(t, r, n)| t == "Normal" && r == "BackupTaken" && n.contains("20261203T101500Z")),
+        "{told:?}"
+    );
+}
+
 /// What each backup run reported reaches the status, an Event (once) and the metric: a
 /// filed snapshot (`status.backup.last`, BackupReady True Succeeded, Normal BackupTaken), then
 /// a failed run (BackupReady False naming the step, Warning BackupFailed), then a run that
