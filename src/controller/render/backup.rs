@@ -250,6 +250,27 @@ pub fn member_claim_object(ec: &EtcdCluster, ordinal: i32) -> PersistentVolumeCl
     }
 }
 
+/// How far a restore moves the revision on (etcdutl `--bump-revision`, with `--mark-compacted`):
+/// past any revision the former cluster's clients can have seen, so a watcher that resumes
+/// from one is told its revision is compacted and lists anew (the Kubernetes restore guide's
+/// advice), instead of missing events or seeing revisions go back.
+pub const RESTORE_REVISION_BUMP: u64 = 1_000_000_000;
+
+/// `--bump-revision` and `--mark-compacted` for an etcdutl that has them (v3.5.10 and later).
+fn revision_bump(version: &str) -> Vec<String> {
+    let has = version
+        .parse::<crate::api::EtcdVersion>()
+        .is_ok_and(|v| (v.major, v.minor, v.patch) >= (3, 5, 10));
+    if has {
+        vec![
+            format!("--bump-revision={RESTORE_REVISION_BUMP}"),
+            "--mark-compacted".to_owned(),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
 /// Job `NAME-restore-<ordinal>`: member `ordinal`'s data directory made from a snapshot, on the
 /// member's own claim (`data-NAME-<ordinal>`, which the StatefulSet then adopts), before the
 /// member first starts. An init container of `--backup-image` fetches the snapshot and checks
@@ -339,21 +360,26 @@ pub fn restore_job(
         name: "restore".to_owned(),
         image: Some(super::members::etcd_image(ec, opts)),
         command: Some(vec!["/usr/local/bin/etcdutl".to_owned()]),
-        args: Some(vec![
-            "snapshot".to_owned(),
-            "restore".to_owned(),
-            snapshot,
-            format!("--name={member}"),
-            format!("--initial-cluster={}", initial_cluster(ec, ec.spec.size)),
-            // Its own token: a cluster ID no former cluster under this name had.
-            format!(
-                "--initial-cluster-token={}.{}",
-                cluster_token(ec),
-                ec.metadata.uid.as_deref().unwrap_or("restored")
-            ),
-            format!("--initial-advertise-peer-urls={}", peer_url(ec, ordinal)),
-            format!("--data-dir={DATA_DIR}"),
-        ]),
+        args: Some(
+            vec![
+                "snapshot".to_owned(),
+                "restore".to_owned(),
+                snapshot,
+                format!("--name={member}"),
+                format!("--initial-cluster={}", initial_cluster(ec, ec.spec.size)),
+                // Its own token: a cluster ID no former cluster under this name had.
+                format!(
+                    "--initial-cluster-token={}.{}",
+                    cluster_token(ec),
+                    ec.metadata.uid.as_deref().unwrap_or("restored")
+                ),
+                format!("--initial-advertise-peer-urls={}", peer_url(ec, ordinal)),
+                format!("--data-dir={DATA_DIR}"),
+            ]
+            .into_iter()
+            .chain(revision_bump(&ec.spec.version))
+            .collect(),
+        ),
         volume_mounts: Some(vec![scratch, data]),
         security_context: Some(restricted_container()),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
