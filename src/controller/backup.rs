@@ -401,7 +401,7 @@ pub(super) async fn cleanup(
         finalized(ctx, clusters, ec).await
     };
     let job = match kids.read::<Job>(&job_name).await {
-        Ok(Some(job)) if !owned_by(&job, ec) => {
+        Ok(Some(job)) if !super::children::owned_by(&job.metadata, ec) => {
             if elapsed >= timeout {
                 return give_up(format!(
                     "Job {job_name} belongs to another cluster of this name (a former one) and was not removed within --finalizer-timeout ({}) of the deletion; finalizer removed without a final snapshot",
@@ -478,16 +478,6 @@ fn job_age(job: Option<&Job>) -> Duration {
                 .unsigned_abs()
         })
         .unwrap_or_default()
-}
-
-/// Whether `job`'s controller is `ec` itself (same UID), not a former cluster of its name.
-fn owned_by(job: &Job, ec: &EtcdCluster) -> bool {
-    job.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .filter(|o| o.controller == Some(true))
-        .any(|o| Some(&o.uid) == ec.metadata.uid.as_ref())
 }
 
 /// The finalizer goes; nothing more to wait for.

@@ -386,6 +386,19 @@ pub(super) fn job_outcome(job: &Job) -> Option<bool> {
     }
 }
 
+/// Whether `meta`'s controller is `ec` itself (the same UID), not a former cluster of its name
+/// whose children the garbage collector has not removed yet.
+pub(super) fn owned_by(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ec: &crate::api::v1::EtcdCluster,
+) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .filter(|o| o.controller == Some(true))
+        .any(|o| Some(&o.uid) == ec.metadata.uid.as_ref())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -129,6 +129,19 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             let ready = seen.ready;
             members = scale::converge(ec, &kids, replicas, ready, &mut seen).await?;
         }
+    } else if let Some(going) = scale::claims_being_deleted(ec, &kids).await? {
+        // A cluster re-created at once under the same name: the former one's member claims
+        // are still being deleted. Acting now would take them for a former cluster's volumes
+        // (and join it) or, for a restore, leave them unrestored; wait until they are gone.
+        seen.membership = Some(super::status::Membership {
+            note: Some(format!(
+                "the member claims {going} of a former cluster named {name} are being deleted; the members start once they are gone"
+            )),
+            ..Default::default()
+        });
+        seen.settle = true;
+        members = 0;
+        apply_set = false;
     } else if restore::prepare(ec, &kids, &mut seen).await? {
         members = scale::bootstrap(ec, &kids).await?;
     } else {

@@ -69,6 +69,16 @@ pub(super) async fn prepare(
                 &ctx.settings.render,
             ))
             .await?;
+        if !super::children::owned_by(&job.metadata, ec) {
+            // A former cluster's restore Job of this name, not yet garbage-collected: its
+            // outcome is not this cluster's restore.
+            seen.restored = Some(Restored::Waiting(format!(
+                "the Job {} belongs to a former cluster of this name; waiting for it to be deleted",
+                job.name_any()
+            )));
+            seen.settle = true;
+            return Ok(false);
+        }
         match job_outcome(&job) {
             Some(true) => done += 1,
             Some(false) => failed.push(format!(

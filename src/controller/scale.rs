@@ -511,6 +511,26 @@ fn joins_former(config: Option<&ConfigMap>) -> bool {
         .is_some_and(|s| s == "existing")
 }
 
+/// The member claims (ordinals below `spec.size`) in the claims cache that are being deleted
+/// (a former cluster's, going with it), joined for a message; `None` when there are none.
+pub(super) async fn claims_being_deleted(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+) -> Result<Option<String>, Error> {
+    let mut going = Vec::new();
+    for i in 0..ec.spec.size {
+        let claim = render::member_claim(ec, i);
+        if kids
+            .read::<PersistentVolumeClaim>(&claim)
+            .await?
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+        {
+            going.push(claim);
+        }
+    }
+    Ok((!going.is_empty()).then(|| going.join(", ")))
+}
+
 /// The member claims (ordinals below `spec.size`) already in the claims cache.
 async fn former_claims(ec: &EtcdCluster, kids: &Children<'_>) -> Result<Vec<String>, Error> {
     let mut found = Vec::new();

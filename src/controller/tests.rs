@@ -676,6 +676,43 @@ async fn a_member_list_from_another_cluster_is_never_acted_on() {
     assert!(message.contains("not 5eed"), "{message}");
 }
 
+/// `kubectl delete ec etcd && kubectl apply -f etcd.yaml` in quick succession: the former
+/// cluster's member claims are still being deleted (Terminating). The new cluster neither
+/// takes them for a former cluster's volumes (joining, `existing`, and never starting) nor
+/// makes a StatefulSet over them: it waits, says why, and forms anew (`new`) once they are gone.
+#[tokio::test]
+async fn a_quick_re_create_waits_for_the_former_claims_to_go() {
+    let (api, ctx) = setup(3, None);
+    let claim = "/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-0";
+    api.insert(
+        claim,
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data-etcd-0", "namespace": "prod",
+                "deletionTimestamp": "2026-12-04T00:00:00Z", "finalizers": ["kubernetes.io/pvc-protection"],
+                "labels": render::labels(&cluster("etcd", 3, None), "member")},
+            "spec": {"resources": {"requests": {"storage": "1Gi"}}}}),
+    );
+    let action = pass(&api, &ctx).await.unwrap();
+    assert!(
+        api.get(STS).is_none(),
+        "no StatefulSet over claims being deleted"
+    );
+    assert!(
+        api.get(CONFIG).is_none(),
+        "no ConfigMap that would make them join"
+    );
+    assert_eq!(action, Action::requeue(SETTLE), "looks again soon");
+    let status = cluster_json(&api)["status"].to_string();
+    assert!(
+        status.contains("data-etcd-0 of a former cluster named etcd are being deleted"),
+        "{status}"
+    );
+    api.remove(claim);
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(members_config(&api)["ETCD_INITIAL_CLUSTER_STATE"], "new");
+    assert_eq!(api.get(STS).unwrap()["spec"]["replicas"], 3);
+}
+
 /// A cluster created where a former cluster's member claims still are (claims kept by a
 /// `Retain` policy, or made by hand): its members join (`existing`) and never form a new cluster
 /// beside the former one (with `new`, the empty members form one as soon as they are a quorum);
@@ -1393,6 +1430,50 @@ fn restored_condition(api: &FakeApi) -> Value {
         .find(|c| c["type"] == "Restored")
         .cloned()
         .unwrap_or(Value::Null)
+}
+
+/// A restore Job of this name left by a former cluster (another UID), even a completed one, is
+/// not this cluster's restore: no StatefulSet starts on it; once it is gone this cluster's own
+/// Job runs.
+#[tokio::test]
+async fn a_former_clusters_restore_job_is_not_this_ones() {
+    let (api, ctx) = setup(1, None);
+    let from = "s3://b/p/src-snapshot-20261202T010000Z.db";
+    api.set(EC, "/spec/restore", json!({"from": from}));
+    let mut former = cluster("etcd", 1, None);
+    former.metadata.uid = Some("0ld0ld00-0000-4000-8000-000000000000".to_owned());
+    let mut job = serde_json::to_value(render::restore_job(
+        &former,
+        0,
+        crate::api::SnapshotSource::S3(from),
+        None,
+        &Default::default(),
+    ))
+    .unwrap();
+    job["status"] = json!({"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]});
+    let path = "/apis/batch/v1/namespaces/prod/jobs/etcd-restore-0";
+    api.insert(path, job);
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        api.get(STS).is_none(),
+        "no StatefulSet on a former cluster's restore"
+    );
+    let c = restored_condition(&api);
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("belongs to a former cluster"),
+        "{c}"
+    );
+    api.remove(path);
+    pass(&api, &ctx).await.unwrap();
+    let own = api.get(path).expect("this cluster's own restore Job");
+    assert_eq!(
+        own["metadata"]["ownerReferences"][0]["uid"],
+        cluster_json(&api)["metadata"]["uid"]
+    );
+    assert!(api.get(STS).is_none(), "still restoring");
 }
 
 /// A cluster made from a snapshot: its members' claims and one restore Job each come first,
