@@ -82,7 +82,8 @@ pub enum SnapshotKind {
 
 #[derive(Debug, Args)]
 pub struct BackupArgs {
-    /// The EtcdCluster's name (snapshots are named after it).
+    /// The stem of the snapshot names (`STEM-snapshot-<time>.db`; retention prunes only names
+    /// with it): the loop gives `NAME-<first 8 characters of the cluster's UID>`.
     #[arg(long)]
     pub cluster: String,
     /// Client URLs to ask for the member list (comma-separated), e.g. the client Service's:

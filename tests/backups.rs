@@ -400,7 +400,10 @@ fn a_scheduled_backup_comes_from_a_follower_and_is_the_object_in_the_bucket() {
     assert!(member.starts_with("bk-"), "{report}");
     let uri = report["uri"].as_str().unwrap();
     assert!(
-        uri.starts_with("s3://backups/prod/bk-snapshot-") && uri.ends_with(".db"),
+        uri.starts_with(&format!(
+            "s3://backups/prod/prod/{}-snapshot-",
+            render::snapshot_stem(&s.ec)
+        )) && uri.ends_with(".db"),
         "{uri}"
     );
     let object = s.s3_get(&object_key(uri));
@@ -496,7 +499,7 @@ fn a_store_that_is_down_or_refuses_the_key_fails_the_run_with_the_step() {
         report["error"]
             .as_str()
             .unwrap()
-            .contains("s3://backups/x/s3down-snapshot-"),
+            .contains("s3://backups/x/prod/s3down-"),
         "{report}"
     );
     s.start_s3();

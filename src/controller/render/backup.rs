@@ -120,8 +120,10 @@ fn snapshot_pod(
         }
         // Credentials (AWS_ACCESS_KEY_ID, ..., AWS_ENDPOINT_URL) from an optional Secret;
         // without it the pod's own identity (web identity, instance profile) is used.
+        // A folder per namespace under the destination: two clusters of one name in two
+        // namespaces never share (or prune) each other's snapshots.
         BackupTarget::S3(url) => (
-            url.clone(),
+            format!("{}/{}", url.trim_end_matches('/'), namespace(ec)),
             Some(vec![EnvFromSource {
                 secret_ref: Some(SecretEnvSource {
                     name: format!("{}-backup-credentials", ec.name_any()),
@@ -133,7 +135,7 @@ fn snapshot_pod(
     };
     let mut args = vec![
         "backup".to_owned(),
-        format!("--cluster={}", ec.name_any()),
+        format!("--cluster={}", snapshot_stem(ec)),
         format!("--endpoints={}", client_url(ec)),
         format!("--destination={destination}"),
         "--work-dir=/work".to_owned(),
@@ -176,6 +178,23 @@ fn snapshot_pod(
             enable_service_links: Some(false),
             ..Default::default()
         }),
+    }
+}
+
+/// The stem of this cluster's snapshot names: `NAME-<first 8 characters of its UID>`, so a
+/// cluster made again under the same name (a new UID) never prunes, nor is taken for, its
+/// predecessor's snapshots (`NAME-6a3c1f9e-snapshot-<UTC time>.db`); `NAME` alone for an
+/// object without a UID (`etcd-webhook render`).
+pub fn snapshot_stem(ec: &EtcdCluster) -> String {
+    match ec.metadata.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => {
+            format!(
+                "{}-{}",
+                ec.name_any(),
+                uid.chars().take(8).collect::<String>()
+            )
+        }
+        _ => ec.name_any(),
     }
 }
 

@@ -958,6 +958,45 @@ pub(crate) mod tests {
         );
     }
 
+    /// Two clusters of one name in two namespaces, sharing a bucket, and a cluster made again
+    /// under the same name (a new UID): each files its snapshots under names and a folder of
+    /// its own, so none prunes (or is restored from) another's.
+    #[test]
+    fn snapshots_are_filed_per_namespace_and_per_cluster_uid() {
+        let args = |ec: &EtcdCluster| -> Vec<String> {
+            let target = backup_target(ec).unwrap().unwrap();
+            backup_cron_job(ec, &target, &RenderOptions::default())
+                .spec
+                .unwrap()
+                .job_template
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+                .containers[0]
+                .args
+                .clone()
+                .unwrap()
+        };
+        let prod = cluster("etcd", 3, Some(backup(Some("s3://shared/etcd/"))));
+        let mut staging = prod.clone();
+        staging.metadata.namespace = Some("staging".to_owned());
+        let mut again = prod.clone();
+        again.metadata.uid = Some("9f000000-0000-4000-8000-000000000002".to_owned());
+        let (a, b, c) = (args(&prod), args(&staging), args(&again));
+        assert!(
+            a.contains(&"--destination=s3://shared/etcd/prod".to_owned()),
+            "{a:?}"
+        );
+        assert!(
+            b.contains(&"--destination=s3://shared/etcd/staging".to_owned()),
+            "{b:?}"
+        );
+        assert!(a.contains(&"--cluster=etcd-6a3c1f9e".to_owned()), "{a:?}");
+        assert!(c.contains(&"--cluster=etcd-9f000000".to_owned()), "{c:?}");
+    }
+
     #[test]
     fn a_crash_looping_voter_never_blocks_a_drain() {
         let pdb = pod_disruption_budget(&cluster("etcd", 3, None), Some(3));
