@@ -140,9 +140,13 @@ pub fn validate(version: Version, op: Operation, obj: &Value, old: Option<&Value
         && let Some(old) = old
     {
         match convert::to_hub(old) {
-            Ok(Hub { spec: old_spec, .. }) => {
+            Ok(Hub {
+                spec: old_spec,
+                status: old_status,
+                ..
+            }) => {
                 ratchet(&Ctx { version, obj: old }, &old_spec, &mut out);
-                check_update(&ctx, &old_spec, &hub.spec, &mut out);
+                check_update(&ctx, &old_spec, old_status.as_ref(), &hub.spec, &mut out);
             }
             Err(e) => out.warnings.push(format!(
                 "the stored object could not be read ({e}); update rules were not checked"
@@ -379,6 +383,72 @@ mod tests {
     /// Ratcheting: an invalid stored spec does not block an update that leaves it as it is
     /// (labels, the finalizer's removal during deletion), and is named in a warning; a changed
     /// field is judged in full, and the update rules still apply.
+    /// Upgrade rules judged from what the members run (`status.members[].version`): a spec
+    /// moved v3.5.10 -> v3.5.26 whose members still run v3.5.10 cannot go on to v3.6.4 yet
+    /// (etcd-io/etcd#19557), may go back to v3.5.10, and goes on once every member runs
+    /// v3.5.26.
+    #[test]
+    fn upgrades_are_judged_from_the_lowest_release_the_members_run() {
+        let stored = |running: &[&str]| {
+            let mut o = v1(
+                json!({"size": 3, "version": "v3.5.26", "storageClass": "standard", "storageSize": "10Gi"}),
+            );
+            o["status"] = json!({"members": running.iter().enumerate().map(|(i, v)| json!({
+                "name": format!("etcd-{i}"), "id": format!("{i:x}"), "role": "Follower",
+                "healthy": true, "version": v})).collect::<Vec<_>>()});
+            o
+        };
+        let to = |version: &str| {
+            v1(
+                json!({"size": 3, "version": version, "storageClass": "standard", "storageSize": "10Gi"}),
+            )
+        };
+        let mid_roll = stored(&["3.5.26", "3.5.10", "3.5.26"]);
+        let verdict = validate(
+            Version::V1,
+            Operation::Update,
+            &to("v3.6.4"),
+            Some(&mid_roll),
+        );
+        assert_eq!(
+            messages(&verdict),
+            [
+                "spec.version: Forbidden: cannot upgrade from v3.5.10 to v3.6.4: etcd's v3.5 -> v3.6 upgrade needs every member on v3.5.26 or later first; upgrade to the newest v3.5 patch, then to v3.6.4 (member etcd-1 still runs v3.5.10: the roll to v3.5.26 has not finished)"
+            ]
+        );
+        let back = validate(
+            Version::V1,
+            Operation::Update,
+            &to("v3.5.10"),
+            Some(&mid_roll),
+        );
+        assert!(
+            back.allowed(),
+            "back to what a member runs: {}",
+            back.message()
+        );
+        let below = validate(
+            Version::V1,
+            Operation::Update,
+            &to("v3.5.9"),
+            Some(&mid_roll),
+        );
+        assert!(
+            !below.allowed(),
+            "below what any member runs is a downgrade"
+        );
+        let patch = validate(
+            Version::V1,
+            Operation::Update,
+            &to("v3.5.35"),
+            Some(&mid_roll),
+        );
+        assert!(patch.allowed(), "{}", patch.message());
+        let done = stored(&["3.5.26", "3.5.26", "3.5.26"]);
+        let verdict = validate(Version::V1, Operation::Update, &to("v3.6.4"), Some(&done));
+        assert!(verdict.allowed(), "{}", verdict.message());
+    }
+
     /// A stored long invalid schedule, unchanged by an update: its warning stays within the
     /// apiserver's 120 characters (it was 129).
     #[test]

@@ -215,6 +215,7 @@ fn check_maintenance(
 pub(super) fn check_update(
     ctx: &Ctx,
     old: &v1::EtcdClusterSpec,
+    status: Option<&v1::EtcdClusterStatus>,
     new: &v1::EtcdClusterSpec,
     out: &mut Verdict,
 ) {
@@ -277,8 +278,43 @@ pub(super) fn check_update(
         old.version.parse::<EtcdVersion>(),
         new.version.parse::<EtcdVersion>(),
     ) && o != n
-        && let Err(why) = o.upgrade_to(&n)
     {
-        out.violations.push(ctx.forbidden(Field::Version, why));
+        let lowest = lowest_running(status).filter(|(_, v)| *v < o);
+        match &lowest {
+            // Back to a release the members still run: no member goes down a release.
+            Some((_, low)) if n < o && n >= *low => {}
+            // An upgrade while the roll to `o` has not finished: judged from what runs, so
+            // v3.5.10 -> v3.5.26 then at once -> v3.6.4 never restarts a v3.5.10 member
+            // straight onto v3.6 (etcd-io/etcd#19557).
+            Some((member, low)) if n > o => {
+                if let Err(why) = low.upgrade_to(&n) {
+                    out.violations.push(ctx.forbidden(
+                        Field::Version,
+                        format!(
+                            "{why} (member {member} still runs {low}: the roll to {o} has not finished)"
+                        ),
+                    ));
+                }
+            }
+            _ => {
+                if let Err(why) = o.upgrade_to(&n) {
+                    out.violations.push(ctx.forbidden(Field::Version, why));
+                }
+            }
+        }
     }
+}
+
+/// The lowest etcd release a member reports in `status.members` (with that member's name), if
+/// any reports one.
+fn lowest_running(status: Option<&v1::EtcdClusterStatus>) -> Option<(String, EtcdVersion)> {
+    status
+        .and_then(|s| s.members.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let v = format!("v{}", m.version.trim_start_matches('v'));
+            Some((m.name.clone(), v.parse::<EtcdVersion>().ok()?))
+        })
+        .min_by_key(|(_, v)| *v)
 }
