@@ -57,7 +57,8 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct FetchArgs {
-    /// The snapshot: `s3://bucket/prefix/NAME-snapshot-<time>.db` or an absolute file path.
+    /// The snapshot: `s3://bucket/prefix/NS/NAME-<UID>-snapshot-<time>.db` (what
+    /// `status.backup.last.uri` says) or an absolute file path.
     #[arg(long)]
     pub from: String,
     /// The SHA-256 (hex) the file must have, e.g. from the source cluster's
@@ -72,8 +73,8 @@ pub struct FetchArgs {
     pub report: Option<std::path::PathBuf>,
 }
 
-/// What a snapshot is taken for: the schedule (`NAME-snapshot-<time>.db`, pruned by
-/// retention), or the cluster's deletion (`NAME-final-<time>.db`, never pruned).
+/// What a snapshot is taken for: the schedule (`STEM-snapshot-<time>.db`, pruned by
+/// retention), or the cluster's deletion (`STEM-final-<time>.db`, never pruned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SnapshotKind {
     Scheduled,
@@ -93,8 +94,8 @@ pub struct BackupArgs {
     /// `s3://bucket/prefix` (credentials and endpoint from the AWS_* variables) or a folder.
     #[arg(long)]
     pub destination: String,
-    /// `scheduled` (named NAME-snapshot-<UTC time>.db, counted in --retention) or `final`
-    /// (NAME-final-<UTC time>.db, the deletion's snapshot, never pruned).
+    /// `scheduled` (named STEM-snapshot-<UTC time>.db, counted in --retention) or `final`
+    /// (STEM-final-<UTC time>.db, the deletion's snapshot, never pruned); STEM is --cluster.
     #[arg(long, value_enum, default_value_t = SnapshotKind::Scheduled)]
     pub kind: SnapshotKind,
     /// Scheduled snapshots kept (the newest; the one just taken always is).
@@ -409,9 +410,8 @@ pub struct ImageArgs {
     )]
     pub image_pull_secrets: Vec<String>,
     /// ServiceAccount (in the cluster's namespace) the backup, restore and final-snapshot pods
-    /// run as: the identity an object store trusts (IRSA, Workload Identity: their webhooks
-    /// project the token they need). Unset: the namespace's `default`. The Kubernetes API
-    /// token is never mounted.
+    /// run as: the identity an object store trusts (IRSA: EKS's webhook projects the token it
+    /// needs). Unset: the namespace's `default`. The Kubernetes API token is never mounted.
     #[arg(long, env = "ETCD_WEBHOOK_BACKUP_SERVICE_ACCOUNT")]
     pub backup_service_account: Option<String>,
     /// No longer used (snapshots are filed by `--backup-image`); accepted so that an older

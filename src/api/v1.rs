@@ -41,7 +41,7 @@ pub struct EtcdClusterSpec {
     /// Number of etcd members. Odd, so that a majority quorum survives failures.
     #[schemars(range(min = 1, max = super::MAX_SIZE))]
     pub size: i32,
-    /// etcd release, e.g. v3.5.10.
+    /// etcd release, e.g. v3.6.4.
     #[serde(default = "defaults::version")]
     #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"), length(max = 32))]
     pub version: String,
