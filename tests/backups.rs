@@ -972,3 +972,73 @@ fn a_100_mb_database_backs_up_and_restores() {
         report["seconds"]
     );
 }
+
+/// A backup volume short of space (a 4 MiB tmpfs): the oldest scheduled snapshots of this
+/// cluster go first until the new one fits, never the newest one, a final snapshot or another
+/// cluster's; when even that is not enough, the run stops at the step `space` with how much is
+/// missing (the loop's BackupReady says StoreFull). Before, the write came first and failed
+/// for ever once the claim was full.
+#[test]
+fn a_full_backup_volume_makes_room_from_the_oldest_or_says_it_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(mnt)
+        .status()
+        .unwrap();
+    assert!(
+        mounted.success(),
+        "mount a 4 MiB tmpfs (the tests run as root)"
+    );
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt);
+    let mib = vec![7u8; 1 << 20];
+    let stem = "full-6a3c1f9e";
+    let files = [
+        format!("{stem}-snapshot-20261201T000000Z.db"),
+        format!("{stem}-snapshot-20261202T000000Z.db"),
+        format!("{stem}-final-20261101T000000Z.db"),
+    ];
+    for f in &files {
+        std::fs::write(mnt.join(f), &mib).unwrap();
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 3 of 4 MiB used: a 512 KiB snapshot (with the 1 MiB margin) needs the oldest scheduled
+    // one gone.
+    let gone = rt
+        .block_on(etcd_webhook::backup::make_room(
+            mnt,
+            stem,
+            1 << 19,
+            "/backup/x",
+        ))
+        .unwrap();
+    assert_eq!(gone, [files[0].clone()]);
+    assert!(
+        mnt.join(&files[1]).exists(),
+        "the newest scheduled snapshot stays"
+    );
+    assert!(mnt.join(&files[2]).exists(), "a final snapshot stays");
+    // 8 MiB cannot fit whatever goes: nothing more is deleted, the step is `space`.
+    let e = rt
+        .block_on(etcd_webhook::backup::make_room(
+            mnt,
+            stem,
+            8 << 20,
+            "/backup/x",
+        ))
+        .unwrap_err();
+    assert_eq!(e.step(), "space");
+    assert!(
+        e.to_string()
+            .contains("the backup volume is full: the snapshot needs 9 MiB"),
+        "{e}"
+    );
+    assert!(mnt.join(&files[1]).exists() && mnt.join(&files[2]).exists());
+}

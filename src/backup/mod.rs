@@ -304,18 +304,28 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
         })?;
     tracing::info!(%member, size = verified.size, revision = verified.revision, sha256 = %verified.sha256, "snapshot verified");
 
-    // 3. Filed, then read back.
+    // 3. Room for it on a volume: this cluster's oldest scheduled snapshots go first when the
+    // file would not fit (never the newest one, never a final one), else the run stops at the
+    // step "space" and says how much is missing.
     let uri = destination.uri(&name);
     let store = destination.open()?;
+    let mut pruned = Vec::new();
+    if let Destination::Folder(dir) = &destination {
+        pruned = make_room(dir, &args.cluster, verified.size, &uri)
+            .await
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(&work);
+            })?;
+    }
+    // 4. Filed, then read back.
     let path = destination.path(&name);
     let result = file(&store, &path, &work, &verified, &uri).await;
     let _ = tokio::fs::remove_file(&work).await;
     result?;
 
-    // 4. Retention.
-    let mut pruned = Vec::new();
+    // 5. Retention.
     if args.kind == Kind::Scheduled {
-        pruned = prune(&store, &destination, &args.cluster, args.retention, &name).await?;
+        pruned.extend(prune(&store, &destination, &args.cluster, args.retention, &name).await?);
     }
     Ok(Report {
         uri,
@@ -425,6 +435,63 @@ async fn file(
         ));
     }
     Ok(())
+}
+
+/// Bytes free for an unprivileged writer on the filesystem of `dir`.
+fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    let st = rustix::fs::statvfs(dir)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Room for a snapshot of `size` bytes in `dir` (plus 1 MiB): the oldest scheduled snapshots of
+/// `cluster` are deleted, one at a time, while it does not fit, but never the newest of them
+/// (the last good one) and never a final snapshot ([`snapshot::oldest_first`]). What was
+/// deleted; a [`Error::Store`] at the step `space` when even that is not enough.
+pub async fn make_room(
+    dir: &std::path::Path,
+    cluster: &str,
+    size: u64,
+    uri: &str,
+) -> Result<Vec<String>, Error> {
+    let need = size.saturating_add(1 << 20);
+    let fail = |e: std::io::Error| Error::Store {
+        step: "space",
+        uri: uri.to_owned(),
+        source: Box::new(e),
+    };
+    let mut free = free_bytes(dir).map_err(fail)?;
+    let mut deleted = Vec::new();
+    if free >= need {
+        return Ok(deleted);
+    }
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(fail)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    for name in snapshot::oldest_first(&names, cluster) {
+        if free >= need {
+            break;
+        }
+        let path = dir.join(&name);
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        std::fs::remove_file(&path).map_err(fail)?;
+        tracing::warn!(snapshot = %name, bytes = len, "the backup volume is short of space: the oldest scheduled snapshot deleted first");
+        deleted.push(name);
+        free = free_bytes(dir).map_err(fail)?;
+    }
+    if free < need {
+        return Err(Error::Store {
+            step: "space",
+            uri: uri.to_owned(),
+            source: format!(
+                "the backup volume is full: the snapshot needs {} MiB and {} MiB are free after deleting every scheduled snapshot but the newest; grow the claim (or keep snapshots in a bucket: spec.backup.destination)",
+                need >> 20,
+                free >> 20
+            )
+            .into(),
+        });
+    }
+    Ok(deleted)
 }
 
 /// Deletes the scheduled snapshots of `cluster` beyond the newest `keep`.

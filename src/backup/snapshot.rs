@@ -295,6 +295,16 @@ pub fn expired(names: &[String], cluster: &str, keep: usize, written: &str) -> V
         .collect()
 }
 
+/// This cluster's scheduled snapshots among `names` that may go to make room, oldest first:
+/// every one but the newest (the last good snapshot is always kept); never a final snapshot,
+/// another cluster's, or anything else.
+pub fn oldest_first(names: &[String], cluster: &str) -> Vec<String> {
+    // What a retention of 1 would delete (newest first), in the other order.
+    let mut gone = expired(names, cluster, 1, "");
+    gone.reverse();
+    gone
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -472,7 +472,12 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
             (Some(f), _) => cond(
                 "BackupReady",
                 false,
-                "BackupFailed",
+                // A full backup volume is its own reason: it does not heal by retrying.
+                if f.step == "space" {
+                    "StoreFull"
+                } else {
+                    "BackupFailed"
+                },
                 format!(
                     "the backup at {} failed at step {}: {}{}",
                     f.time,

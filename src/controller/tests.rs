@@ -1204,6 +1204,36 @@ fn backup_ready(api: &FakeApi) -> Value {
         .unwrap()
 }
 
+/// A run that stopped at the step `space` (the backup volume full even after pruning) is its
+/// own reason, StoreFull: it does not heal by retrying.
+#[tokio::test]
+async fn a_full_backup_volume_is_its_own_reason() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    let failed = json!({"failed": "space", "error": "space /backup/etcd-6a3c1f9e-snapshot-20261202T020000Z.db: the backup volume is full: the snapshot needs 9 MiB and 2 MiB are free after deleting every scheduled snapshot but the newest; grow the claim (or keep snapshots in a bucket: spec.backup.destination)"});
+    backup_pod(
+        &api,
+        "etcd-backup-9-a",
+        4,
+        &failed.to_string(),
+        "2026-12-02T02:00:03Z",
+    );
+    pass(&api, &ctx).await.unwrap();
+    let ready = backup_ready(&api);
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("StoreFull")),
+        "{ready}"
+    );
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("grow the claim"),
+        "{ready}"
+    );
+}
+
 /// An on-demand backup (`kubectl create job --from=cronjob/etcd-backup etcd-backup-now`): the
 /// Job copies the CronJob's pod template, so its pod carries the template's labels, and its
 /// report is recorded in `status.backup` and told as BackupTaken like a scheduled one.
