@@ -404,6 +404,9 @@ pub fn restore_job(
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ..Default::default()
     };
+    let mut restore_pods = labels(ec, "restore");
+    restore_pods.remove("app.kubernetes.io/managed-by");
+    let (restore_affinity, restore_spread) = super::members::placement(restore_pods);
     Job {
         metadata: meta(ec, format!("{name}-restore-{ordinal}"), "restore"),
         spec: Some(JobSpec {
@@ -415,6 +418,8 @@ pub fn restore_job(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
+                    affinity: Some(restore_affinity),
+                    topology_spread_constraints: Some(restore_spread),
                     init_containers: Some(vec![fetch]),
                     containers: vec![restore],
                     volumes: Some(

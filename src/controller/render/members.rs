@@ -130,8 +130,18 @@ fn member_resources(opts: &RenderOptions) -> ResourceRequirements {
 /// Members on different nodes where possible (preferred: a cluster of 3 still starts on one
 /// node), and spread over zones (ScheduleAnyway: a single-zone cluster still schedules).
 fn member_placement(ec: &EtcdCluster) -> (Affinity, Vec<TopologySpreadConstraint>) {
+    placement(member_selector(ec))
+}
+
+/// The members' spread rules over the pods `labels` select: preferred one per node, spread
+/// over zones. A restore's Jobs get them too (over the restore pods): a member's claim binds
+/// where its restore pod runs (WaitForFirstConsumer), so restored members keep the spread of a
+/// fresh cluster.
+pub(super) fn placement(
+    labels: BTreeMap<String, String>,
+) -> (Affinity, Vec<TopologySpreadConstraint>) {
     let selector = LabelSelector {
-        match_labels: Some(member_selector(ec)),
+        match_labels: Some(labels),
         ..Default::default()
     };
     let affinity = Affinity {

@@ -997,6 +997,41 @@ pub(crate) mod tests {
         assert!(c.contains(&"--cluster=etcd-9f000000".to_owned()), "{c:?}");
     }
 
+    /// A restore's pods are spread as the members are (one per node preferred, over zones),
+    /// each over the other restore pods: a member's claim binds where its restore pod runs.
+    #[test]
+    fn restore_pods_keep_the_members_spread() {
+        let ec = cluster("etcd", 3, None);
+        let job = restore_job(
+            &ec,
+            1,
+            crate::api::SnapshotSource::S3("s3://b/k.db"),
+            None,
+            &RenderOptions::default(),
+        );
+        let pod = job.spec.unwrap().template;
+        let labels = pod.metadata.unwrap().labels.unwrap();
+        let spec = pod.spec.unwrap();
+        let term = &spec
+            .affinity
+            .unwrap()
+            .pod_anti_affinity
+            .unwrap()
+            .preferred_during_scheduling_ignored_during_execution
+            .unwrap()[0]
+            .pod_affinity_term;
+        assert_eq!(term.topology_key, "kubernetes.io/hostname");
+        let selects = term.label_selector.clone().unwrap().match_labels.unwrap();
+        assert!(
+            selects.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            "{selects:?}"
+        );
+        assert_eq!(selects["app.kubernetes.io/component"], "restore");
+        let spread = spec.topology_spread_constraints.unwrap();
+        assert_eq!(spread[0].topology_key, "topology.kubernetes.io/zone");
+        assert_eq!(spread[0].when_unsatisfiable, "ScheduleAnyway");
+    }
+
     #[test]
     fn a_crash_looping_voter_never_blocks_a_drain() {
         let pdb = pod_disruption_budget(&cluster("etcd", 3, None), Some(3));
