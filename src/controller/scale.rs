@@ -168,6 +168,15 @@ pub(super) async fn converge(
             let size = initial_size_recorded(ec).unwrap_or(replicas);
             kids.ensure_created(&render::bootstrap_config(ec, size, recorded.is_some()))
                 .await?;
+        } else if ready > 0 && !joins_former(config.as_deref()) {
+            // A member has been ready, so the cluster has formed, even if the loop never got
+            // an answer from it: from now on a pod that starts on an empty volume must join it
+            // (`existing`), never bootstrap a cluster of its own (`new`).
+            let patch = json!({"data": {"ETCD_INITIAL_CLUSTER_STATE": "existing"}});
+            kids.api::<ConfigMap>()
+                .patch(&config_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| Error::kube("patch", "ConfigMap", &config_name, e))?;
         }
         if replicas < ec.spec.size {
             // A scale-up waits for the list. No quicker requeue: members turning ready change

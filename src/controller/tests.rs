@@ -2335,6 +2335,28 @@ async fn a_tls_cluster_reads_its_client_certificate_from_the_cache() {
     assert_eq!(secret_gets(&api), 1, "read through the API");
 }
 
+/// Once a member has been ready the cluster has formed, even if the loop never reached etcd
+/// (a NetworkPolicy in the way, say): the members' ConfigMap moves to `existing`, so a pod that
+/// starts later on an empty volume joins instead of bootstrapping a cluster of its own.
+#[tokio::test]
+async fn initial_state_moves_to_existing_once_a_member_was_ready() {
+    let (api, ctx) = setup(3, None);
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(members_config(&api)["ETCD_INITIAL_CLUSTER_STATE"], "new");
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        members_config(&api)["ETCD_INITIAL_CLUSTER_STATE"],
+        "new",
+        "nothing ready yet"
+    );
+    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 1}));
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        members_config(&api)["ETCD_INITIAL_CLUSTER_STATE"],
+        "existing"
+    );
+}
+
 /// A member whose container runs but is not ready (a NOSPACE alarm behind v3.5.0-v3.5.10's
 /// `/health`, a member replaying its log) is still asked: the pass reads the member list (and
 /// so the upkeep that clears an alarm runs) although the StatefulSet counts no pod ready.
