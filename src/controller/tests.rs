@@ -309,7 +309,11 @@ async fn status_is_patched_only_when_it_changes() {
     );
     let calls = api.calls();
     let w = writes(&calls);
-    assert_eq!(describe(&w), vec![format!("PATCH {EC}/status")]);
+    // The members turned ready: the status, and (once) the initial state `existing`.
+    assert_eq!(
+        describe(&w),
+        vec![format!("PATCH {CONFIG}"), format!("PATCH {EC}/status")]
+    );
     let ec = cluster_json(&api);
     assert_eq!(ec["status"]["phase"], "Running");
     assert_eq!(ec["status"]["readyReplicas"], 3);
