@@ -362,6 +362,7 @@ impl Net {
             .and_then(Release::of_image)
             .map(Release::program)
             .unwrap_or_else(|| self.program.clone());
+        let binds = self.secret_binds(container);
         let pod = &mut self.pods[i];
         assert!(pod.proc.is_none(), "{} already runs", pod.name);
         let env = pod_env(container, &pod.name, &self.namespace, &self.config);
@@ -380,16 +381,8 @@ impl Net {
             .unwrap();
         pod.log_from = log.metadata().unwrap().len();
         // `ip netns exec` gives the process its own mount namespace (hosts file bound over
-        // /etc/hosts); the volume is bound there too, so the host never sees it.
-        // A Secret volume: its folder bound at the mount path (made on the host first, as
-        // MOUNT is; the folder's files are 0440 root:65532, as `defaultMode` and `fsGroup` say).
-        let mut binds = String::new();
-        for m in container.volume_mounts.iter().flatten() {
-            if let Some(dir) = self.secrets.get(&m.name) {
-                std::fs::create_dir_all(&m.mount_path).unwrap();
-                binds += &format!("mount --bind {} {} && ", dir.display(), m.mount_path);
-            }
-        }
+        // /etc/hosts); the volume and the Secret volumes are bound there too, so the host
+        // never sees them.
         let script = format!(
             "{binds}mount --bind {data} {MOUNT} && exec setpriv --reuid {RUN_AS} --regid {RUN_AS} --clear-groups --inh-caps=-all -- \"$0\" \"$@\"",
             data = pod.data.display()
@@ -409,6 +402,20 @@ impl Net {
         pod.starts += 1;
     }
 
+    /// The shell commands that bind each Secret volume of `container` at its mount path (its
+    /// folder made on the host first, as MOUNT is; the folder's files are 0440 root:65532, as
+    /// `defaultMode` and `fsGroup` say), each followed by `&&`.
+    fn secret_binds(&self, container: &Container) -> String {
+        let mut binds = String::new();
+        for m in container.volume_mounts.iter().flatten() {
+            if let Some(dir) = self.secrets.get(&m.name) {
+                std::fs::create_dir_all(&m.mount_path).unwrap();
+                binds += &format!("mount --bind {} {} && ", dir.display(), m.mount_path);
+            }
+        }
+        binds
+    }
+
     /// `kubectl exec POD -- PROGRAM ARGS` into pod `i`'s running `container`: in its
     /// namespace, its Secret volumes at their mount paths, as uid/gid 65532, with exactly the
     /// container's environment (as the kubelet gives an exec'd process). `program` is the
@@ -423,13 +430,7 @@ impl Net {
     ) -> (i32, String, String) {
         let pod = &self.pods[i];
         let env = pod_env(container, &pod.name, &self.namespace, &self.config);
-        let mut binds = String::new();
-        for m in container.volume_mounts.iter().flatten() {
-            if let Some(dir) = self.secrets.get(&m.name) {
-                std::fs::create_dir_all(&m.mount_path).unwrap();
-                binds += &format!("mount --bind {} {} && ", dir.display(), m.mount_path);
-            }
-        }
+        let binds = self.secret_binds(container);
         let script = format!(
             "{binds}exec setpriv --reuid {RUN_AS} --regid {RUN_AS} --clear-groups --inh-caps=-all -- \"$0\" \"$@\""
         );
@@ -1220,9 +1221,17 @@ impl TestCa {
                 .collect();
             let key = KeyPair::generate().unwrap();
             let mut params = CertificateParams::new(names).unwrap();
+            // The tag tells the served certificates apart in the tests; a peer certificate keeps
+            // its common name exactly, as cert-manager's renewals do: the members let in only
+            // that name on the peer port (`--peer-cert-allowed-cn`).
+            let common_name = spec["commonName"].as_str().unwrap();
             params.distinguished_name.push(
                 DnType::CommonName,
-                format!("{}{tag}", spec["commonName"].as_str().unwrap()),
+                if purpose == etcd_webhook::controller::render::Purpose::Peer {
+                    common_name.to_owned()
+                } else {
+                    format!("{common_name}{tag}")
+                },
             );
             params.key_usages = vec![
                 KeyUsagePurpose::DigitalSignature,
