@@ -509,6 +509,7 @@ impl From<&ImageArgs> for RenderOptions {
             backup_image: args
                 .backup_image
                 .clone()
+                .filter(|i| !i.trim().is_empty())
                 .unwrap_or_else(|| render::DEFAULT_BACKUP_IMAGE.to_owned()),
             image_pull_secrets: args
                 .image_pull_secrets

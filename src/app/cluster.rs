@@ -206,17 +206,22 @@ pub(super) async fn start_controller(
     };
     // The Jobs' image: --backup-image, else this pod's own (read before the loop starts, in
     // the loop's task: the webhooks are serving already and do not wait for it).
-    let own_image = args.images.backup_image.is_none().then(|| {
-        let pod_name = std::env::var("POD_NAME")
-            .ok()
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .filter(|n| !n.trim().is_empty());
-        (
-            lease_client.clone(),
-            pod_namespace().unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
-            pod_name.filter(|_| in_pod),
-        )
-    });
+    let own_image = args
+        .images
+        .backup_image
+        .as_deref()
+        .is_none_or(|i| i.trim().is_empty())
+        .then(|| {
+            let pod_name = std::env::var("POD_NAME")
+                .ok()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .filter(|n| !n.trim().is_empty());
+            (
+                lease_client.clone(),
+                pod_namespace().unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+                pod_name.filter(|_| in_pod),
+            )
+        });
     let mut settings = settings;
     if !args.leader_elect {
         tracing::info!("leader election off: this replica reconciles");
