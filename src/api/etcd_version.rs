@@ -85,6 +85,14 @@ impl EtcdVersion {
         )
     }
 
+    /// Whether `version` (a spec's spelling, `v3.5.11`) is a release at or after
+    /// `major.minor.patch`; a version that does not parse is not.
+    pub fn at_least(version: &str, major: u64, minor: u64, patch: u64) -> bool {
+        version
+            .parse::<EtcdVersion>()
+            .is_ok_and(|v| (v.major, v.minor, v.patch) >= (major, minor, patch))
+    }
+
     /// Whether etcd supports going from `self` to `to` in place; the reason if not.
     pub fn upgrade_to(&self, to: &EtcdVersion) -> Result<(), String> {
         if to < self {

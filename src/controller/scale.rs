@@ -526,27 +526,36 @@ pub(super) async fn claims_being_deleted(
     ec: &EtcdCluster,
     kids: &Children<'_>,
 ) -> Result<Option<String>, Error> {
-    let mut going = Vec::new();
-    for i in 0..ec.spec.size {
-        let claim = render::member_claim(ec, i);
-        if kids
-            .read::<PersistentVolumeClaim>(&claim)
-            .await?
-            .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
-        {
-            going.push(claim);
-        }
-    }
+    let going: Vec<String> = cached_member_claims(ec, kids)
+        .await?
+        .into_iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_some())
+        .map(|c| c.name_any())
+        .collect();
     Ok((!going.is_empty()).then(|| going.join(", ")))
 }
 
 /// The member claims (ordinals below `spec.size`) already in the claims cache.
 async fn former_claims(ec: &EtcdCluster, kids: &Children<'_>) -> Result<Vec<String>, Error> {
+    Ok(cached_member_claims(ec, kids)
+        .await?
+        .into_iter()
+        .map(|c| c.name_any())
+        .collect())
+}
+
+/// The member claims (ordinals below `spec.size`) in the claims cache, in ordinal order.
+async fn cached_member_claims(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+) -> Result<Vec<std::sync::Arc<PersistentVolumeClaim>>, Error> {
     let mut found = Vec::new();
     for i in 0..ec.spec.size {
-        let claim = render::member_claim(ec, i);
-        if kids.read::<PersistentVolumeClaim>(&claim).await?.is_some() {
-            found.push(claim);
+        if let Some(c) = kids
+            .read::<PersistentVolumeClaim>(&render::member_claim(ec, i))
+            .await?
+        {
+            found.push(c);
         }
     }
     Ok(found)

@@ -277,10 +277,7 @@ pub const RESTORE_REVISION_BUMP: u64 = 1_000_000_000;
 
 /// `--bump-revision` and `--mark-compacted` for an etcdutl that has them (v3.5.10 and later).
 fn revision_bump(version: &str) -> Vec<String> {
-    let has = version
-        .parse::<crate::api::EtcdVersion>()
-        .is_ok_and(|v| (v.major, v.minor, v.patch) >= (3, 5, 10));
-    if has {
+    if crate::api::EtcdVersion::at_least(version, 3, 5, 10) {
         vec![
             format!("--bump-revision={RESTORE_REVISION_BUMP}"),
             "--mark-compacted".to_owned(),

@@ -53,11 +53,8 @@ fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
 ///   deletes it from the set), so with several members' alarms raised they are not ready: the
 ///   loop asks etcd whenever a member runs, ready or not, so the recovery still happens.
 pub fn probes(version: &str) -> (Probe, Probe) {
-    let at_least = |minor: u64, patch: u64| {
-        version
-            .parse::<crate::api::EtcdVersion>()
-            .is_ok_and(|v| (v.major, v.minor, v.patch) >= (3, minor, patch))
-    };
+    let at_least =
+        |minor: u64, patch: u64| crate::api::EtcdVersion::at_least(version, 3, minor, patch);
     let alive = |probe: Probe| Probe {
         initial_delay_seconds: Some(15),
         ..probe

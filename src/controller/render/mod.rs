@@ -254,9 +254,7 @@ pub fn client_service(ec: &EtcdCluster) -> Service {
 
 /// Whether the release's readiness probe fails on a learner (`/readyz`, from v3.5.11).
 pub fn readiness_excludes_learners(version: &str) -> bool {
-    version
-        .parse::<crate::api::EtcdVersion>()
-        .is_ok_and(|v| (v.major, v.minor, v.patch) >= (3, 5, 11))
+    crate::api::EtcdVersion::at_least(version, 3, 5, 11)
 }
 
 fn restricted_container() -> SecurityContext {
