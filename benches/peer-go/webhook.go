@@ -197,10 +197,12 @@ func gib(s string) (int64, bool) {
 
 func quotaOfVolume(storageSize string) int64 {
 	v, ok := gib(storageSize)
-	if !ok || v >= 10 { // 80% of 10 GiB is past the 8 GiB cap (and no overflow)
+	if !ok || v >= 17 { // (17 GiB - 384 MiB) / 2 is past the 8 GiB cap (and no overflow)
 		return quotaMax
 	}
-	return min(v*(1<<30)*80/100, quotaMax)
+	// Half of what the WAL's 6 x 64 MiB leave, to the MiB, within 16 MiB..8 GiB.
+	half := (v*(1<<30) - 6*(64<<20)) / 2 &^ ((1 << 20) - 1)
+	return min(max(half, quotaMin), quotaMax)
 }
 
 // or reads an optional field, missing as its default (as the schema fills it in).
@@ -294,7 +296,7 @@ func validateSpec(s *EtcdClusterSpec) (admission.Warnings, field.ErrorList) {
 		path := spec.Child("maintenance")
 		if q := m.QuotaBackendBytes; q != nil {
 			if most := quotaOfVolume(storageSize); *q < quotaMin || *q > most {
-				errs = append(errs, field.Invalid(path.Child("quotaBackendBytes"), *q, fmt.Sprintf("must be between %d (16 MiB) and %d: 80%% of storageSize %s, at most %d (8 GiB), so the WAL and snapshots fit beside it", quotaMin, most, storageSize, quotaMax)))
+				errs = append(errs, field.Invalid(path.Child("quotaBackendBytes"), *q, fmt.Sprintf("must be between %d (16 MiB) and %d: half of storageSize %s after the WAL's 384 MiB, at most %d (8 GiB), so the copy a defragmentation writes fits beside the database", quotaMin, most, storageSize, quotaMax)))
 			}
 		}
 		if r := m.AutoCompactionRetention; r != nil && !retentionPattern.MatchString(*r) {

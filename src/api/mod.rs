@@ -173,9 +173,18 @@ pub fn tls_on(spec: &v1::EtcdClusterSpec) -> bool {
 pub const QUOTA_MIN_BYTES: i64 = 16 << 20;
 /// The largest backend quota, set or derived: etcd's recommended maximum (8 GiB).
 pub const QUOTA_MAX_BYTES: i64 = 8 << 30;
-/// The share of the volume the quota may take, in percent: the rest is for the WAL and
-/// snapshots.
-pub const QUOTA_VOLUME_PERCENT: i64 = 80;
+/// etcd's WAL segment size: the unit of a member's WAL budget.
+pub const WAL_SEGMENT_BYTES: i64 = 64 << 20;
+/// `--max-wals`, rendered on every release (etcd's default, said explicitly so the budget
+/// below holds whatever a release's default becomes).
+pub const MAX_WALS: i64 = 5;
+/// `--max-snapshots` and `--snapshot-count` on 3.5 (3.6's defaults, where the flags are
+/// deprecated; 3.5 kept 100,000 entries between snapshots): how many entries the WAL holds
+/// before a snapshot lets older segments go.
+pub const MAX_SNAPSHOTS: i64 = 5;
+pub const SNAPSHOT_COUNT: i64 = 10_000;
+/// The room a member's volume keeps for the WAL: the segments kept plus the one written.
+pub const WAL_BUDGET_BYTES: i64 = (MAX_WALS + 1) * WAL_SEGMENT_BYTES;
 /// History kept by auto compaction when `autoCompactionRetention` is unset.
 pub const AUTO_COMPACTION_RETENTION: &str = "1h";
 /// `defragThresholdPercent` when unset.
@@ -183,8 +192,7 @@ pub const DEFRAG_THRESHOLD_PERCENT: i32 = 50;
 /// The least space a defragmentation must give back to be worth blocking a member for.
 pub const DEFRAG_MIN_FREE_BYTES: i64 = 1 << 20;
 
-/// The most a member's backend may hold: `quotaBackendBytes`, or 80% of the volume at most
-/// 8 GiB.
+/// The most a member's backend may hold: `quotaBackendBytes`, or [`quota_of_volume`].
 pub fn quota_backend_bytes(spec: &v1::EtcdClusterSpec) -> i64 {
     if let Some(q) = spec
         .maintenance
@@ -196,13 +204,17 @@ pub fn quota_backend_bytes(spec: &v1::EtcdClusterSpec) -> i64 {
     quota_of_volume(&spec.storage_size)
 }
 
-/// 80% of a volume of `storage_size` (whole GiB), at most 8 GiB.
+/// The largest quota a volume of `storage_size` (whole GiB) holds safely: half of what the
+/// WAL budget leaves, so the copy a defragmentation writes beside the database fits too
+/// (without it, NOSPACE on a database of live data can never be recovered), at most 8 GiB
+/// and at least 16 MiB, rounded down to the MiB. 1Gi: 320 MiB, 2Gi: 832 MiB, 10Gi: 4.8 GiB.
 pub fn quota_of_volume(storage_size: &str) -> i64 {
     let volume = storage_size
         .parse::<StorageSize>()
         .map(|s| s.gib().saturating_mul(1 << 30))
-        .unwrap_or(QUOTA_MAX_BYTES);
-    (volume.saturating_mul(QUOTA_VOLUME_PERCENT) / 100).min(QUOTA_MAX_BYTES)
+        .unwrap_or(i64::MAX);
+    let half = volume.saturating_sub(WAL_BUDGET_BYTES) / 2;
+    (half & !((1 << 20) - 1)).clamp(QUOTA_MIN_BYTES, QUOTA_MAX_BYTES)
 }
 
 /// The most members a cluster may have (every version's schema and the rules).

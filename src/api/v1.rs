@@ -122,9 +122,9 @@ pub struct IssuerRef {
 #[serde(rename_all = "camelCase")]
 pub struct Maintenance {
     /// etcd's backend quota in bytes (`--quota-backend-bytes`): past it etcd raises the NOSPACE
-    /// alarm and refuses writes. Unset: 80% of `storageSize` (room for the WAL and snapshots),
-    /// at most 8 GiB, so it grows with the volume. Set: at least 16 MiB, at most 80% of
-    /// `storageSize` and 8 GiB.
+    /// alarm and refuses writes. Unset: half of `storageSize` after the WAL's 384 MiB (room
+    /// for the copy a defragmentation writes), at most 8 GiB, so it grows with the volume.
+    /// Set: at least 16 MiB, at most that and 8 GiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = super::QUOTA_MIN_BYTES, max = super::QUOTA_MAX_BYTES))]
     pub quota_backend_bytes: Option<i64>,

@@ -409,7 +409,15 @@ async fn tend_view(
     if !view.steady {
         return;
     }
-    let rules = Rules::of(&ec.spec);
+    let mut rules = Rules::of(&ec.spec);
+    // The quota the members run with: a kept one (render::keep_running_quota) is above the rule.
+    if let Ok(Some(set)) = kids
+        .read::<k8s_openapi::api::apps::v1::StatefulSet>(&ec.name_any())
+        .await
+        && let Some(q) = super::render::template_quota(&set).and_then(|q| u64::try_from(q).ok())
+    {
+        rules.quota = q;
+    }
     let endpoints = super::render::endpoints(ec, ec.spec.size);
     let endpoint = |m: &Member| {
         let i = super::membership::ordinal(ec, m)?;
@@ -511,8 +519,9 @@ async fn tend_view(
             },
         ) => {
             let message = format!(
-                "the data needs {in_use} bytes of the {} byte quota after compaction and defragmentation: writes stay refused (reads and deletes work); grow spec.storageSize (the quota is 80% of it, at most 8 GiB) or raise spec.maintenance.quotaBackendBytes",
-                rules.quota
+                "the data needs {in_use} bytes of the {} byte quota after compaction and defragmentation: writes stay refused (reads and deletes work); grow spec.storageSize (the quota is half of it after the WAL's {} MiB, at most 8 GiB) or raise spec.maintenance.quotaBackendBytes within that",
+                rules.quota,
+                crate::api::WAL_BUDGET_BYTES >> 20
             );
             if !has_condition(ec, "Degraded", "QuotaExceeded") {
                 ctx.event(ec, EventType::Warning, "QuotaExceeded", message.clone())

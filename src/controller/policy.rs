@@ -76,8 +76,34 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
     let kids = Children::of(ec, ctx);
     let mut seen = Observation::default();
 
+    let observed = kids.read::<StatefulSet>(&name).await?;
+    // The release rendered this pass: the next minor only once every member runs the minimum
+    // patch before it (upgrade::pace); `run` is the cluster as rendered.
+    let running: Vec<(&str, bool)> = ec
+        .status
+        .as_ref()
+        .and_then(|s| s.members.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|m| (m.version.as_str(), m.healthy))
+        .collect();
+    let template_version = observed
+        .as_deref()
+        .and_then(template_image)
+        .and_then(|i| i.rsplit_once(':').map(|(_, tag)| tag.to_owned()));
+    let (version, held) = upgrade::pace(&ec.spec.version, template_version.as_deref(), &running);
+    let paced;
+    let run: &EtcdCluster = if version == ec.spec.version {
+        ec
+    } else {
+        let mut c = ec.clone();
+        c.spec.version = version;
+        paced = c;
+        &paced
+    };
+
     kids.ensure(&render::headless_service(ec)).await?;
-    kids.ensure(&render::client_service(ec)).await?;
+    kids.ensure(&render::client_service(run)).await?;
     match render::network_policy(ec, opts) {
         Some(policy) => {
             kids.ensure(&policy).await?;
@@ -89,7 +115,6 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
     }
     certificates::ensure(ec, &kids).await?;
 
-    let observed = kids.read::<StatefulSet>(&name).await?;
     let mut apply_set = true;
     // Members the StatefulSet runs after this pass (below spec.size while growing).
     let mut members;
@@ -150,7 +175,15 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
         apply_set = false;
     }
     if apply_set {
-        let desired = render::stateful_set(ec, members, opts);
+        let mut desired = render::stateful_set(run, members, opts);
+        let quota = observed.as_deref().and_then(render::template_quota);
+        if let Some(kept) = render::keep_running_quota(ec, quota, &mut desired) {
+            tracing::warn!(
+                cluster = %name,
+                kept,
+                "the members' databases are near the quota the volume's rule now gives; the quota they run with is kept (grow spec.storageSize to give a defragmentation room)"
+            );
+        }
         let (applied, set) = kids.ensure(&desired).await?;
         let (old_image, new_image) = (
             observed.as_deref().and_then(template_image),
@@ -202,7 +235,12 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
                 leader: seen.leader,
             };
             let pods = scale::member_pods(ec, &kids).await?;
-            upgrade::roll(ec, &kids, &set, &pods, health, &mut seen).await?;
+            upgrade::roll(run, &kids, &set, &pods, health, &mut seen).await?;
+        }
+        if let Some(why) = held {
+            seen.activity = Some(super::status::Activity::Upgrading);
+            seen.progress
+                .get_or_insert_with(|| format!("upgrading to {}: {why}", ec.spec.version));
         }
     }
 

@@ -885,7 +885,7 @@ mod tests {
         }
     }
 
-    /// `spec.maintenance`: a quota within 16 MiB and 80% of the volume, a retention etcd
+    /// `spec.maintenance`: a quota within 16 MiB and the volume's rule, a retention etcd
     /// reads, a percentage; the older versions' stash is judged the same way.
     #[test]
     fn maintenance_fits_the_volume() {
@@ -896,7 +896,7 @@ mod tests {
         for (m, starts) in [
             (
                 json!({"quotaBackendBytes": 900_000_000}),
-                "spec.maintenance.quotaBackendBytes: Invalid value: 900000000: must be between 16777216 (16 MiB) and 858993459: 80% of storageSize 1Gi",
+                "spec.maintenance.quotaBackendBytes: Invalid value: 900000000: must be between 16777216 (16 MiB) and 335544320: half of storageSize 1Gi after the WAL's 384 MiB",
             ),
             (
                 json!({"quotaBackendBytes": 1024}),

@@ -168,7 +168,7 @@ fn check_maintenance(
     m: &v1::Maintenance,
     out: &mut Verdict,
 ) {
-    use crate::api::{QUOTA_MAX_BYTES, QUOTA_MIN_BYTES, QUOTA_VOLUME_PERCENT, quota_of_volume};
+    use crate::api::{QUOTA_MAX_BYTES, QUOTA_MIN_BYTES, WAL_BUDGET_BYTES, quota_of_volume};
     let at = |name: &str, value: String, detail: String| Violation {
         path: format!("{}.{name}", ctx.path(Field::Maintenance)),
         kind: Kind::Invalid(value),
@@ -181,8 +181,9 @@ fn check_maintenance(
                 "quotaBackendBytes",
                 q.to_string(),
                 format!(
-                    "must be between {QUOTA_MIN_BYTES} (16 MiB) and {most}: {QUOTA_VOLUME_PERCENT}% of storageSize {}, at most {QUOTA_MAX_BYTES} (8 GiB), so the WAL and snapshots fit beside it",
-                    spec.storage_size
+                    "must be between {QUOTA_MIN_BYTES} (16 MiB) and {most}: half of storageSize {} after the WAL's {} MiB, at most {QUOTA_MAX_BYTES} (8 GiB), so the copy a defragmentation writes fits beside the database",
+                    spec.storage_size,
+                    WAL_BUDGET_BYTES >> 20
                 ),
             ));
         }

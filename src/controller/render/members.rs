@@ -230,6 +230,61 @@ pub fn members_config_name(ec: &EtcdCluster) -> String {
 /// member only becomes ready with a quorum, so ordered start would wait forever for the
 /// second pod. The container's termination message is the tail of its log
 /// (`FallbackToLogsOnError`): that is how the loop sees a member that lost its volume.
+/// The members' quota flag, up to its value.
+const QUOTA_FLAG: &str = "--quota-backend-bytes=";
+
+/// The quota `set`'s members run with, from its template.
+pub fn template_quota(set: &StatefulSet) -> Option<i64> {
+    set.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .args
+        .as_ref()?
+        .iter()
+        .find_map(|a| a.strip_prefix(QUOTA_FLAG)?.parse().ok())
+}
+
+/// A quota is never lowered under a database already near it: a cluster made when the quota
+/// was a larger share of the volume keeps the quota it runs with (`running`) while its largest
+/// member's database (from `status.members`) is above 3/4 of the new one, which it would fill
+/// at once (NOSPACE, every write refused). Returns the quota kept, if any; `desired` has it.
+pub fn keep_running_quota(
+    ec: &EtcdCluster,
+    running: Option<i64>,
+    desired: &mut StatefulSet,
+) -> Option<i64> {
+    let running = running?;
+    let want = template_quota(desired)?;
+    let largest = ec
+        .status
+        .as_ref()?
+        .members
+        .as_ref()?
+        .iter()
+        .filter_map(|m| m.db_size)
+        .max()?;
+    if running <= want || largest <= want / 4 * 3 {
+        return None;
+    }
+    let args = desired
+        .spec
+        .as_mut()?
+        .template
+        .spec
+        .as_mut()?
+        .containers
+        .first_mut()?
+        .args
+        .as_mut()?;
+    let arg = args.iter_mut().find(|a| a.starts_with(QUOTA_FLAG))?;
+    *arg = format!("{QUOTA_FLAG}{running}");
+    Some(running)
+}
+
 pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> StatefulSet {
     let name = ec.name_any();
     let scheme = scheme(ec);
@@ -250,10 +305,8 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
         format!("--initial-cluster-token={}", cluster_token(ec)),
         // The quota follows the volume (a growth raises it, through a restart one member at a
         // time); history is compacted on a period so the database never grows without end.
-        format!(
-            "--quota-backend-bytes={}",
-            crate::api::quota_backend_bytes(&ec.spec)
-        ),
+        format!("{QUOTA_FLAG}{}", crate::api::quota_backend_bytes(&ec.spec)),
+        format!("--max-wals={}", crate::api::MAX_WALS),
         "--auto-compaction-mode=periodic".to_owned(),
         format!(
             "--auto-compaction-retention={}",
@@ -264,6 +317,13 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
                 .unwrap_or(crate::api::AUTO_COMPACTION_RETENTION)
         ),
     ];
+    // The WAL's budget (the quota's rule counts on it): 3.5 keeps 100,000 entries between
+    // snapshots by default, 3.6 has 3.5's settings below as its defaults (and deprecates the
+    // flags), so they are said on 3.5 only.
+    if !crate::api::EtcdVersion::at_least(&ec.spec.version, 3, 6, 0) {
+        args.push(format!("--snapshot-count={}", crate::api::SNAPSHOT_COUNT));
+        args.push(format!("--max-snapshots={}", crate::api::MAX_SNAPSHOTS));
+    }
     args.extend(member_tls_args(ec));
     let (tls_volumes, tls_mounts) = member_tls_volumes(ec);
     let (readiness, liveness) = probes(&ec.spec.version);

@@ -1101,4 +1101,86 @@ pub(crate) mod tests {
         }
         assert_eq!(backup_claim(&ec).metadata.owner_references, None);
     }
+
+    /// The quota leaves room for the copy a defragmentation writes and the WAL: half of the
+    /// volume after the WAL's budget; 3.5 members are told the WAL settings 3.6 defaults to.
+    #[test]
+    fn the_quota_leaves_room_for_a_defragmentation_and_the_wal() {
+        use crate::api::{WAL_BUDGET_BYTES, quota_of_volume};
+        assert_eq!(quota_of_volume("1Gi"), 320 << 20);
+        assert_eq!(quota_of_volume("2Gi"), 832 << 20);
+        assert_eq!(quota_of_volume("10Gi"), 4928 << 20);
+        assert_eq!(quota_of_volume("100Gi"), 8 << 30);
+        for gib in 1..=40_i64 {
+            let q = quota_of_volume(&format!("{gib}Gi"));
+            assert!(2 * q + WAL_BUDGET_BYTES <= gib << 30, "{gib}Gi: {q}");
+        }
+        let mut ec = cluster("etcd", 3, None);
+        ec.spec.storage_size = "1Gi".to_owned();
+        let args = |ec: &EtcdCluster| {
+            stateful_set(ec, 3, &RenderOptions::default())
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap()
+                .containers[0]
+                .args
+                .clone()
+                .unwrap()
+        };
+        let on_35 = args(&ec);
+        for flag in [
+            "--quota-backend-bytes=335544320",
+            "--max-wals=5",
+            "--snapshot-count=10000",
+            "--max-snapshots=5",
+        ] {
+            assert!(on_35.contains(&flag.to_owned()), "{flag} in {on_35:?}");
+        }
+        ec.spec.version = "v3.6.4".to_owned();
+        let on_36 = args(&ec);
+        assert!(on_36.contains(&"--max-wals=5".to_owned()));
+        assert!(
+            !on_36
+                .iter()
+                .any(|a| a.starts_with("--snapshot-count") || a.starts_with("--max-snapshots")),
+            "3.6 deprecates them: {on_36:?}"
+        );
+    }
+
+    /// A cluster whose database is already near the new, smaller quota keeps the quota it runs
+    /// with (lowering it would raise NOSPACE at once); one with a small database takes the
+    /// new one, and a kept quota is never raised.
+    #[test]
+    fn a_running_quota_is_never_lowered_under_the_database() {
+        let mut ec = cluster("etcd", 3, None);
+        ec.spec.storage_size = "1Gi".to_owned();
+        let want = crate::api::quota_of_volume("1Gi");
+        let old = 858_993_459;
+        let with_db = |ec: &mut EtcdCluster, mib: i64| {
+            ec.status = Some(crate::api::v1::EtcdClusterStatus {
+                members: Some(vec![crate::api::v1::MemberState {
+                    name: "etcd-0".into(),
+                    db_size: Some(mib << 20),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+        };
+        let opts = RenderOptions::default();
+        with_db(&mut ec, 300);
+        let mut set = stateful_set(&ec, 3, &opts);
+        assert_eq!(keep_running_quota(&ec, Some(old), &mut set), Some(old));
+        assert_eq!(template_quota(&set), Some(old));
+        with_db(&mut ec, 100);
+        let mut set = stateful_set(&ec, 3, &opts);
+        assert_eq!(keep_running_quota(&ec, Some(old), &mut set), None);
+        assert_eq!(template_quota(&set), Some(want));
+        with_db(&mut ec, 300);
+        let mut set = stateful_set(&ec, 3, &opts);
+        assert_eq!(keep_running_quota(&ec, Some(want), &mut set), None);
+        assert_eq!(keep_running_quota(&ec, None, &mut set), None);
+        assert_eq!(template_quota(&set), Some(want));
+    }
 }
