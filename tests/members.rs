@@ -1512,6 +1512,100 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
     );
 }
 
+/// Quick edits v3.5.1 -> v3.5.35 -> v3.6.4, the second while the roll to v3.5.35 has restarted
+/// one member (etcd-io/etcd#19557's shape: 3.6 refuses a cluster whose 3.5 learner promotions
+/// were not persisted). The loop's pacing, fed the releases the members themselves report
+/// (`maintenance/status`), keeps rendering v3.5.35 until every member runs it and is healthy:
+/// no member goes from 3.5.1 straight onto 3.6; at the end every member runs 3.6.4 and no
+/// write failed.
+#[test]
+fn quick_edits_3_5_1_to_3_5_35_to_3_6_never_restart_a_3_5_1_member_onto_3_6() {
+    let (mut net, mut lp) = formed("paced", 3, 3, Release::V3_5_1);
+    let writing = Arc::new(AtomicBool::new(true));
+    let addrs: Vec<String> = net.pods.iter().map(|p| p.addr.clone()).collect();
+    let writes = writer_any(net.controller_ns.clone(), addrs, writing.clone());
+    lp.ec.spec.version = Release::V3_5_35.version().to_owned();
+    lp.container = member_container(&lp.ec);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let outcome = lp.pass(&mut net);
+        let step = lp.upgrade(&mut net, &outcome);
+        if let upgrade::Step::Restart { ordinal, .. } = step {
+            eprintln!("paced: upgrade-{ordinal} 3.5.1 -> v3.5.35 before the second edit");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no first restart within 240 s: {step:?} after {:?}\n{}",
+            outcome.step,
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The second edit, one member on 3.5.35.
+    lp.ec.spec.version = Release::V3_6_4.version().to_owned();
+    let mut restarts = Vec::new();
+    let mut held_for = 0;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let outcome = lp.pass(&mut net);
+        let healthy = outcome.health.len() == 3 && outcome.health.values().all(|h| h.healthy());
+        let before: Vec<String> = (0..3)
+            .map(|i| server_version(&net, i).unwrap_or_default())
+            .collect();
+        let running: Vec<(&str, bool)> = before.iter().map(|v| (v.as_str(), healthy)).collect();
+        let template = lp.container.image.clone().unwrap_or_default();
+        let tag = template.rsplit(':').next().unwrap_or_default();
+        let (version, held) = upgrade::pace(&lp.ec.spec.version, Some(tag), &running);
+        if held.is_some() {
+            held_for += 1;
+        }
+        let mut rendered = lp.ec.clone();
+        rendered.spec.version = version.clone();
+        lp.container = member_container(&rendered);
+        match lp.upgrade(&mut net, &outcome) {
+            upgrade::Step::Done if version == lp.ec.spec.version => break,
+            upgrade::Step::Restart { ordinal, .. } => {
+                let from = before[ordinal as usize].clone();
+                eprintln!("paced: upgrade-{ordinal} {from} -> {version}");
+                assert!(
+                    !(from.starts_with("3.5.") && from != "3.5.35" && version.starts_with("v3.6")),
+                    "a 3.5.1 member restarted onto 3.6: {from} -> {version}"
+                );
+                restarts.push((ordinal, from, version));
+            }
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not upgraded within 300 s: {restarts:?}\n{}",
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    lp.settle(&mut net, Duration::from_secs(60));
+    let keys = writes_end(&net, &writing, writes, 50, "the paced upgrade");
+    assert!(held_for > 0, "3.6.4 was held back at least once");
+    assert!(
+        restarts
+            .iter()
+            .any(|(_, from, to)| from == "3.5.1" && to == "v3.5.35"),
+        "a member left on 3.5.1 went to 3.5.35 after the edit to 3.6.4: {restarts:?}"
+    );
+    assert_eq!(
+        restarts.iter().filter(|(_, _, to)| to == "v3.6.4").count(),
+        3,
+        "{restarts:?}"
+    );
+    for i in 0..3 {
+        assert_eq!(server_version(&net, i).as_deref(), Some("3.6.4"), "{i}");
+    }
+    eprintln!(
+        "paced upgrade v3.5.1 -> v3.5.35 -> v3.6.4: {restarts:?}; held {held_for} passes; {} writes, 0 failed",
+        keys.len()
+    );
+}
+
 /// Runs `f` as the loop would, in the controller's network namespace, on a runtime of its own,
 /// with etcd reached through the gateway at the net's endpoints (for a TLS cluster with the
 /// client certificate of its `client-tls` Secret, as the loop reads it).
