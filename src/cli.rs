@@ -574,7 +574,9 @@ pub struct ControllerArgs {
     pub watch_namespace: Option<String>,
     #[command(flatten)]
     pub images: ImageArgs,
-    /// How long deletion waits for the final snapshot before removing the finalizer anyway.
+    /// How long one final-snapshot Job may run (plus the largest database at 8 MiB/s) before it
+    /// counts as failed and a new one starts; deletion never goes without the snapshot unless
+    /// the cluster is annotated etcd.example.com/release-volumes=true or backups are off.
     #[arg(long, env = "ETCD_WEBHOOK_FINALIZER_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
     pub finalizer_timeout: Duration,
     /// Periodic resync of a cluster with a member ready; a cluster with none is looked at ten

@@ -205,6 +205,7 @@ fn synthetic_request(object: &Value, old: Option<&Value>, version: Version) -> A
         object: Some(object.clone()),
         old_object: old.cloned(),
         dry_run: Some(true),
+        options: None,
     }
 }
 

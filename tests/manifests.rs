@@ -342,7 +342,7 @@ fn check_webhook_configurations(install: &Install, svc_name: &str) {
     let vw = &v.webhooks.as_ref().unwrap()[0];
     check_client(&mw.client_config, "/mutate");
     check_client(&vw.client_config, "/validate");
-    for (rules, mp, arv, se, ns_sel, timeout) in [
+    for (rules, mp, arv, se, ns_sel, timeout, operations) in [
         (
             &mw.rules,
             &mw.match_policy,
@@ -350,6 +350,7 @@ fn check_webhook_configurations(install: &Install, svc_name: &str) {
             &mw.side_effects,
             &mw.namespace_selector,
             mw.timeout_seconds,
+            &["CREATE", "UPDATE"][..],
         ),
         (
             &vw.rules,
@@ -358,6 +359,8 @@ fn check_webhook_configurations(install: &Install, svc_name: &str) {
             &vw.side_effects,
             &vw.namespace_selector,
             vw.timeout_seconds,
+            // DELETE: a foreground deletion of a cluster with backups is refused.
+            &["CREATE", "DELETE", "UPDATE"][..],
         ),
     ] {
         let rule = &rules.as_ref().unwrap()[0];
@@ -372,7 +375,7 @@ fn check_webhook_configurations(install: &Install, svc_name: &str) {
         );
         let mut ops = rule.operations.clone().unwrap();
         ops.sort();
-        assert_eq!(ops, ["CREATE", "UPDATE"]);
+        assert_eq!(ops, operations);
         assert_eq!(mp.as_deref(), Some("Equivalent"));
         assert_eq!(arv, &["v1".to_owned()]);
         assert_eq!(se, "None");

@@ -84,7 +84,40 @@ pub fn mutate(req: &AdmissionRequest, settings: &Settings) -> Result<Answer, Pat
     answer.with_patch(&patch)
 }
 
-/// The validating decision. DELETE and CONNECT are always allowed; so are status updates,
+/// A foreground deletion (`propagationPolicy: Foreground`: `kubectl delete --cascade=foreground`,
+/// Argo CD's default prune) lets the garbage collector delete the members beside the
+/// finalizer, so the final snapshot finds no member to read: refused for a cluster with
+/// backups, with what to do instead. Any other DELETE is allowed.
+fn refuse_foreground_deletion(req: &AdmissionRequest, answer: Answer) -> Answer {
+    let foreground = req
+        .options
+        .as_ref()
+        .and_then(|o| o.propagation_policy.as_deref())
+        == Some("Foreground");
+    if !foreground || req.sub_resource.is_some() || req.user_version().is_none() {
+        return answer;
+    }
+    let backups = req
+        .old_object
+        .as_ref()
+        .and_then(|o| crate::api::convert::convert_object(o, crate::api::Version::V1).ok())
+        .and_then(|v| serde_json::from_value::<crate::api::v1::EtcdCluster>(v).ok())
+        .is_some_and(|ec| crate::api::backups_on(&ec.spec));
+    if !backups {
+        return answer;
+    }
+    answer.deny(
+        403,
+        "Forbidden",
+        format!(
+            "a foreground deletion of EtcdCluster {name} would delete its members before its final snapshot is taken: delete it in the background (kubectl delete --cascade=background; Argo CD: the sync option PrunePropagationPolicy=background), which waits for the snapshot and then deletes the rest",
+            name = req.name
+        ),
+    )
+}
+
+/// The validating decision. CONNECT is always allowed, and so is a DELETE but a foreground
+/// one of a cluster with backups ([`refuse_foreground_deletion`]); so are status updates,
 /// which cannot change the spec. With what the server knows of the cluster's StorageClasses,
 /// a class that does not exist or cannot grow is a warning.
 pub fn validate(req: &AdmissionRequest, settings: &Settings) -> Answer {
@@ -93,7 +126,8 @@ pub fn validate(req: &AdmissionRequest, settings: &Settings) -> Answer {
     let op = match req.operation {
         Operation::Create => Op::Create,
         Operation::Update => Op::Update,
-        Operation::Delete | Operation::Connect => return answer,
+        Operation::Delete => return refuse_foreground_deletion(req, answer),
+        Operation::Connect => return answer,
     };
     if req.sub_resource.is_some() {
         return answer;

@@ -18,7 +18,7 @@ use crate::api::{self, Version};
 pub struct PatchError(serde_json::Error);
 
 /// The request of an AdmissionReview: what the decisions read. Fields the decisions do not use
-/// (resource, requestResource, options, ...) are skipped while decoding.
+/// (resource, requestResource, ...) are skipped while decoding.
 #[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRequest {
@@ -47,6 +47,18 @@ pub struct AdmissionRequest {
     pub old_object: Option<Value>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// The operation's options (a DELETE's `DeleteOptions`): only the propagation is read.
+    #[serde(default)]
+    pub options: Option<RequestOptions>,
+}
+
+/// What the decisions read of a request's options.
+#[derive(Deserialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestOptions {
+    /// A DELETE's `propagationPolicy`: `Foreground`, `Background` or `Orphan`.
+    #[serde(default)]
+    pub propagation_policy: Option<String>,
 }
 
 /// Who sent the request, as far as the log line names them (groups and extras are skipped

@@ -70,6 +70,17 @@ pub fn storage_class_error(name: &str) -> Option<&'static str> {
     )
 }
 
+/// Whether a cluster takes snapshots: backups are on to a destination they can be filed in.
+/// Such a cluster's deletion waits for a final snapshot, and its claims are kept until then.
+pub fn backups_on(spec: &v1::EtcdClusterSpec) -> bool {
+    spec.backup.as_ref().is_some_and(|b| {
+        b.enabled
+            && b.destination
+                .as_deref()
+                .is_none_or(|d| d.is_empty() || backup_destination_error(d).is_none())
+    })
+}
+
 /// Why `destination` cannot take a cluster's snapshots (`/validate` and the loop say the same
 /// words): the backups file them in S3 or an S3-compatible store, or on the backup claim when
 /// the field is unset.

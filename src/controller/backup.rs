@@ -1,22 +1,17 @@
-//! Backups: the CronJob of a cluster with backups on (and its volume), and the final snapshot
-//! deletion waits for before the finalizer goes.
+//! Backups: the CronJob of a cluster with backups on (and its volume), the runs' record in the
+//! status, and what the loop forgets about a cluster that is gone (the final snapshot is
+//! [`super::deletion`]'s).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::Api;
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::children::{Applied, Children, job_outcome};
-use super::finalizer::{has_finalizer, remove_finalizer};
+use super::children::{Applied, Children};
 use super::status::{Observation, has_condition};
-use super::status_writer::update_status;
 use super::{Context, Error, render};
 use crate::api::v1::{BackupFailure, BackupStatus, EtcdCluster, SnapshotRecord};
 use crate::metrics::ClusterLabels;
@@ -348,146 +343,4 @@ pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
         ctx.metrics.member_db_size.remove(&member);
         ctx.metrics.member_db_size_in_use.remove(&member);
     }
-}
-
-/// Deletion: the final snapshot (when backups are on) as a Job, waited for by requeueing,
-/// then the finalizer goes. It always goes: a failed Job or `--finalizer-timeout` remove it
-/// with a Warning event. The timeout counts from the Job's creation, and the Job is always
-/// created once: a loop that was down longer than the timeout still takes the snapshot. A
-/// Job of that name that another (former) cluster owns is never taken for this one's: the
-/// pass waits for the garbage collector to remove it (within the timeout from the deletion).
-pub(super) async fn cleanup(
-    ec: &EtcdCluster,
-    ctx: &Context,
-    clusters: &Api<EtcdCluster>,
-) -> Result<Action, Error> {
-    if !has_finalizer(ec) {
-        ctx.finalizing(ec, false);
-        return Ok(Action::await_change());
-    }
-    let ready = ec
-        .status
-        .as_ref()
-        .and_then(|s| s.ready_replicas)
-        .unwrap_or(0);
-    let seen = Observation {
-        ready,
-        deleting: true,
-        ..Default::default()
-    };
-    update_status(ctx, clusters, ec, &seen).await?;
-    let since = ec
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
-    let elapsed = k8s_openapi::jiff::Timestamp::now()
-        .duration_since(since)
-        .unsigned_abs();
-    let timeout = ctx.settings.finalizer_timeout;
-    let Some(Ok(target)) = render::backup_target(ec) else {
-        return finalized(ctx, clusters, ec).await;
-    };
-    let kids = Children::of(ec, ctx);
-    let job_name = format!("{}-final-snapshot", ec.name_any());
-    // No members, nothing to snapshot (e.g. a cluster whose spec was never acted on).
-    if matches!(kids.read::<StatefulSet>(&ec.name_any()).await, Ok(None)) {
-        return finalized(ctx, clusters, ec).await;
-    }
-    let give_up = |why: String| async move {
-        ctx.event(ec, EventType::Warning, "FinalSnapshotSkipped", why)
-            .await;
-        finalized(ctx, clusters, ec).await
-    };
-    let job = match kids.read::<Job>(&job_name).await {
-        Ok(Some(job)) if !super::children::owned_by(&job.metadata, ec) => {
-            if elapsed >= timeout {
-                return give_up(format!(
-                    "Job {job_name} belongs to another cluster of this name (a former one) and was not removed within --finalizer-timeout ({}) of the deletion; finalizer removed without a final snapshot",
-                    humantime::format_duration(timeout)
-                ))
-                .await;
-            }
-            tracing::info!(cluster = %ec.name_any(), job = %job_name, "the final-snapshot Job of a former cluster of this name is still there; waiting for it to go");
-            ctx.finalizing(ec, true);
-            return Ok(Action::requeue(Duration::from_secs(5)));
-        }
-        Ok(job) => job,
-        Err(e) if elapsed >= timeout => {
-            return give_up(format!(
-                "cannot read Job {job_name} ({e}) and --finalizer-timeout ({}) has passed; finalizer removed without a final snapshot",
-                humantime::format_duration(timeout)
-            ))
-            .await;
-        }
-        Err(e) => return Err(e),
-    };
-    match job.as_deref().and_then(job_outcome) {
-        Some(true) => {
-            ctx.event(
-                ec,
-                EventType::Normal,
-                "FinalSnapshotTaken",
-                format!("Job {job_name} completed; removing the finalizer"),
-            )
-            .await;
-            return finalized(ctx, clusters, ec).await;
-        }
-        Some(false) => {
-            return give_up(format!(
-                "Job {job_name} failed; finalizer removed without a final snapshot"
-            ))
-            .await;
-        }
-        None if job.is_some() && job_age(job.as_deref()) >= timeout => {
-            return give_up(format!(
-                "Job {job_name} did not finish within --finalizer-timeout ({}) of its start; finalizer removed without a final snapshot",
-                humantime::format_duration(timeout)
-            ))
-            .await;
-        }
-        None => {}
-    }
-    ctx.finalizing(ec, true);
-    if job.is_none() {
-        let desired = render::final_snapshot_job(ec, &target, &ctx.settings.render);
-        kids.ensure_created(&desired).await?;
-        ctx.event(
-            ec,
-            EventType::Normal,
-            "FinalSnapshot",
-            format!("Job {job_name} started; the cluster is removed when it finishes"),
-        )
-        .await;
-    }
-    let left = timeout.saturating_sub(job_age(job.as_deref()));
-    Ok(Action::requeue(
-        Duration::from_secs(10)
-            .min(left)
-            .max(Duration::from_secs(1)),
-    ))
-}
-
-/// How long ago `job` was created (zero for none yet, or one without a creation time).
-fn job_age(job: Option<&Job>) -> Duration {
-    job.and_then(|j| j.metadata.creation_timestamp.as_ref())
-        .map(|t| {
-            k8s_openapi::jiff::Timestamp::now()
-                .duration_since(t.0)
-                .unsigned_abs()
-        })
-        .unwrap_or_default()
-}
-
-/// The finalizer goes; nothing more to wait for.
-async fn finalized(
-    ctx: &Context,
-    clusters: &Api<EtcdCluster>,
-    ec: &EtcdCluster,
-) -> Result<Action, Error> {
-    remove_finalizer(clusters, ec).await?;
-    ctx.finalizing(ec, false);
-    forget(ec, ctx);
-    Ok(Action::await_change())
 }

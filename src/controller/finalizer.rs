@@ -6,6 +6,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{
     AddOperation, Patch as JsonPatch, PatchOperation, RemoveOperation, TestOperation,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -38,22 +39,42 @@ fn add(path: PointerBuf, value: Value) -> PatchOperation {
     PatchOperation::Add(AddOperation { path, value })
 }
 
+/// The operations that add `finalizer` to an object's metadata as read: a `test` of the list
+/// first, so a concurrent change to it fails the patch instead of being lost.
+pub(super) fn add_finalizer_ops(meta: &ObjectMeta, finalizer: &str) -> Vec<PatchOperation> {
+    match &meta.finalizers {
+        None => vec![add(
+            pointer(&["metadata", "finalizers"]),
+            json!([finalizer]),
+        )],
+        Some(list) => vec![
+            test(pointer(&["metadata", "finalizers"]), json!(list)),
+            add(pointer(&["metadata", "finalizers", "-"]), json!(finalizer)),
+        ],
+    }
+}
+
+/// The operations that remove `finalizer` (and only it) from an object's metadata as read,
+/// guarded by a `test` of its position; `None` when it is not there.
+pub(super) fn remove_finalizer_ops(
+    meta: &ObjectMeta,
+    finalizer: &str,
+) -> Option<Vec<PatchOperation>> {
+    let i = meta
+        .finalizers
+        .iter()
+        .flatten()
+        .position(|f| f == finalizer)?;
+    let at = pointer(&["metadata", "finalizers", &i.to_string()]);
+    Some(vec![
+        test(at.clone(), json!(finalizer)),
+        PatchOperation::Remove(RemoveOperation { path: at }),
+    ])
+}
+
 /// The operations that add the finalizer and record the initial size.
 fn add_ops(ec: &EtcdCluster) -> JsonPatch {
-    let mut ops = Vec::new();
-    match &ec.metadata.finalizers {
-        None => ops.push(add(
-            pointer(&["metadata", "finalizers"]),
-            json!([FINALIZER]),
-        )),
-        Some(list) => {
-            ops.push(test(pointer(&["metadata", "finalizers"]), json!(list)));
-            ops.push(add(
-                pointer(&["metadata", "finalizers", "-"]),
-                json!(FINALIZER),
-            ));
-        }
-    }
+    let mut ops = add_finalizer_ops(&ec.metadata, FINALIZER);
     if initial_size_recorded(ec).is_none() {
         let size = ec.spec.size.to_string();
         ops.push(match &ec.metadata.annotations {
@@ -87,14 +108,10 @@ pub(super) async fn remove_finalizer(
     api: &Api<EtcdCluster>,
     ec: &EtcdCluster,
 ) -> Result<(), Error> {
-    let Some(i) = ec.finalizers().iter().position(|f| f == FINALIZER) else {
+    let Some(ops) = remove_finalizer_ops(&ec.metadata, FINALIZER) else {
         return Ok(());
     };
-    let at = pointer(&["metadata", "finalizers", &i.to_string()]);
-    let patch = JsonPatch(vec![
-        test(at.clone(), json!(FINALIZER)),
-        PatchOperation::Remove(RemoveOperation { path: at }),
-    ]);
+    let patch = JsonPatch(ops);
     match api
         .patch(
             &ec.name_any(),

@@ -16,7 +16,9 @@
 mod backup;
 pub mod certificates;
 mod children;
+mod claims;
 pub mod credentials;
+mod deletion;
 pub mod etcd;
 mod finalizer;
 pub mod leader;
@@ -41,7 +43,7 @@ pub use children::{Applied, Cached, Caches, Child, includes, slim_meta};
 pub use rbac::{LEADER_RBAC_RULES, RBAC_RULES};
 pub use run::{run, run_with_etcd};
 
-use backup::cleanup;
+use deletion::cleanup;
 use finalizer::{add_finalizer, has_finalizer};
 use policy::{apply_children, check_spec};
 use status_writer::update_status;
@@ -65,6 +67,13 @@ use status::Observation;
 
 pub use crate::api::MANAGER;
 pub const FINALIZER: &str = "etcd.example.com/finalizer";
+/// On the member claims and the backup claim while backups are on: a claim is never deleted
+/// (by the garbage collector after a foreground deletion, by a namespace deletion) before the
+/// cluster's final snapshot is taken or the user lets it go ([`RELEASE_ANNOTATION`]).
+pub const CLAIM_FINALIZER: &str = "etcd.example.com/final-snapshot";
+/// `"true"` on a cluster being deleted: let its claims and the cluster go without a final
+/// snapshot (when none can be taken, or the user does not want one).
+pub const RELEASE_ANNOTATION: &str = "etcd.example.com/release-volumes";
 /// How soon a pass looks again while etcd's membership changes.
 const SETTLE: Duration = Duration::from_secs(5);
 /// A cluster with no member ready is looked at this many resyncs apart: there is no etcd to

@@ -8,7 +8,9 @@ use kube::runtime::events::EventType;
 
 use super::children::{Applied, Children};
 use super::status::{Activity, Observation};
-use super::{Context, Error, backup, certificates, render, restore, scale, storage, upgrade};
+use super::{
+    Context, Error, backup, certificates, claims, render, restore, scale, storage, upgrade,
+};
 use crate::api::v1::EtcdCluster;
 
 fn template_image(sts: &StatefulSet) -> Option<String> {
@@ -246,6 +248,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
 
     kids.ensure(&render::pod_disruption_budget(ec, seen.voters))
         .await?;
+    claims::tend(ec, &kids).await?;
     super::maintenance::tend(ec, &kids, &mut seen).await;
 
     backup::schedule(ec, &kids, &mut seen).await?;

@@ -45,10 +45,11 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
         "cronjobs",
         &["get", "list", "watch", "create", "patch", "delete"],
     ),
+    // delete: a final-snapshot attempt that failed or ran out of time is replaced.
     (
         "batch",
         "jobs",
-        &["get", "list", "watch", "create", "patch"],
+        &["get", "list", "watch", "create", "patch", "delete"],
     ),
     ("events.k8s.io", "events", &["create", "patch"]),
     // The members' NetworkPolicy (`--network-policy`); deleted when the flag stops asking for it.

@@ -422,6 +422,8 @@ fn step_member(ec: &EtcdCluster, step: &Step) -> String {
 async fn replace_volume(ec: &EtcdCluster, kids: &Children<'_>, ordinal: i32) -> Result<(), Error> {
     let claim = render::member_claim(ec, ordinal);
     let pod = format!("{}-{ordinal}", ec.name_any());
+    // The claim goes now, snapshot or not: its data is lost already.
+    super::claims::release_one(kids, &claim).await?;
     let params = kube::api::DeleteParams::background();
     for result in [
         kids.api::<PersistentVolumeClaim>()

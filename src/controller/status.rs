@@ -313,7 +313,10 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
             "Ready",
             false,
             "Deleting",
-            "the cluster is being deleted".to_owned(),
+            match &seen.progress {
+                Some(p) => format!("the cluster is being deleted: {p}"),
+                None => "the cluster is being deleted".to_owned(),
+            },
         ),
         (Some((reason, err)), false) => cond("Ready", false, reason, err.clone()),
         (None, false) if all_ready => cond(

@@ -28,6 +28,7 @@ const CRON: &str = "/apis/batch/v1/namespaces/prod/cronjobs/etcd-backup";
 const JOBS: &str = "/apis/batch/v1/namespaces/prod/jobs/";
 const FINAL_JOB: &str = "/apis/batch/v1/namespaces/prod/jobs/etcd-final-snapshot";
 const BACKUP_PVC: &str = "/api/v1/namespaces/prod/persistentvolumeclaims/etcd-backup";
+const MEMBER_PVC: &str = "/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-";
 const SVC: &str = "/api/v1/namespaces/prod/services/etcd";
 const CLIENT_SVC: &str = "/api/v1/namespaces/prod/services/etcd-client";
 const CONFIG: &str = "/api/v1/namespaces/prod/configmaps/etcd-members";
@@ -1702,27 +1703,66 @@ async fn deleting_with_backup() -> (FakeApi, Arc<Context>) {
     (api, ctx)
 }
 
-/// The next pass removes the finalizer (the cluster is gone) with a Warning.
-async fn finalizer_goes_with_a_warning(api: &FakeApi, ctx: &Arc<Context>) {
+/// The attempt failed or ran out of time: the next pass says so (FinalSnapshotFailed), deletes
+/// the Job and keeps the cluster; the pass after starts a new Job, whose success lets it go.
+async fn a_new_attempt_follows(api: &FakeApi, ctx: &Arc<Context>) {
     api.clear_calls();
     pass(api, ctx).await.unwrap();
-    assert!(api.get(EC).is_none());
+    assert!(api.get(EC).is_some(), "the cluster is kept");
+    assert!(api.get(FINAL_JOB).is_none(), "the attempt is deleted");
     assert!(
-        events(&api.calls()).contains(&("Warning".to_owned(), "FinalSnapshotSkipped".to_owned()))
+        events(&api.calls()).contains(&("Warning".to_owned(), "FinalSnapshotFailed".to_owned())),
+        "{:?}",
+        events(&api.calls())
     );
+    assert_eq!(ctx.metrics.finalizers_in_progress.get(), 1);
+    pass(api, ctx).await.unwrap();
+    assert!(api.get(FINAL_JOB).is_some(), "a new attempt");
+    complete_job(api, FINAL_JOB, true);
+    pass(api, ctx).await.unwrap();
+    assert!(api.get(EC).is_none());
+    assert!(events(&api.calls()).contains(&("Normal".to_owned(), "FinalSnapshotTaken".to_owned())));
+    assert_granted(&api.calls(), RBAC_RULES);
 }
 
+/// A failed final snapshot never lets the data go: the failed Job stays a minute (its logs),
+/// then a new one starts.
 #[tokio::test]
-async fn a_failed_final_snapshot_still_removes_the_finalizer_with_a_warning() {
+async fn a_failed_final_snapshot_is_tried_again_and_the_cluster_kept() {
     let (api, ctx) = deleting_with_backup().await;
-    complete_job(&api, FINAL_JOB, false);
-    finalizer_goes_with_a_warning(&api, &ctx).await;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    api.set(
+        FINAL_JOB,
+        "/status",
+        json!({"conditions": [{"type": "Failed", "status": "True", "lastTransitionTime": now.to_string()}]}),
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        api.get(EC).is_some() && api.get(FINAL_JOB).is_some(),
+        "within the minute: kept"
+    );
+    let message = cluster_json(&api)["status"]["conditions"][0]["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .contains("a new one starts 1m after it"),
+        "{message}"
+    );
+    let before = now - k8s_openapi::jiff::SignedDuration::from_mins(2);
+    api.set(
+        FINAL_JOB,
+        "/status",
+        json!({"conditions": [{"type": "Failed", "status": "True", "lastTransitionTime": before.to_string()}]}),
+    );
+    a_new_attempt_follows(&api, &ctx).await;
 }
 
 /// `--finalizer-timeout` (10 minutes) counts from the Job's start: a deletion long ago whose
-/// Job is young keeps waiting; a Job older than the timeout ends it.
+/// Job is young keeps waiting; a Job older than the timeout is replaced by a new attempt.
 #[tokio::test]
-async fn the_finalizer_timeout_removes_it_with_a_warning() {
+async fn the_finalizer_timeout_starts_a_new_attempt() {
     let (api, ctx) = deleting_with_backup().await;
     let long_ago =
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_mins(11);
@@ -1741,7 +1781,135 @@ async fn the_finalizer_timeout_removes_it_with_a_warning() {
         "/metadata/creationTimestamp",
         json!(long_ago.to_string()),
     );
-    finalizer_goes_with_a_warning(&api, &ctx).await;
+    a_new_attempt_follows(&api, &ctx).await;
+}
+
+/// While backups are on, the member claims and the backup claim carry the protection; the
+/// final snapshot taken, it comes off before the finalizer goes.
+#[tokio::test]
+async fn claims_are_protected_while_backups_are_on_and_released_by_the_final_snapshot() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    let ec = cluster("etcd", 3, Some(backup(None)));
+    for i in 0..3 {
+        let mut claim = serde_json::to_value(render::member_claim_object(&ec, i)).unwrap();
+        claim["metadata"]["finalizers"] = json!(["kubernetes.io/pvc-protection"]);
+        api.insert(&format!("{MEMBER_PVC}{i}"), claim);
+    }
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    for path in (0..3)
+        .map(|i| format!("{MEMBER_PVC}{i}"))
+        .chain([BACKUP_PVC.to_owned()])
+    {
+        let finalizers = api.get(&path).unwrap()["metadata"]["finalizers"].clone();
+        assert!(
+            finalizers
+                .as_array()
+                .unwrap()
+                .contains(&json!(CLAIM_FINALIZER)),
+            "{path}: {finalizers}"
+        );
+    }
+    assert_eq!(
+        api.get(&format!("{MEMBER_PVC}0")).unwrap()["metadata"]["finalizers"],
+        json!(["kubernetes.io/pvc-protection", CLAIM_FINALIZER]),
+        "added beside the others"
+    );
+    delete_cluster(&api).await;
+    pass(&api, &ctx).await.unwrap();
+    complete_job(&api, FINAL_JOB, true);
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(EC).is_none());
+    for path in (0..3)
+        .map(|i| format!("{MEMBER_PVC}{i}"))
+        .chain([BACKUP_PVC.to_owned()])
+    {
+        let finalizers = api.get(&path).unwrap()["metadata"]["finalizers"].clone();
+        assert!(
+            !finalizers
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|f| f == CLAIM_FINALIZER),
+            "{path}: {finalizers}"
+        );
+    }
+}
+
+/// Backups turned off take the protection off again.
+#[tokio::test]
+async fn backups_turned_off_release_the_claims() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        api.get(BACKUP_PVC).unwrap()["metadata"]["finalizers"],
+        json!([CLAIM_FINALIZER])
+    );
+    api.set(EC, "/spec/backup/enabled", json!(false));
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        api.get(BACKUP_PVC).unwrap()["metadata"]["finalizers"],
+        json!([])
+    );
+}
+
+/// The members gone before the final snapshot (here: the StatefulSet deleted, as a foreground
+/// deletion or a namespace deletion does): the protected claims are kept, the deletion holds
+/// with a Warning and the Ready condition saying what to do, and the release annotation lets
+/// the claims and the cluster go.
+#[tokio::test]
+async fn members_gone_before_the_final_snapshot_hold_the_claims_until_released() {
+    let (api, ctx) = setup(3, Some(backup(None)));
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    api.set(
+        EC,
+        "/metadata/finalizers",
+        json!(["foregroundDeletion", FINALIZER]),
+    );
+    delete_cluster(&api).await;
+    api.remove(STS);
+    api.clear_calls();
+    let action = pass(&api, &ctx).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    assert!(api.get(EC).is_some(), "held");
+    assert!(api.get(FINAL_JOB).is_none(), "no Job without members");
+    assert!(events(&api.calls()).contains(&("Warning".to_owned(), "VolumesKept".to_owned())));
+    let message = cluster_json(&api)["status"]["conditions"][0]["message"].clone();
+    let message = message.as_str().unwrap();
+    assert!(
+        message.contains("--cascade=foreground")
+            && message.contains("etcd-backup")
+            && message.contains("kubectl annotate ec etcd etcd.example.com/release-volumes=true"),
+        "{message}"
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        !events(&api.calls()).contains(&("Warning".to_owned(), "VolumesKept".to_owned())),
+        "told once"
+    );
+    assert_eq!(
+        api.get(BACKUP_PVC).unwrap()["metadata"]["finalizers"],
+        json!([CLAIM_FINALIZER])
+    );
+    // The garbage collector is done with the dependents (its finalizer goes); the user lets
+    // the claims go.
+    api.set(EC, "/metadata/finalizers", json!([FINALIZER]));
+    let mut annotations = cluster_json(&api)["metadata"]["annotations"].clone();
+    annotations[RELEASE_ANNOTATION] = json!("true");
+    api.set(EC, "/metadata/annotations", annotations);
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(EC).is_none(), "released");
+    assert_granted(&api.calls(), RBAC_RULES);
+    assert_eq!(
+        api.get(BACKUP_PVC).unwrap()["metadata"]["finalizers"],
+        json!([])
+    );
+    assert!(
+        events(&api.calls()).contains(&("Warning".to_owned(), "FinalSnapshotSkipped".to_owned()))
+    );
 }
 
 /// A loop that was down for longer than `--finalizer-timeout` after the deletion still takes

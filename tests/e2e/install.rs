@@ -7,8 +7,9 @@
 //! - cert-manager (controller and cainjector, built from its Go module) issues the shipped chain,
 //!   but no kubelet mounts the Secret: the test copies it into a folder laid out as a Secret
 //!   volume (the `..data` symlink), and checks that cainjector's caBundles carry its CA;
-//! - nothing runs the final-snapshot Job either, so deletion gives up waiting for it after
-//!   `--finalizer-timeout=20s` (the only flag added to the Deployment's);
+//! - nothing runs the final-snapshot Job either, so an attempt is replaced after
+//!   `--finalizer-timeout=20s` (the only flag added to the Deployment's) and the scenarios let
+//!   a cluster with backups go with the release annotation;
 //! - the apiserver resolves the shipped service reference `etcd-webhook.etcd-system.svc:443` to the
 //!   local process through the control plane's service map (tests/controlplane/main.go).
 

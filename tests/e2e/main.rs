@@ -89,6 +89,10 @@ const SCENARIOS: &[Scenario] = &[
         reconcile::foreground_deletion_waits_for_the_children,
     ),
     (
+        "namespace_deletion_keeps_the_claims_until_released",
+        reconcile::namespace_deletion_keeps_the_claims_until_released,
+    ),
+    (
         "a_tls_cluster_gets_its_certificates_from_cert_manager",
         reconcile::a_tls_cluster_gets_its_certificates_from_cert_manager,
     ),

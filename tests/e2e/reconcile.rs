@@ -91,6 +91,15 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
     );
     assert_eq!(pod["metadata"]["ownerReferences"][0]["kind"], "StatefulSet");
     assert_eq!(pod["status"]["phase"], "Pending");
+    // Backups on: the member claims the StatefulSet controller made and the backup claim carry
+    // the loop's protection, so no deletion around the loop takes them before a final snapshot.
+    for claim in [format!("data-{name}-0"), format!("{name}-backup")] {
+        wait_for(
+            &format!("{CLAIM_FINALIZER} on {claim}"),
+            Duration::from_secs(60),
+            || protected(env, ns, &claim).then_some(()),
+        );
+    }
     // The disruption controller computes the budget's status: it covers the voters' pods
     // (none yet: no member answers here), so nothing may be evicted.
     let pdb = wait_for(
@@ -209,11 +218,31 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
             .then_some(())
     });
 
-    // Deletion: the finalizer starts the final snapshot Job, then (no kubelet runs it) gives up
-    // after --finalizer-timeout; the garbage collector removes what the cluster owned.
+    // Deletion. In the foreground the garbage collector would delete the members beside the
+    // finalizer, before the final snapshot: the webhook refuses it and says what to do.
     let finalizers =
         env.get_json(&["-n", ns, "etcdcluster", name])["metadata"]["finalizers"].clone();
     assert_eq!(finalizers, json!(["etcd.example.com/finalizer"]));
+    let refused = env.kubectl(&[
+        "-n",
+        ns,
+        "delete",
+        "etcdcluster",
+        name,
+        "--cascade=foreground",
+        "--wait=false",
+    ]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("kubectl delete --cascade=background"),
+        "a foreground deletion with backups on is refused: {said}"
+    );
+    assert!(
+        env.get_json(&["-n", ns, "etcdcluster", name])["metadata"]["deletionTimestamp"].is_null()
+    );
+    // In the background: the finalizer starts the final snapshot Job. No kubelet runs it, so
+    // after --finalizer-timeout (20 s) the attempt is replaced with a Warning, and the cluster
+    // and its claims stay until the release annotation lets them go.
     ok(
         env.kubectl(&["-n", ns, "delete", "etcdcluster", name, "--wait=false"]),
         "delete the EtcdCluster",
@@ -222,6 +251,41 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
         get_opt(env, ns, "job", &format!("{name}-final-snapshot"))
     });
     assert_eq!(job["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    let warned = |reason: &str| {
+        let events = env.get_json(&["-n", ns, "events.events.k8s.io"]);
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["regarding"]["uid"] == uid.as_str() && e["reason"] == reason)
+    };
+    wait_for(
+        "the Warning FinalSnapshotFailed",
+        Duration::from_secs(90),
+        || warned("FinalSnapshotFailed").then_some(()),
+    );
+    wait_for("a new final snapshot Job", Duration::from_secs(60), || {
+        get_opt(env, ns, "job", &format!("{name}-final-snapshot"))
+            .filter(|j| j["metadata"]["uid"] != job["metadata"]["uid"])
+    });
+    assert!(
+        get_opt(env, ns, "etcdcluster", name).is_some(),
+        "the cluster waits for its final snapshot"
+    );
+    for claim in [format!("data-{name}-0"), format!("{name}-backup")] {
+        assert!(protected(env, ns, &claim), "{claim} is kept");
+    }
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "annotate",
+            "etcdcluster",
+            name,
+            &format!("{RELEASE_ANNOTATION}=true"),
+        ]),
+        "let the cluster go without a final snapshot",
+    );
     wait_for(
         "the EtcdCluster to be gone",
         Duration::from_secs(120),
@@ -233,6 +297,7 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
     let mut owned = children(name);
     owned.push(("job", format!("{name}-final-snapshot")));
     owned.push(("pod", "loop-0".to_owned()));
+    owned.push(("persistentvolumeclaim", format!("data-{name}-0")));
     for (resource, child) in owned {
         wait_for(
             &format!("the garbage collector to delete {resource} {child}"),
@@ -244,14 +309,13 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
         get_opt(env, ns, "persistentvolumeclaim", &format!("{name}-backup")).is_some(),
         "the backup claim outlives the cluster"
     );
-    let events = env.get_json(&["-n", ns, "events.events.k8s.io"]);
     assert!(
-        events["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["regarding"]["uid"] == uid.as_str() && e["type"] == "Warning"),
-        "the finalizer's timeout is reported as a Warning Event: {events}"
+        !protected(env, ns, &format!("{name}-backup")),
+        "released: a later deletion of the backup claim is not held"
+    );
+    assert!(
+        warned("FinalSnapshotSkipped"),
+        "the release is reported as a Warning Event"
     );
 
     // A new cluster from the snapshot on the claim that outlived it: the apiserver takes the
@@ -349,6 +413,98 @@ pub fn foreground_deletion_waits_for_the_children(env: &Env) {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// The loop's claim protection (while backups are on).
+const CLAIM_FINALIZER: &str = "etcd.example.com/final-snapshot";
+/// The annotation that lets a held deletion go without a final snapshot.
+const RELEASE_ANNOTATION: &str = "etcd.example.com/release-volumes";
+
+/// Whether claim `name` carries the loop's protection.
+fn protected(env: &Env, ns: &str, name: &str) -> bool {
+    get_opt(env, ns, "persistentvolumeclaim", name).is_some_and(|c| {
+        c["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == CLAIM_FINALIZER))
+    })
+}
+
+/// A namespace deleted under a cluster with backups: the namespace controller deletes the
+/// members and the apiserver creates no Job there, so no final snapshot can be taken. The
+/// protected claims stay (Terminating, their data in place), the cluster's Ready condition
+/// says what to do, and the release annotation lets the claims, the cluster and the namespace
+/// go.
+pub fn namespace_deletion_keeps_the_claims_until_released(env: &Env) {
+    let ns = "e2e-ns-deletion";
+    let name = "nsd";
+    env.create_namespace(ns);
+    env.create_cluster(
+        ns,
+        name,
+        json!({"size": 1, "version": "v3.5.10", "storageSize": "1Gi",
+               "backup": {"enabled": true, "schedule": "0 * * * *"}}),
+    );
+    let claims = [format!("data-{name}-0"), format!("{name}-backup")];
+    for claim in &claims {
+        wait_for(
+            &format!("{CLAIM_FINALIZER} on {claim}"),
+            Duration::from_secs(60),
+            || protected(env, ns, claim).then_some(()),
+        );
+    }
+    ok(
+        env.kubectl(&["delete", "namespace", ns, "--wait=false"]),
+        "delete the namespace",
+    );
+    let ready = wait_for(
+        "the held deletion in the Ready condition",
+        Duration::from_secs(90),
+        || {
+            let ec = get_opt(env, ns, "etcdcluster", name)?;
+            ec["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| {
+                    c["type"] == "Ready"
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("no final snapshot can be taken"))
+                })
+                .cloned()
+        },
+    );
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{RELEASE_ANNOTATION}=true")) && message.contains("Retain"),
+        "{message}"
+    );
+    // Kept: the namespace controller has asked for the claims' deletion, and they stay.
+    std::thread::sleep(Duration::from_secs(5));
+    for claim in &claims {
+        let c = get_opt(env, ns, "persistentvolumeclaim", claim)
+            .unwrap_or_else(|| panic!("{claim} was deleted before a final snapshot"));
+        assert!(
+            !c["metadata"]["deletionTimestamp"].is_null() && protected(env, ns, claim),
+            "{claim}: {}",
+            c["metadata"]
+        );
+    }
+    let namespace = env.get_json(&["namespace", ns]);
+    assert_eq!(namespace["status"]["phase"], "Terminating");
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "annotate",
+            "etcdcluster",
+            name,
+            &format!("{RELEASE_ANNOTATION}=true"),
+        ]),
+        "let the claims go",
+    );
+    wait_for("the namespace to be gone", Duration::from_secs(180), || {
+        (!env.kubectl(&["get", "namespace", ns]).status.success()).then_some(())
+    });
 }
 
 /// `kubectl delete --cascade=foreground` of cluster `name`: returns once the garbage collector

@@ -42,13 +42,18 @@ pub fn backup_target(ec: &EtcdCluster) -> Option<Result<BackupTarget, Unsupporte
 /// no ownerReference on purpose: the snapshots (the final one above all) must outlive the
 /// cluster. Sized like one member's volume; a snapshot is never larger than the data it copies.
 pub fn backup_claim(ec: &EtcdCluster) -> PersistentVolumeClaim {
-    let mut metadata = meta(ec, format!("{}-backup", ec.name_any()), "backup");
+    let mut metadata = meta(ec, backup_claim_name(ec), "backup");
     metadata.owner_references = None;
     PersistentVolumeClaim {
         metadata,
         spec: Some(claim_spec(ec)),
         ..Default::default()
     }
+}
+
+/// The name of the claim `NAME-backup` the backups to a volume go to.
+pub fn backup_claim_name(ec: &EtcdCluster) -> String {
+    format!("{}-backup", ec.name_any())
 }
 
 /// What `etcd-webhook backup` filed: the JSON line it prints and leaves as the Job pod's
@@ -106,7 +111,7 @@ fn snapshot_pod(
             volumes.push(Volume {
                 name: "backup".to_owned(),
                 persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: format!("{}-backup", ec.name_any()),
+                    claim_name: backup_claim_name(ec),
                     ..Default::default()
                 }),
                 ..Default::default()
