@@ -380,10 +380,11 @@ impl MemberStatus {
         self.leader != 0 && self.errors.is_empty()
     }
 
-    /// Has a leader, and every error it reports is an alarm (`memberID:.. alarm:NOSPACE`):
-    /// it serves reads, and the maintenance calls that clear the alarm.
+    /// Has a leader, and every error it reports is the NOSPACE alarm (`memberID:..
+    /// alarm:NOSPACE`): it serves reads, and the maintenance calls that clear the alarm. A
+    /// CORRUPT alarm (its data disagrees with the others') or any other error is not serving.
     pub fn serving(&self) -> bool {
-        self.leader != 0 && self.errors.iter().all(|e| e.contains("alarm:"))
+        self.leader != 0 && self.errors.iter().all(|e| e.contains("alarm:NOSPACE"))
     }
 
     /// Whether it reports the alarm `name` (e.g. `NOSPACE`).

@@ -17,6 +17,8 @@ use super::etcd::{Etcd, EtcdError, Member, MemberStatus};
 
 /// The alarm etcd raises when a member's backend reaches the quota.
 pub const NOSPACE: &str = "NOSPACE";
+/// The alarm etcd raises when its corruption checks find a member whose data disagrees.
+pub const CORRUPT: &str = "CORRUPT";
 
 /// A recovery disarms only when the data in use leaves this share of the quota free, in
 /// percent: with less, the data itself needs more than the quota (the alarm would come back
@@ -86,6 +88,19 @@ fn gate(
 ) -> Option<String> {
     if let Some(why) = busy {
         return Some(format!("{why} is under way"));
+    }
+    if let Some(m) = members
+        .iter()
+        .find(|m| health.get(&m.id).is_some_and(|s| s.alarm(CORRUPT)))
+    {
+        return Some(format!(
+            "etcd raised the CORRUPT alarm on {}: its data disagrees with the other members'; no compaction or defragmentation runs until a person has compared the members (etcdctl endpoint hashkv) and replaced the outlier",
+            if m.name.is_empty() {
+                format!("{:x}", m.id)
+            } else {
+                m.name.clone()
+            }
+        ));
     }
     if let Some(m) = members.iter().find(|m| m.is_learner || !m.started()) {
         return Some(format!(
@@ -651,6 +666,32 @@ mod tests {
             wait(plan(&with_learner, &due, &RULES, None, &url))
                 .contains("e-2 is not a started voter")
         );
+    }
+
+    /// A CORRUPT alarm is no alarm to work around: nothing is compacted or defragmented while
+    /// it is raised, NOSPACE beside it or not, and the wait names the member.
+    #[test]
+    fn a_corrupt_alarm_stops_every_maintenance() {
+        let members = three();
+        let corrupt = "memberID:2 alarm:CORRUPT ";
+        let mut health: BTreeMap<u64, MemberStatus> = (1..=3)
+            .map(|id| (id, status(3, 10 * MIB, MIB, &[])))
+            .collect();
+        health.insert(2, status(3, 10 * MIB, MIB, &[corrupt]));
+        assert!(!health[&2].serving());
+        let wait = |p: Plan| match p {
+            Plan::Wait(why) => why,
+            other => panic!("{other:?}"),
+        };
+        let why = wait(plan(&members, &health, &RULES, None, &url));
+        assert!(why.contains("CORRUPT alarm on e-1"), "{why}");
+        health.insert(
+            3,
+            status(3, 16 * MIB, 15 * MIB, &["memberID:3 alarm:NOSPACE "]),
+        );
+        assert!(health[&3].serving(), "NOSPACE alone still serves");
+        let why = wait(plan(&members, &health, &RULES, None, &url));
+        assert!(why.contains("CORRUPT"), "{why}");
     }
 
     #[test]
