@@ -70,6 +70,21 @@ pub fn storage_class_error(name: &str) -> Option<&'static str> {
     )
 }
 
+/// The pace the loop counts on for a defragmentation (etcd copies the data in use into a new
+/// file): well under the slowest measured (benches/defrag.py, docs/benchmarks.md: 77 to 175
+/// MiB/s here). It sizes the defragmentation's call timeout, the hold of every other
+/// maintenance while one may still run, and the members' liveness probes, which a
+/// defragmentation blocks for its whole length on v3.6.
+pub const DEFRAG_BYTES_PER_SECOND: u64 = 32 << 20;
+/// The call timeout every defragmentation gets on top of its size.
+pub const DEFRAG_BASE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a defragmentation of `bytes` in use may take: [`DEFRAG_BASE`] plus the bytes at
+/// [`DEFRAG_BYTES_PER_SECOND`].
+pub fn defrag_time(bytes: u64) -> std::time::Duration {
+    DEFRAG_BASE + std::time::Duration::from_secs(bytes.div_ceil(DEFRAG_BYTES_PER_SECOND))
+}
+
 /// Whether a cluster takes snapshots: backups are on to a destination they can be filed in.
 /// Such a cluster's deletion waits for a final snapshot, and its claims are kept until then.
 pub fn backups_on(spec: &v1::EtcdClusterSpec) -> bool {

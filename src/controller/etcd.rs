@@ -126,6 +126,20 @@ pub trait Transport: Send + Sync {
         body: Value,
     ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>>;
 
+    /// [`Transport::post`] waiting up to `within` for the answer instead of the transport's
+    /// call timeout (a defragmentation or a physical compaction of a large database). A
+    /// transport without a timeout of its own waits as it always does.
+    fn post_within<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        let _ = within;
+        self.post(endpoint, path, body)
+    }
+
     /// The same transport presenting `identity` to a TLS cluster's members.
     fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError>;
 }
@@ -192,7 +206,13 @@ impl Gateway {
             })
     }
 
-    async fn call(&self, endpoint: &str, path: &str, body: Value) -> Result<Value, EtcdError> {
+    async fn call(
+        &self,
+        endpoint: &str,
+        path: &str,
+        body: Value,
+        within: Duration,
+    ) -> Result<Value, EtcdError> {
         let unreachable = |reason: String| EtcdError::Unreachable {
             endpoint: endpoint.to_owned(),
             reason,
@@ -216,9 +236,9 @@ impl Gateway {
                 .to_bytes();
             Ok::<_, EtcdError>((status, bytes))
         };
-        let (status, bytes) = tokio::time::timeout(self.timeout, exchange)
+        let (status, bytes) = tokio::time::timeout(within, exchange)
             .await
-            .map_err(|_| unreachable(format!("no answer within {:?}", self.timeout)))??;
+            .map_err(|_| unreachable(format!("no answer within {within:?}")))??;
         let value: Value = serde_json::from_slice(&bytes).map_err(|e| EtcdError::Decode {
             endpoint: endpoint.to_owned(),
             reason: format!("HTTP {status}: {e}"),
@@ -282,7 +302,17 @@ impl Transport for Gateway {
         path: &'a str,
         body: Value,
     ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
-        Box::pin(self.call(endpoint, path, body))
+        Box::pin(self.call(endpoint, path, body, self.timeout))
+    }
+
+    fn post_within<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        Box::pin(self.call(endpoint, path, body, within))
     }
 
     fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError> {
@@ -298,6 +328,16 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
         body: Value,
     ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
         (**self).post(endpoint, path, body)
+    }
+
+    fn post_within<'a>(
+        &'a self,
+        endpoint: &'a str,
+        path: &'a str,
+        body: Value,
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        (**self).post_within(endpoint, path, body, within)
     }
 
     fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError> {
@@ -543,13 +583,21 @@ impl Etcd<'_> {
     /// Compacts the history below `revision` and waits until it is physically gone (the
     /// space is then free for a defragmentation to give back). Whether this call compacted
     /// anything: a revision compacted already is no error, and `false`.
-    pub async fn compact(&self, endpoint: &str, revision: u64) -> Result<bool, EtcdError> {
+    /// `within`: a physical compaction answers once the backend has dropped the history, which
+    /// takes longer the larger the database.
+    pub async fn compact(
+        &self,
+        endpoint: &str,
+        revision: u64,
+        within: Duration,
+    ) -> Result<bool, EtcdError> {
         let asked = self
             .transport
-            .post(
+            .post_within(
                 endpoint,
                 "kv/compaction",
                 json!({"revision": revision.to_string(), "physical": true}),
+                within,
             )
             .await;
         match asked {
@@ -562,10 +610,11 @@ impl Etcd<'_> {
         }
     }
 
-    /// Defragments the member `endpoint` (it serves nothing until it is done).
-    pub async fn defragment(&self, endpoint: &str) -> Result<(), EtcdError> {
+    /// Defragments the member `endpoint` (it serves nothing until it is done: on v3.6 not even
+    /// `/livez` or its status), waiting up to `within` ([`crate::api::defrag_time`]).
+    pub async fn defragment(&self, endpoint: &str, within: Duration) -> Result<(), EtcdError> {
         self.transport
-            .post(endpoint, "maintenance/defragment", json!({}))
+            .post_within(endpoint, "maintenance/defragment", json!({}), within)
             .await
             .map(|_| ())
     }

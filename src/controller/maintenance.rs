@@ -62,6 +62,8 @@ pub struct Target {
     pub leader: bool,
     /// `dbSize - dbSizeInUse` when planned.
     pub free: u64,
+    /// `dbSize` when planned.
+    pub db_size: u64,
 }
 
 /// What the upkeep does this pass.
@@ -137,6 +139,7 @@ fn order(
                 endpoint: endpoint(m)?,
                 leader: s.leader == m.id,
                 free: s.db_size.saturating_sub(s.db_size_in_use),
+                db_size: s.db_size,
             })
         })
         .collect();
@@ -230,6 +233,9 @@ pub struct Done {
     /// Stopped before the end (a gate closed between members).
     pub stopped: Option<String>,
     pub failed: Option<EtcdError>,
+    /// A defragmentation that gave no answer within its time: the member, and how much longer
+    /// etcd may go on with it (every other maintenance of the cluster waits that long).
+    pub unfinished: Option<(String, Duration)>,
 }
 
 /// Carries out `plan`. Before each member, every voter's status is read again and the gate
@@ -267,7 +273,11 @@ pub async fn run(
             .iter()
             .find(|t| t.leader)
             .map_or(first.as_str(), |t| t.endpoint.as_str());
-        match etcd.compact(leader, revision).await {
+        let largest = order.iter().map(|t| t.db_size).max().unwrap_or_default();
+        match etcd
+            .compact(leader, revision, crate::api::defrag_time(largest))
+            .await
+        {
             Ok(fresh) => fresh_compaction = fresh,
             Err(e) => {
                 done.failed = Some(e);
@@ -304,8 +314,14 @@ pub async fn run(
             return done;
         }
         let before = health.get(&target.id).map_or(0, |s| s.db_size);
+        let in_use = health.get(&target.id).map_or(before, |s| s.db_size_in_use);
+        let within = crate::api::defrag_time(in_use.max(before / 2));
         let started = Instant::now();
-        if let Err(e) = etcd.defragment(&target.endpoint).await {
+        if let Err(e) = etcd.defragment(&target.endpoint, within).await {
+            if matches!(e, EtcdError::Unreachable { .. }) {
+                // etcd goes on with it without us: nothing else starts until it may be done.
+                done.unfinished = Some((target.name.clone(), within));
+            }
             done.failed = Some(e);
             return done;
         }
@@ -438,7 +454,25 @@ async fn tend_view(
         let i = super::membership::ordinal(ec, m)?;
         endpoints.get(i as usize).cloned()
     };
-    let busy = seen.activity.map(|a| a.reason());
+    let key = super::key(ec);
+    let unfinished = {
+        let mut records = ctx.defragmenting.lock().expect("not poisoned");
+        match records.get(&key) {
+            Some((member, until)) if Instant::now() < *until => Some(format!(
+                "a defragmentation of {member} that gave no answer in time (etcd may go on with it for {} more)",
+                humantime::format_duration(Duration::from_secs(
+                    until.saturating_duration_since(Instant::now()).as_secs()
+                ))
+            )),
+            Some(_) => {
+                records.remove(&key);
+                None
+            }
+            None => None,
+        }
+    };
+    let busy = seen.activity.map(|a| a.reason().to_owned()).or(unfinished);
+    let busy = busy.as_deref();
     let nospace = view.health.values().any(|s| s.alarm(NOSPACE));
     let labels = super::backup::labels(ec);
     ctx.metrics
@@ -474,6 +508,13 @@ async fn tend_view(
         endpoints: endpoints.clone(),
     };
     let done = run(&etcd, &view.members, planned, &rules, &endpoint).await;
+    if let Some((member, within)) = &done.unfinished {
+        tracing::warn!(cluster = %ec.name_any(), %member, within = ?within, "a defragmentation gave no answer in time; no other maintenance starts while etcd may go on with it");
+        ctx.defragmenting
+            .lock()
+            .expect("not poisoned")
+            .insert(key, (member.clone(), Instant::now() + *within));
+    }
     view.defragmented = done.defragmented.iter().map(|d| d.name.clone()).collect();
     for d in &done.defragmented {
         ctx.metrics.defragmentations.get_or_create(&labels).inc();
@@ -666,6 +707,93 @@ mod tests {
             wait(plan(&with_learner, &due, &RULES, None, &url))
                 .contains("e-2 is not a started voter")
         );
+    }
+
+    /// Members that answer their status (leader 3, half their database free) and never answer
+    /// a defragmentation within the time given: each call is recorded with that time.
+    struct SlowDefrag(std::sync::Mutex<Vec<(String, Duration)>>);
+
+    impl super::super::etcd::Transport for SlowDefrag {
+        fn post<'a>(
+            &'a self,
+            endpoint: &'a str,
+            path: &'a str,
+            body: serde_json::Value,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<serde_json::Value, EtcdError>> + Send + 'a>,
+        > {
+            self.post_within(endpoint, path, body, Duration::from_secs(5))
+        }
+
+        fn post_within<'a>(
+            &'a self,
+            endpoint: &'a str,
+            path: &'a str,
+            _body: serde_json::Value,
+            within: Duration,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<serde_json::Value, EtcdError>> + Send + 'a>,
+        > {
+            Box::pin(async move {
+                match path {
+                    "maintenance/status" => Ok(serde_json::json!({
+                        "leader": "3", "dbSize": (2048 * MIB).to_string(),
+                        "dbSizeInUse": (1024 * MIB).to_string(),
+                    })),
+                    _ => {
+                        self.0.lock().unwrap().push((endpoint.to_owned(), within));
+                        Err(EtcdError::Unreachable {
+                            endpoint: endpoint.to_owned(),
+                            reason: format!("no answer within {within:?}"),
+                        })
+                    }
+                }
+            })
+        }
+
+        fn with_identity(
+            &self,
+            _: &super::super::etcd::ClientTls,
+        ) -> Result<std::sync::Arc<dyn super::super::etcd::Transport>, super::super::etcd::TlsError>
+        {
+            unreachable!("plain members")
+        }
+    }
+
+    /// A defragmentation is given the time its data needs (1 GiB in use: 5 s + 32 s), and one
+    /// that gives no answer in that time is reported as unfinished, with that time, so no
+    /// other maintenance starts while etcd may still be at it.
+    #[tokio::test]
+    async fn a_defragmentation_gets_the_time_its_data_needs_and_an_unanswered_one_holds() {
+        let members = three();
+        let transport = SlowDefrag(Default::default());
+        let etcd = Etcd {
+            transport: &transport,
+            endpoints: members.iter().filter_map(url).collect(),
+        };
+        let health: BTreeMap<u64, MemberStatus> = (1..=3)
+            .map(|id| (id, status(3, 2048 * MIB, 1024 * MIB, &[])))
+            .collect();
+        let rules = Rules {
+            quota: 4096 * MIB,
+            ..RULES
+        };
+        let planned = plan(&members, &health, &rules, None, &url);
+        let done = run(&etcd, &members, planned, &rules, &url).await;
+        let want = Duration::from_secs(5 + 32);
+        assert_eq!(
+            *transport.0.lock().unwrap(),
+            [("http://e-0:2379".to_owned(), want)],
+            "one call, given the time; nothing after it"
+        );
+        assert_eq!(done.unfinished, Some(("e-0".to_owned(), want)));
+        assert!(done.defragmented.is_empty() && done.failed.is_some());
+        // The next pass, while the record stands: the gate names it and nothing is planned.
+        let why = "a defragmentation of e-0 that gave no answer in time";
+        assert!(matches!(
+            plan(&members, &health, &rules, Some(why), &url),
+            Plan::Wait(w) if w.contains(why)
+        ));
     }
 
     /// A CORRUPT alarm is no alarm to work around: nothing is compacted or defragmented while

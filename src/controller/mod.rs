@@ -177,6 +177,9 @@ pub struct Context {
     written: Mutex<HashMap<String, (std::time::Instant, crate::api::v1::EtcdClusterStatus)>>,
     /// Clusters whose finalizer is waiting (the in-progress gauge).
     finalizing: Mutex<HashSet<String>>,
+    /// Per cluster: a member whose defragmentation gave no answer in time, and until when etcd
+    /// may still be at it (no other maintenance of the cluster starts before).
+    defragmenting: Mutex<HashMap<String, (String, std::time::Instant)>>,
     /// How membership calls reach etcd ([`etcd::Gateway`]; an in-memory etcd in the tests).
     etcd: Arc<dyn etcd::Transport>,
     /// Per TLS cluster: the client Secret's resourceVersion and the transport made from it
@@ -202,6 +205,7 @@ impl Context {
             failures: Mutex::default(),
             written: Mutex::default(),
             finalizing: Mutex::default(),
+            defragmenting: Mutex::default(),
             etcd: Arc::new(etcd::Gateway::default()),
             identities: Mutex::default(),
         }

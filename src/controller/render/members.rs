@@ -25,6 +25,9 @@ use super::*;
 /// `exclude`).
 const HEALTH_WITHOUT_NOSPACE: &str = "/health?exclude=NOSPACE";
 
+/// How often the kubelet asks a member whether it is alive.
+const LIVENESS_PERIOD: i32 = 10;
+
 fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
@@ -52,24 +55,34 @@ fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
 ///   those releases spend the exclusion on the first member's alarm (etcdhttp `checkHealth`
 ///   deletes it from the set), so with several members' alarms raised they are not ready: the
 ///   loop asks etcd whenever a member runs, ready or not, so the recovery still happens.
-pub fn probes(version: &str) -> (Probe, Probe) {
+///
+/// A defragmentation blocks every endpoint of its member (v3.6: `/livez`, `/readyz` and the
+/// status; benches/defrag.py), so liveness tolerates the longest one the loop may start: the
+/// whole quota at [`crate::api::DEFRAG_BYTES_PER_SECOND`], in failures of its 10 s period (at
+/// least 6). Readiness fails meanwhile, which takes the member out of the client Service.
+pub fn probes(version: &str, quota: i64) -> (Probe, Probe) {
     let at_least =
         |minor: u64, patch: u64| crate::api::EtcdVersion::at_least(version, 3, minor, patch);
+    let longest = crate::api::defrag_time(u64::try_from(quota).unwrap_or(0));
+    let failures = i32::try_from(longest.as_secs().div_ceil(LIVENESS_PERIOD as u64) + 1)
+        .unwrap_or(i32::MAX)
+        .max(6);
     let alive = |probe: Probe| Probe {
         initial_delay_seconds: Some(15),
+        failure_threshold: Some(failures),
         ..probe
     };
     if at_least(5, 11) {
         (
             health_probe("/readyz", 5, 3),
-            alive(health_probe("/livez", 10, 6)),
+            alive(health_probe("/livez", LIVENESS_PERIOD, 6)),
         )
     } else if at_least(5, 3) {
         (
             health_probe(HEALTH_WITHOUT_NOSPACE, 5, 3),
             alive(health_probe(
                 &format!("{HEALTH_WITHOUT_NOSPACE}&serializable=true"),
-                10,
+                LIVENESS_PERIOD,
                 6,
             )),
         )
@@ -79,7 +92,7 @@ pub fn probes(version: &str) -> (Probe, Probe) {
                 port: IntOrString::String("metrics".to_owned()),
                 ..Default::default()
             }),
-            period_seconds: Some(10),
+            period_seconds: Some(LIVENESS_PERIOD),
             timeout_seconds: Some(5),
             failure_threshold: Some(6),
             ..Default::default()
@@ -326,7 +339,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
     }
     args.extend(member_tls_args(ec));
     let (tls_volumes, tls_mounts) = member_tls_volumes(ec);
-    let (readiness, liveness) = probes(&ec.spec.version);
+    let (readiness, liveness) = probes(&ec.spec.version, crate::api::quota_backend_bytes(&ec.spec));
     let (affinity, spread) = member_placement(ec);
     let container = Container {
         name: "etcd".to_owned(),

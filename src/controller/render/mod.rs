@@ -735,6 +735,40 @@ pub(crate) mod tests {
         assert_eq!(selector[VOTER_LABEL], "true");
     }
 
+    /// A defragmentation blocks its member's `/livez` for its whole length (v3.6.4: 11 s for
+    /// 2 GiB in use, benches/defrag.py): liveness outlasts the longest one the loop may start,
+    /// the whole quota at the pace it counts on; a small quota keeps the usual six failures.
+    #[test]
+    fn liveness_outlasts_a_defragmentation_of_the_whole_quota() {
+        for (storage, quota) in [
+            ("1Gi", 320i64 << 20),
+            ("10Gi", 4928 << 20),
+            ("100Gi", 8 << 30),
+        ] {
+            assert_eq!(crate::api::quota_of_volume(storage), quota);
+            for version in ["v3.6.4", "v3.5.35", "v3.5.3", "v3.5.1"] {
+                let (_, alive) = probes(version, quota);
+                let budget =
+                    i64::from(alive.period_seconds.unwrap() * alive.failure_threshold.unwrap());
+                let longest = crate::api::defrag_time(quota as u64).as_secs() as i64;
+                assert!(
+                    budget >= longest,
+                    "{storage} {version}: {budget} s < {longest} s"
+                );
+                assert!(alive.failure_threshold.unwrap() >= 6);
+                if storage == "1Gi" {
+                    assert_eq!(alive.failure_threshold, Some(6), "{version}");
+                }
+            }
+        }
+        let (_, alive) = probes("v3.6.4", 4928 << 20);
+        assert_eq!(
+            alive.failure_threshold,
+            Some(17),
+            "154 s + 5 s at 10 s a failure, and one more"
+        );
+    }
+
     #[test]
     fn probes_never_need_a_quorum_to_stay_alive_on_any_release() {
         let path = |p: &k8s_openapi::api::core::v1::Probe| {
@@ -756,7 +790,7 @@ pub(crate) mod tests {
             ("v3.5.2", "/health?exclude=NOSPACE", None),
             ("v3.4.30", "/health?exclude=NOSPACE", None),
         ] {
-            let (r, l) = probes(version);
+            let (r, l) = probes(version, 320 << 20);
             assert_eq!(path(&r).as_deref(), Some(ready), "{version}");
             assert_eq!(path(&l).as_deref(), alive, "{version}");
             if alive.is_none() {
