@@ -312,6 +312,12 @@ pub(super) fn labels(ec: &EtcdCluster) -> ClusterLabels {
 
 /// The cluster's per-cluster metrics go with it.
 pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
+    let key = super::key(ec);
+    ctx.certificates_checked
+        .lock()
+        .expect("not poisoned")
+        .remove(&key);
+    ctx.defragmenting.lock().expect("not poisoned").remove(&key);
     let l = labels(ec);
     ctx.identities
         .lock()

@@ -1,12 +1,17 @@
 //! A TLS cluster's cert-manager objects (`render::certificates`): applied server-side when
 //! what was last applied differs, which the members' ConfigMap records as a digest in
-//! [`CERTIFICATES_ANNOTATION`] (so a steady cluster costs no request). cert-manager then makes
-//! and renews the Secrets the members mount and the loop reads.
+//! [`CERTIFICATES_ANNOTATION`] (so a steady cluster costs no request), and applied again when
+//! one is gone: every [`CHECK_EVERY`] each is looked for (a GET), so a Certificate deleted by
+//! hand, or cert-manager reinstalled with its CRDs (which deletes every Certificate and Issuer),
+//! never leaves the members' certificates unrenewed. cert-manager then makes and renews the
+//! Secrets the members mount and the loop reads.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use std::time::{Duration, Instant};
 
 use super::children::Children;
 use super::{Error, MANAGER, render};
@@ -24,6 +29,57 @@ pub const CERTIFICATES_RBAC_RULES: &[(&str, &str, &[&str])] = &[
         &["get", "create", "patch"],
     ),
 ];
+
+/// How often a steady TLS cluster's cert-manager objects are looked for: 6 GETs per cluster,
+/// so 1,000 TLS clusters cost 3.3 requests a second. The first look after a start comes at a
+/// point of the period given by the cluster's UID, so the looks are spread out.
+pub const CHECK_EVERY: Duration = Duration::from_secs(30 * 60);
+
+/// Whether the look for `ec`'s objects is due (and if so, it is recorded as made now).
+fn check_due(ec: &EtcdCluster, kids: &Children<'_>) -> bool {
+    let mut checked = kids.ctx.certificates_checked.lock().expect("not poisoned");
+    let now = Instant::now();
+    let last = *checked.entry(super::key(ec)).or_insert_with(|| {
+        let uid = ec.uid().unwrap_or_default();
+        let spread = uid
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        let offset = Duration::from_secs(spread % CHECK_EVERY.as_secs());
+        now.checked_sub(offset).unwrap_or(now)
+    });
+    if now.duration_since(last) < CHECK_EVERY {
+        return false;
+    }
+    checked.insert(super::key(ec), now);
+    true
+}
+
+/// The cert-manager API for `kind` in `ns`.
+fn api_of(kids: &Children<'_>, ns: &str, kind: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("cert-manager.io", "v1", kind);
+    Api::namespaced_with(kids.ctx.client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+/// The objects of `objects` that are not there (`kind/name`).
+async fn missing(
+    kids: &Children<'_>,
+    ns: &str,
+    objects: &[serde_json::Value],
+) -> Result<Vec<String>, Error> {
+    let mut gone = Vec::new();
+    for object in objects {
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        match api_of(kids, ns, kind).get_opt(name).await {
+            Ok(Some(_)) => {}
+            Ok(None) => gone.push(format!("{kind}/{name}")),
+            // cert-manager's API itself is gone (being reinstalled): apply says so below.
+            Err(kube::Error::Api(s)) if s.code == 404 => gone.push(format!("{kind}/{name}")),
+            Err(e) => return Err(Error::kube("get", "Certificate", name, e)),
+        }
+    }
+    Ok(gone)
+}
 
 /// The digest of `objects` (SHA-256 of their JSON, first 16 hex digits).
 pub fn digest(objects: &[serde_json::Value]) -> String {
@@ -44,16 +100,28 @@ pub(super) async fn ensure(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), 
     let have = config
         .as_ref()
         .and_then(|c| c.annotations().get(CERTIFICATES_ANNOTATION).cloned());
-    if have.as_deref() == Some(want.as_str()) {
-        return Ok(());
-    }
     let ns = ec.namespace().unwrap_or_default();
+    if have.as_deref() == Some(want.as_str()) {
+        if !check_due(ec, kids) {
+            return Ok(());
+        }
+        let gone = missing(kids, &ns, &objects).await?;
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let message = format!(
+            "{} of this cluster were gone (deleted, or cert-manager reinstalled), so nothing renewed the members' certificates: applied again",
+            gone.join(", ")
+        );
+        tracing::warn!(cluster = %ec.name_any(), %message, "cert-manager objects restored");
+        kids.ctx
+            .event(ec, EventType::Warning, "CertificatesRestored", message)
+            .await;
+    }
     for object in &objects {
         let kind = object["kind"].as_str().unwrap_or_default();
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
-        let gvk = GroupVersionKind::gvk("cert-manager.io", "v1", kind);
-        let resource = ApiResource::from_gvk(&gvk);
-        let api: Api<DynamicObject> = Api::namespaced_with(kids.ctx.client.clone(), &ns, &resource);
+        let api = api_of(kids, &ns, kind);
         let kind_label = if kind == "Issuer" {
             "Issuer"
         } else {
@@ -73,7 +141,7 @@ pub(super) async fn ensure(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), 
         })?;
         tracing::info!(cluster = %ec.name_any(), kind, name, "applied");
     }
-    if config.is_some() {
+    if config.is_some() && have.as_deref() != Some(want.as_str()) {
         let patch = json!({"metadata": {"annotations": {CERTIFICATES_ANNOTATION: want}}});
         kids.api::<ConfigMap>()
             .patch(&config_name, &PatchParams::default(), &Patch::Merge(&patch))

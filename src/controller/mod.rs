@@ -180,6 +180,9 @@ pub struct Context {
     /// Per cluster: a member whose defragmentation gave no answer in time, and until when etcd
     /// may still be at it (no other maintenance of the cluster starts before).
     defragmenting: Mutex<HashMap<String, (String, std::time::Instant)>>,
+    /// Per TLS cluster: when its cert-manager objects were last looked for
+    /// ([`certificates::ensure`]).
+    certificates_checked: Mutex<HashMap<String, std::time::Instant>>,
     /// How membership calls reach etcd ([`etcd::Gateway`]; an in-memory etcd in the tests).
     etcd: Arc<dyn etcd::Transport>,
     /// Per TLS cluster: the client Secret's resourceVersion and the transport made from it
@@ -206,6 +209,7 @@ impl Context {
             written: Mutex::default(),
             finalizing: Mutex::default(),
             defragmenting: Mutex::default(),
+            certificates_checked: Mutex::default(),
             etcd: Arc::new(etcd::Gateway::default()),
             identities: Mutex::default(),
         }

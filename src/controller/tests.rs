@@ -2584,3 +2584,52 @@ async fn a_running_member_that_is_not_ready_is_still_asked() {
         ec["status"]
     );
 }
+
+/// cert-manager objects deleted under a steady TLS cluster (a Certificate deleted by hand,
+/// cert-manager reinstalled with its CRDs) are looked for every `certificates::CHECK_EVERY` and
+/// applied again with a Warning; between the looks a pass asks nothing about them.
+#[tokio::test]
+async fn deleted_cert_manager_objects_are_applied_again() {
+    const CLIENT_CERT: &str = "/apis/cert-manager.io/v1/namespaces/prod/certificates/etcd-client";
+    let (api, ctx) = setup(3, None);
+    let mut ec = api.get(EC).unwrap();
+    ec["spec"]["tls"] = json!({});
+    api.insert(EC, ec);
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(CLIENT_CERT).is_some());
+    let cert_calls = |api: &FakeApi| {
+        api.calls()
+            .iter()
+            .filter(|c| c.resource() == "certificates" || c.resource() == "issuers")
+            .count()
+    };
+    api.remove(CLIENT_CERT);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(cert_calls(&api), 0, "not due: no request");
+    assert!(api.get(CLIENT_CERT).is_none());
+    let long_ago = std::time::Instant::now()
+        .checked_sub(super::certificates::CHECK_EVERY + Duration::from_secs(1))
+        .unwrap();
+    ctx.certificates_checked
+        .lock()
+        .unwrap()
+        .insert("prod/etcd".to_owned(), long_ago);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(CLIENT_CERT).is_some(), "applied again");
+    assert!(
+        events(&api.calls()).contains(&("Warning".to_owned(), "CertificatesRestored".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    assert_granted(
+        &api.calls(),
+        &[RBAC_RULES, super::certificates::CERTIFICATES_RBAC_RULES].concat(),
+    );
+    // Looked at again only a period later.
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(cert_calls(&api), 0);
+}
