@@ -150,3 +150,134 @@ pub(super) async fn ensure(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), 
     }
     Ok(())
 }
+
+/// On the members' ConfigMap: the digest of the CA key(s) the members were started trusting
+/// (`tls::public_keys_digest` of the client Secret's `ca.crt`).
+pub const CA_KEY_ANNOTATION: &str = "etcd.example.com/ca-key";
+/// On the members' ConfigMap while the CA's key differs from [`CA_KEY_ANNOTATION`]'s: the new
+/// digest and when the loop first saw it (`DIGEST@RFC3339`).
+pub const CA_KEY_CHANGED_ANNOTATION: &str = "etcd.example.com/ca-key-changed";
+
+/// Whether the members trust the key that signs their certificates now, for the status
+/// (`None`: not a TLS cluster, or nothing to judge yet). etcd reads `--trusted-ca-file` only at
+/// start, so when the CA is re-keyed (a user's issuer with cert-manager's `rotationPolicy:
+/// Always`, a CA re-issued by hand) every member started before still trusts the old key only,
+/// and rejects peers and clients whose certificates come from the new one: said once as a
+/// Warning, and in the condition until every member has started since.
+pub(super) async fn trust(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    pods: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>],
+) -> Result<Option<(bool, String)>, Error> {
+    use k8s_openapi::api::core::v1::Secret;
+    if !crate::api::tls_on(&ec.spec) {
+        return Ok(None);
+    }
+    let Some(secret) = kids
+        .read::<Secret>(&render::Purpose::Client.secret(ec))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let Some(now_key) = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .and_then(|ca| crate::tls::public_keys_digest(&ca.0))
+    else {
+        return Ok(None);
+    };
+    let config_name = render::members_config_name(ec);
+    let Some(config) = kids.read::<ConfigMap>(&config_name).await? else {
+        return Ok(None);
+    };
+    let annotations = config.annotations();
+    let trusted = annotations.get(CA_KEY_ANNOTATION);
+    let changed = annotations
+        .get(CA_KEY_CHANGED_ANNOTATION)
+        .and_then(|v| v.split_once('@'))
+        .filter(|(key, _)| *key == now_key)
+        .and_then(|(_, at)| at.parse::<k8s_openapi::jiff::Timestamp>().ok());
+    let config_name = &config_name;
+    let annotate = |patch: serde_json::Value| async move {
+        kids.api::<ConfigMap>()
+            .patch(config_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| Error::kube("patch", "ConfigMap", config_name, e))
+    };
+    let ok = (
+        true,
+        "the members trust the key of the CA that signs their certificates".to_owned(),
+    );
+    match trusted {
+        None => {
+            annotate(json!({"metadata": {"annotations": {CA_KEY_ANNOTATION: now_key}}})).await?;
+            return Ok(Some(ok));
+        }
+        Some(t) if *t == now_key => {
+            if annotations.contains_key(CA_KEY_CHANGED_ANNOTATION) {
+                annotate(json!({"metadata": {"annotations": {CA_KEY_CHANGED_ANNOTATION: null}}}))
+                    .await?;
+            }
+            return Ok(Some(ok));
+        }
+        Some(_) => {}
+    }
+    let name = ec.name_any();
+    let first_seen = changed.is_none();
+    let since = match changed {
+        Some(at) => at,
+        None => {
+            let now = k8s_openapi::jiff::Timestamp::now();
+            let at = k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now);
+            annotate(json!({"metadata": {"annotations": {
+                CA_KEY_CHANGED_ANNOTATION: format!("{now_key}@{at}")}}}))
+            .await?;
+            at
+        }
+    };
+    let mut started_before: Vec<String> = pods
+        .iter()
+        .filter(|p| !started_since(p, since))
+        .map(|p| p.name_any())
+        .collect();
+    started_before.sort();
+    if started_before.is_empty() && !pods.is_empty() {
+        annotate(json!({"metadata": {"annotations": {
+            CA_KEY_ANNOTATION: now_key, CA_KEY_CHANGED_ANNOTATION: null}}}))
+        .await?;
+        return Ok(Some(ok));
+    }
+    let message = restart_advice(&name, &since.to_string(), &started_before);
+    if first_seen {
+        tracing::warn!(cluster = %name, %message, "the CA's key changed under running members");
+        kids.ctx
+            .event(ec, EventType::Warning, "CAKeyChanged", message.clone())
+            .await;
+    }
+    Ok(Some((false, message)))
+}
+
+/// What to do when the CA's key changed at `at` under members started before it.
+fn restart_advice(name: &str, at: &str, before: &[String]) -> String {
+    format!(
+        "the CA in {name}-client-tls has a new key since {at}; etcd reads its trusted CA only at start, so members started before {at}{} reject peers and clients whose certificates come from the new key: renew every leaf (cmctl renew {name}-peer {name}-server {name}-client), then restart the members one at a time (kubectl delete pod {name}-<i>, each Ready before the next)",
+        if before.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", before.join(", "))
+        }
+    )
+}
+
+/// Whether `pod`'s etcd container has been running since `at` (and the pod is not going).
+fn started_since(pod: &k8s_openapi::api::core::v1::Pod, at: k8s_openapi::jiff::Timestamp) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .filter(|c| c.name == "etcd")
+            .filter_map(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
+            .any(|t| t.0 >= at)
+}

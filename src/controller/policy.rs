@@ -116,6 +116,10 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
         }
     }
     certificates::ensure(ec, &kids).await?;
+    if crate::api::tls_on(&ec.spec) {
+        let pods = scale::member_pods(ec, &kids).await?;
+        seen.trust = certificates::trust(ec, &kids, &pods).await?;
+    }
 
     let mut apply_set = true;
     // Members the StatefulSet runs after this pass (below spec.size while growing).

@@ -39,6 +39,9 @@ pub struct Observation {
     pub etcd: Option<EtcdView>,
     /// etcd's space (`None`: not judged this pass; the status keeps its last word).
     pub space: Option<Space>,
+    /// A TLS cluster: whether the members trust the key of the CA that signs their
+    /// certificates, and the message (`None`: not judged).
+    pub trust: Option<(bool, String)>,
 }
 
 /// The members as etcd reported them this pass.
@@ -449,6 +452,18 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
         Some(Space::QuotaExceeded(m)) => {
             conditions.push(cond("Degraded", true, "QuotaExceeded", m.clone()))
         }
+    }
+    if let Some((trusted, message)) = &seen.trust {
+        conditions.push(cond(
+            "CATrusted",
+            *trusted,
+            if *trusted {
+                "MembersTrustTheCA"
+            } else {
+                "CAKeyChanged"
+            },
+            message.clone(),
+        ));
     }
     let backup = seen
         .backup

@@ -2633,3 +2633,123 @@ async fn deleted_cert_manager_objects_are_applied_again() {
     pass(&api, &ctx).await.unwrap();
     assert_eq!(cert_calls(&api), 0);
 }
+
+/// A TLS cluster's CA re-keyed under running members (a user's issuer with cert-manager's
+/// `rotationPolicy: Always`): etcd reads `--trusted-ca-file` only at start, so the loop says so
+/// once as a Warning and in the `CATrusted` condition, naming the members started before the
+/// change, until every member has started since; a CA renewed with its key changes nothing.
+#[tokio::test]
+async fn a_re_keyed_ca_is_reported_until_every_member_started_since() {
+    use base64::Engine as _;
+    const SECRET: &str = "/api/v1/namespaces/prod/secrets/etcd-client-tls";
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let (api, ctx) = setup(3, None);
+    let mut ec = api.get(EC).unwrap();
+    ec["spec"]["tls"] = json!({});
+    api.insert(EC, ec);
+    pass(&api, &ctx).await.unwrap();
+    let labels = json!({crate::api::CLIENT_TLS_LABEL: "true"});
+    let secret = |ca: &str| {
+        api.insert(
+            SECRET,
+            json!({"apiVersion": "v1", "kind": "Secret",
+                   "metadata": {"name": "etcd-client-tls", "namespace": "prod", "labels": labels},
+                   "data": {"ca.crt": b64(ca), "tls.crt": b64("x"), "tls.key": b64("x")}}),
+        )
+    };
+    let pod = |i: usize, state: Value| {
+        api.insert(
+            &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                    "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                    "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
+                "status": {"phase": "Pending",
+                    "containerStatuses": [{"name": "etcd", "ready": false, "restartCount": 0,
+                        "image": "x", "imageID": "", "state": state}]},
+            }),
+        )
+    };
+    let waiting = json!({"waiting": {"reason": "ContainerCreating"}});
+    for i in 0..3 {
+        pod(i, waiting.clone());
+    }
+    let trust = |api: &FakeApi| {
+        cluster_json(api)["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "CATrusted")
+            .cloned()
+    };
+    let annotations = |api: &FakeApi| api.get(CONFIG).unwrap()["metadata"]["annotations"].clone();
+    let first = crate::tls::dev::generate(&["etcd".to_owned()], &[], 30).unwrap();
+    secret(&first.ca_cert);
+    pass(&api, &ctx).await.unwrap();
+    let key = annotations(&api)[super::certificates::CA_KEY_ANNOTATION].clone();
+    assert!(
+        key.is_string(),
+        "the key the members start with is recorded"
+    );
+    assert_eq!(trust(&api).unwrap()["status"], "True", "{:?}", trust(&api));
+
+    // The same key again (a renewal keeps it: `tls::public_keys_digest`): nothing is said.
+    secret(&first.ca_cert);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        events(&api.calls()).is_empty(),
+        "{:?}",
+        events(&api.calls())
+    );
+
+    // Re-keyed: one Warning, the condition False naming every member started before.
+    let second = crate::tls::dev::generate(&["etcd".to_owned()], &[], 30).unwrap();
+    secret(&second.ca_cert);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        events(&api.calls()).contains(&("Warning".to_owned(), "CAKeyChanged".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    let condition = trust(&api).unwrap();
+    assert_eq!(condition["status"], "False", "{condition}");
+    assert_eq!(condition["reason"], "CAKeyChanged");
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.contains("etcd-0, etcd-1, etcd-2") && message.contains("cmctl renew"),
+        "{message}"
+    );
+    assert_eq!(
+        annotations(&api)[super::certificates::CA_KEY_ANNOTATION],
+        key
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(events(&api.calls()).is_empty(), "said once");
+    assert_eq!(trust(&api).unwrap()["status"], "False");
+
+    // Two members restarted since: the third is still named.
+    let later = k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(60);
+    let running = json!({"running": {"startedAt": later.to_string()}});
+    pod(0, running.clone());
+    pod(1, running.clone());
+    api.clear_calls();
+    let _ = pass(&api, &ctx).await; // the in-memory etcd speaks no TLS: the pass ends there
+    assert!(
+        annotations(&api)[super::certificates::CA_KEY_CHANGED_ANNOTATION].is_string(),
+        "{}",
+        annotations(&api)
+    );
+    // Every member started since: the new key is what they trust.
+    pod(2, running);
+    let _ = pass(&api, &ctx).await;
+    let now = annotations(&api);
+    assert!(
+        now[super::certificates::CA_KEY_CHANGED_ANNOTATION].is_null(),
+        "{now}"
+    );
+    assert_ne!(now[super::certificates::CA_KEY_ANNOTATION], key, "{now}");
+}

@@ -181,6 +181,33 @@ pub fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static
     Ok(chain)
 }
 
+/// A digest (16 hex digits) of the public keys of every certificate in a PEM bundle, in any
+/// order: the same for a CA certificate renewed with its key, another once the CA is re-keyed.
+/// `None` when the bundle holds no certificate that parses.
+pub fn public_keys_digest(pem: &[u8]) -> Option<String> {
+    let mut keys: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem)
+        .filter_map(Result::ok)
+        .filter_map(|der| {
+            let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+            Some(cert.public_key().raw.to_vec())
+        })
+        .collect();
+    if keys.is_empty() {
+        return None;
+    }
+    keys.sort();
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for k in &keys {
+        ctx.update(k);
+    }
+    Some(
+        ctx.finish().as_ref()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    )
+}
+
 /// Reads expiry, serial and names off a DER certificate.
 pub fn cert_info(der: &CertificateDer<'_>) -> Result<CertInfo, String> {
     use x509_parser::extensions::GeneralName;
@@ -236,5 +263,34 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains("[45, 45"), "{e}");
+    }
+
+    /// A CA renewed with its key keeps its digest; a re-keyed one gets another; a bundle's
+    /// order does not matter; no certificate, no digest.
+    #[test]
+    fn the_key_digest_follows_the_key_not_the_certificate() {
+        let ca = |key: &rcgen::KeyPair, days: i64| {
+            let mut p = rcgen::CertificateParams::default();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.not_after = rcgen::date_time_ymd(2030, 1, 1) + time::Duration::days(days);
+            p.self_signed(key).unwrap().pem()
+        };
+        let (old, new) = (
+            rcgen::KeyPair::generate().unwrap(),
+            rcgen::KeyPair::generate().unwrap(),
+        );
+        let first = ca(&old, 0);
+        let renewed = ca(&old, 90);
+        assert_ne!(first, renewed);
+        let digest = |pem: &str| public_keys_digest(pem.as_bytes());
+        assert_eq!(digest(&first), digest(&renewed));
+        assert!(digest(&first).is_some());
+        let rekeyed = ca(&new, 90);
+        assert_ne!(digest(&first), digest(&rekeyed));
+        assert_eq!(
+            digest(&format!("{first}{rekeyed}")),
+            digest(&format!("{rekeyed}{first}"))
+        );
+        assert_eq!(digest("not a certificate"), None);
     }
 }
