@@ -11,7 +11,8 @@
 //!    while [`snapshot::Reader`] checks the hash etcd appends (what `etcdutl snapshot restore`
 //!    checks) and hashes the whole file;
 //! 3. the file to the destination through `object_store` (S3 or any S3-compatible store,
-//!    multipart above 10 MiB; or a folder), then read back and its SHA-256 compared;
+//!    multipart above 10 MiB; or a folder), then read back and its SHA-256 compared, never
+//!    over an object already there and named only once read back ([`file`]);
 //! 4. retention: the scheduled snapshots beyond the newest `--retention` go
 //!    ([`snapshot::expired`]: never the one just written, never a final snapshot).
 
@@ -311,6 +312,7 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
     let store = destination.open()?;
     let mut pruned = Vec::new();
     if let Destination::Folder(dir) = &destination {
+        remove_stale_staging(dir, &args.cluster, STALE_STAGING);
         pruned = make_room(dir, &args.cluster, verified.size, &uri)
             .await
             .inspect_err(|_| {
@@ -318,8 +320,7 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
             })?;
     }
     // 4. Filed, then read back.
-    let path = destination.path(&name);
-    let result = file(&store, &path, &work, &verified, &uri).await;
+    let result = file(&store, &destination, &name, &work, &verified, &uri).await;
     let _ = tokio::fs::remove_file(&work).await;
     result?;
 
@@ -385,11 +386,27 @@ async fn take(
     reader.finish().map_err(Taken::Stream)
 }
 
-/// Uploads `work` to `path` (multipart above the buffer's 10 MiB), then reads the object back
-/// and compares its size and SHA-256 with the verified snapshot's.
+/// The suffix of a snapshot on a folder while it is written and read back.
+pub const STAGING_SUFFIX: &str = ".staging";
+/// A staging file of this age is a killed run's (a run's upload and read-back take minutes):
+/// removed by the next run, so that it does not fill the backup claim.
+pub const STALE_STAGING: Duration = Duration::from_secs(3600);
+/// Below this size a snapshot is sent in one request (a conditional create); above it, in
+/// parts of this size.
+const PART_SIZE: usize = 10 << 20;
+
+/// Files the verified snapshot `work` as `name`, never over an object already there, and so
+/// that the name holds only what was read back whole:
+/// - on a folder, written as `NAME.staging` (object_store's own staging file below that),
+///   read back, then linked to its name only if nothing is there (`rename_if_not_exists`);
+/// - in a bucket (where a rename is a copy, limited to 5 GiB), refused when the name is taken,
+///   sent as a conditional create (`If-None-Match: *`) in one request up to 10 MiB and in
+///   parts above (an upload's parts are invisible until it completes, so a killed run leaves
+///   no object), read back, and deleted when what is read back differs from what was sent.
 async fn file(
     store: &Arc<dyn ObjectStore>,
-    path: &StorePath,
+    destination: &Destination,
+    name: &str,
     work: &std::path::Path,
     verified: &Verified,
     uri: &str,
@@ -399,42 +416,134 @@ async fn file(
         uri: uri.to_owned(),
         source: e,
     };
-    let mut src = tokio::fs::File::open(work)
-        .await
-        .map_err(|e| fail("upload", Box::new(e)))?;
-    let mut writer = object_store::buffered::BufWriter::new(store.clone(), path.clone());
+    let taken = || {
+        fail(
+            "upload",
+            "an object is already stored under this name; it is not overwritten (two runs of one cluster in the same second, or another writer under this cluster's names)".into(),
+        )
+    };
+    let path = destination.path(name);
+    match store.head(&path).await {
+        Ok(_) => return Err(taken()),
+        Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(fail("upload", Box::new(e))),
+    }
+    let staging = match destination {
+        Destination::Folder(_) => destination.path(&format!("{name}{STAGING_SUFFIX}")),
+        Destination::S3 { .. } => path.clone(),
+    };
+    let sent = upload(store, &staging, work, verified.size).await;
+    let sent = match sent {
+        Err(object_store::Error::AlreadyExists { .. }) => return Err(taken()),
+        other => other.map_err(|e| fail("upload", Box::new(e))),
+    };
+    let checked = match sent {
+        Ok(()) => read_back(store, &staging, verified)
+            .await
+            .map_err(|e| fail("read back", e)),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = checked {
+        // Nothing unverified stays under a snapshot's name (nor a staging file on the claim).
+        if let Err(d) = store.delete(&staging).await
+            && !matches!(d, object_store::Error::NotFound { .. })
+        {
+            tracing::warn!(object = %staging, error = %d, "could not delete what failed its read-back");
+        }
+        return Err(e);
+    }
+    if staging != path {
+        let moved = store.rename_if_not_exists(&staging, &path).await;
+        if let Err(e) = moved {
+            let _ = store.delete(&staging).await;
+            return Err(match e {
+                object_store::Error::AlreadyExists { .. } => taken(),
+                e => fail("upload", Box::new(e)),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Sends the file at `work` (`size` bytes) to `path`: one conditional create up to
+/// [`PART_SIZE`], a multipart upload above (aborted when it fails).
+async fn upload(
+    store: &Arc<dyn ObjectStore>,
+    path: &StorePath,
+    work: &std::path::Path,
+    size: u64,
+) -> Result<(), object_store::Error> {
+    let io = |e: std::io::Error| object_store::Error::Generic {
+        store: "snapshot file",
+        source: format!("{}: {e}", work.display()).into(),
+    };
+    if size <= PART_SIZE as u64 {
+        let bytes = tokio::fs::read(work).await.map_err(io)?;
+        let opts = object_store::PutOptions {
+            mode: object_store::PutMode::Create,
+            ..Default::default()
+        };
+        return store.put_opts(path, bytes.into(), opts).await.map(|_| ());
+    }
+    let mut src = tokio::fs::File::open(work).await.map_err(io)?;
+    let mut writer =
+        object_store::buffered::BufWriter::with_capacity(store.clone(), path.clone(), PART_SIZE);
     if let Err(e) = tokio::io::copy(&mut src, &mut writer).await {
         let _ = writer.abort().await;
-        return Err(fail("upload", Box::new(e)));
+        return Err(io(e));
     }
-    writer
-        .shutdown()
-        .await
-        .map_err(|e| fail("upload", Box::new(e)))?;
-    let got = store
-        .get(path)
-        .await
-        .map_err(|e| fail("read back", Box::new(e)))?;
+    writer.shutdown().await.map_err(io)
+}
+
+/// Reads the object at `path` back and compares its size and SHA-256 with the snapshot's.
+async fn read_back(
+    store: &Arc<dyn ObjectStore>,
+    path: &StorePath,
+    verified: &Verified,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let got = store.get(path).await?;
     let mut stream = got.into_stream();
     let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
     let mut size = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| fail("read back", Box::new(e)))?;
+        let chunk = chunk?;
         size += chunk.len() as u64;
         hash.update(&chunk);
     }
     let sha256 = snapshot::hex(hash.finish().as_ref());
     if size != verified.size || sha256 != verified.sha256 {
-        return Err(fail(
-            "read back",
-            format!(
-                "the stored object is {size} bytes with SHA-256 {sha256}, not the {} bytes with {} that were sent",
-                verified.size, verified.sha256
-            )
-            .into(),
-        ));
+        return Err(format!(
+            "the stored object is {size} bytes with SHA-256 {sha256}, not the {} bytes with {} that were sent",
+            verified.size, verified.sha256
+        )
+        .into());
     }
     Ok(())
+}
+
+/// Removes `cluster`'s staging files in `dir` (a snapshot's `.staging` file and
+/// object_store's `#N` files below it) older than `age`: what a killed run left on the claim.
+pub fn remove_stale_staging(dir: &std::path::Path, cluster: &str, age: Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if !snapshot::is_staging(&name, cluster) {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|elapsed| elapsed >= age);
+        if old && std::fs::remove_file(entry.path()).is_ok() {
+            tracing::warn!(file = %name, "removed what a killed backup run left on the volume");
+        }
+    }
 }
 
 /// Bytes free for an unprivileged writer on the filesystem of `dir`.
@@ -664,6 +773,118 @@ pub async fn fetch_command(args: &FetchArgs) -> u8 {
 mod tests {
     use super::*;
     use crate::controller::etcd::Member;
+
+    /// A snapshot on a folder: filed under its name only once read back whole, never over a
+    /// file already there; one whose read-back differs leaves nothing (no staging file either);
+    /// a multipart one (above 10 MiB) the same.
+    #[tokio::test]
+    async fn a_snapshot_is_named_only_once_verified_and_never_overwrites() {
+        let dir = tempfile::tempdir().unwrap();
+        let destination = Destination::Folder(dir.path().to_owned());
+        let store = destination.open().unwrap();
+        let work = dir.path().join("work.part");
+        let listing = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n != "work.part")
+                .collect();
+            names.sort();
+            names
+        };
+        for (name, size) in [
+            ("etcd-1-snapshot-20261201T000000Z.db", 4096),
+            ("etcd-1-snapshot-20261201T000100Z.db", (10 << 20) + 7),
+        ] {
+            let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+            std::fs::write(&work, &bytes).unwrap();
+            let verified = Verified {
+                size: size as u64,
+                sha256: snapshot::hex(ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref()),
+                revision: 0,
+                member: 0,
+            };
+            // What was sent is not what the read-back sees: nothing is left.
+            let mut wrong = verified.clone();
+            wrong.sha256 = "0".repeat(64);
+            let e = file(&store, &destination, name, &work, &wrong, "u")
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("read back u: the stored object is"), "{e}");
+            assert!(
+                !listing().iter().any(|n| n.starts_with(name)),
+                "{:?}",
+                listing()
+            );
+            file(&store, &destination, name, &work, &verified, "u")
+                .await
+                .unwrap();
+            assert_eq!(std::fs::read(dir.path().join(name)).unwrap(), bytes);
+            // Another run under the same name: refused, the first kept.
+            std::fs::write(&work, b"other").unwrap();
+            let other = Verified {
+                size: 5,
+                sha256: snapshot::hex(
+                    ring::digest::digest(&ring::digest::SHA256, b"other").as_ref(),
+                ),
+                revision: 0,
+                member: 0,
+            };
+            let e = file(&store, &destination, name, &work, &other, "u")
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("not overwritten"), "{e}");
+            assert_eq!(std::fs::read(dir.path().join(name)).unwrap(), bytes);
+        }
+        assert_eq!(
+            listing(),
+            [
+                "etcd-1-snapshot-20261201T000000Z.db",
+                "etcd-1-snapshot-20261201T000100Z.db"
+            ]
+        );
+    }
+
+    /// What a killed run leaves on the claim (its `.staging` file, object_store's `#N` file) is
+    /// removed by a later run once old; a young one (a run going on beside), another cluster's,
+    /// and snapshots are not.
+    #[test]
+    fn a_killed_runs_staging_files_are_removed_once_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            "etcd-1-snapshot-20261201T000000Z.db.staging",
+            "etcd-1-final-20261201T000000Z.db.staging#3",
+            "etcd-1-snapshot-20261201T000000Z.db#1",
+            "etcd-1-snapshot-20261201T000100Z.db",
+            "etcd-2-snapshot-20261201T000000Z.db.staging",
+            "notes.txt",
+        ];
+        for n in names {
+            std::fs::write(dir.path().join(n), b"x").unwrap();
+        }
+        remove_stale_staging(dir.path(), "etcd-1", Duration::from_secs(3600));
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            6,
+            "young: kept"
+        );
+        remove_stale_staging(dir.path(), "etcd-1", Duration::ZERO);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "etcd-1-snapshot-20261201T000100Z.db",
+                "etcd-2-snapshot-20261201T000000Z.db.staging",
+                "notes.txt"
+            ]
+        );
+    }
 
     #[test]
     fn s3_credentials_say_where_they_come_from_or_that_there_are_none() {

@@ -295,6 +295,16 @@ pub fn expired(names: &[String], cluster: &str, keep: usize, written: &str) -> V
         .collect()
 }
 
+/// Whether `name` is a file a run of `cluster` writes before it names a snapshot: the
+/// snapshot's name with `.staging`, or `#N` (object_store's own staging) after either.
+pub fn is_staging(name: &str, cluster: &str) -> bool {
+    let ours = [Kind::Scheduled, Kind::Final]
+        .iter()
+        .any(|k| name.starts_with(&k.prefix(cluster)));
+    let stem = name.split_once('#').map_or(name, |(stem, _)| stem);
+    ours && (stem.ends_with(".db.staging") || (stem != name && stem.ends_with(".db")))
+}
+
 /// This cluster's scheduled snapshots among `names` that may go to make room, oldest first:
 /// every one but the newest (the last good snapshot is always kept); never a final snapshot,
 /// another cluster's, or anything else.

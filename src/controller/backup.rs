@@ -2,6 +2,7 @@
 //! status, and what the loop forgets about a cluster that is gone (the final snapshot is
 //! [`super::deletion`]'s).
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::CronJob;
@@ -61,6 +62,24 @@ pub(super) async fn schedule(
         Some(Ok(target)) => {
             if target == BackupTarget::Volume {
                 kids.ensure(&render::backup_claim(ec)).await?;
+            }
+            let url = match &target {
+                BackupTarget::S3(url) => Some(url.as_str()),
+                BackupTarget::Volume => None,
+            };
+            let others = ctx
+                .destinations
+                .lock()
+                .expect("not poisoned")
+                .record(&super::key(ec), url);
+            if let (Some(others), Some(url)) = (others, url) {
+                let message = format!(
+                    "spec.backup.destination {url} is also where {} file their snapshots: each cluster's names carry its namespace and UID, so none prunes or overwrites another's, but a bucket's lifecycle rule or a restore that picks the newest object in the prefix sees them all; give each cluster a prefix of its own",
+                    others.join(", ")
+                );
+                tracing::warn!(cluster = %name, %message, "a shared backup destination");
+                ctx.event(ec, EventType::Warning, "SharedDestination", message)
+                    .await;
             }
             let (applied, cron) = kids
                 .ensure(&render::backup_cron_job(ec, &target, opts))
@@ -313,6 +332,10 @@ pub(super) fn labels(ec: &EtcdCluster) -> ClusterLabels {
 /// The cluster's per-cluster metrics go with it.
 pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
     let key = super::key(ec);
+    ctx.destinations
+        .lock()
+        .expect("not poisoned")
+        .record(&key, None);
     ctx.certificates_checked
         .lock()
         .expect("not poisoned")
@@ -348,5 +371,91 @@ pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
         };
         ctx.metrics.member_db_size.remove(&member);
         ctx.metrics.member_db_size_in_use.remove(&member);
+    }
+}
+
+/// Which cluster files its snapshots in which bucket prefix (the loop's own record, from the
+/// passes), to warn once when two share one.
+#[derive(Default)]
+pub struct Destinations {
+    by_cluster: HashMap<String, String>,
+    by_destination: HashMap<String, BTreeSet<String>>,
+    warned: HashSet<String>,
+}
+
+impl Destinations {
+    /// Records that `cluster` (`NAMESPACE/NAME`) files in `destination` (`None`: no bucket);
+    /// the other clusters there the first time it shares it (again after it stopped sharing).
+    pub fn record(&mut self, cluster: &str, destination: Option<&str>) -> Option<Vec<String>> {
+        let destination = destination.map(|d| d.trim_end_matches('/').to_owned());
+        if self.by_cluster.get(cluster) != destination.as_ref() {
+            if let Some(before) = self.by_cluster.remove(cluster)
+                && let Some(set) = self.by_destination.get_mut(&before)
+            {
+                set.remove(cluster);
+                if set.is_empty() {
+                    self.by_destination.remove(&before);
+                }
+            }
+            if let Some(d) = &destination {
+                self.by_cluster.insert(cluster.to_owned(), d.clone());
+                self.by_destination
+                    .entry(d.clone())
+                    .or_default()
+                    .insert(cluster.to_owned());
+            }
+        }
+        let others: Vec<String> = destination
+            .and_then(|d| self.by_destination.get(&d))
+            .into_iter()
+            .flatten()
+            .filter(|c| *c != cluster)
+            .cloned()
+            .collect();
+        if others.is_empty() {
+            self.warned.remove(cluster);
+            return None;
+        }
+        self.warned.insert(cluster.to_owned()).then_some(others)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Destinations;
+
+    /// Two clusters filing in one prefix: each is warned once, naming the other (a trailing
+    /// slash is the same prefix); moving one away ends the sharing, and sharing again warns
+    /// again; a forgotten cluster (deleted) leaves the record.
+    #[test]
+    fn a_shared_destination_is_said_once_per_cluster() {
+        let mut d = Destinations::default();
+        assert_eq!(d.record("a/etcd", Some("s3://b/p")), None);
+        assert_eq!(d.record("a/etcd", Some("s3://b/p")), None);
+        assert_eq!(
+            d.record("b/etcd", Some("s3://b/p/")),
+            Some(vec!["a/etcd".to_owned()])
+        );
+        assert_eq!(
+            d.record("a/etcd", Some("s3://b/p")),
+            Some(vec!["b/etcd".to_owned()])
+        );
+        assert_eq!(d.record("a/etcd", Some("s3://b/p")), None, "once");
+        assert_eq!(d.record("b/etcd", Some("s3://b/p")), None, "once");
+        assert_eq!(d.record("b/etcd", Some("s3://b/q")), None, "moved away");
+        assert_eq!(d.record("a/etcd", Some("s3://b/p")), None);
+        assert_eq!(
+            d.record("b/etcd", Some("s3://b/p")),
+            Some(vec!["a/etcd".to_owned()]),
+            "shared again"
+        );
+        assert_eq!(d.record("b/etcd", None), None, "forgotten");
+        assert_eq!(
+            d.record("c/etcd", Some("s3://b/p")),
+            Some(vec!["a/etcd".to_owned()])
+        );
+        assert_eq!(d.record("c/etcd", None), None);
+        assert_eq!(d.record("a/etcd", None), None);
+        assert!(d.by_destination.is_empty() && d.by_cluster.is_empty());
     }
 }

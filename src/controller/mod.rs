@@ -183,6 +183,8 @@ pub struct Context {
     /// Per TLS cluster: when its cert-manager objects were last looked for
     /// ([`certificates::ensure`]).
     certificates_checked: Mutex<HashMap<String, std::time::Instant>>,
+    /// Which cluster files its snapshots in which bucket prefix, to warn when two share one.
+    destinations: Mutex<backup::Destinations>,
     /// How membership calls reach etcd ([`etcd::Gateway`]; an in-memory etcd in the tests).
     etcd: Arc<dyn etcd::Transport>,
     /// Per TLS cluster: the client Secret's resourceVersion and the transport made from it
@@ -210,6 +212,7 @@ impl Context {
             finalizing: Mutex::default(),
             defragmenting: Mutex::default(),
             certificates_checked: Mutex::default(),
+            destinations: Mutex::default(),
             etcd: Arc::new(etcd::Gateway::default()),
             identities: Mutex::default(),
         }
