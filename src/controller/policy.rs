@@ -183,6 +183,17 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
     if apply_set {
         let mut desired = render::stateful_set(run, members, opts);
         let quota = observed.as_deref().and_then(render::template_quota);
+        if let Some((smallest, small)) = storage::not_grown(ec, &kids, members).await?
+            && let Some(held) = render::hold_quota_until_grown(Some(smallest), &mut desired)
+        {
+            tracing::info!(
+                cluster = %name,
+                held,
+                claims = %small.join(", "),
+                "the quota stays what the volumes hold now until every one has grown"
+            );
+            seen.activity = Some(Activity::ResizingStorage);
+        }
         if let Some(kept) = render::keep_running_quota(ec, quota, &mut desired) {
             tracing::warn!(
                 cluster = %name,

@@ -62,3 +62,36 @@ pub(super) async fn resize_storage(
         .await;
     Ok(())
 }
+
+/// The least `status.capacity` (bytes) of the first `replicas` member claims, when it is
+/// below what the spec asks (their volumes have not all grown yet), with the claims below it.
+/// A claim not made yet, or without a capacity (not bound), is not counted: a new member's is
+/// made from the template at the new size.
+pub(super) async fn not_grown(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    replicas: i32,
+) -> Result<Option<(i128, Vec<String>)>, Error> {
+    let Some(want) = crate::api::quantity::bytes(&ec.spec.storage_size) else {
+        return Ok(None);
+    };
+    let mut smallest = None::<i128>;
+    let mut small = Vec::new();
+    for ordinal in 0..replicas {
+        let name = render::member_claim(ec, ordinal);
+        let Some(claim) = kids.read::<PersistentVolumeClaim>(&name).await? else {
+            continue;
+        };
+        let capacity = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage"))
+            .and_then(|q| crate::api::quantity::bytes(&q.0));
+        if let Some(c) = capacity.filter(|c| *c < want) {
+            smallest = Some(smallest.map_or(c, |s| s.min(c)));
+            small.push(name);
+        }
+    }
+    Ok(smallest.map(|s| (s, small)))
+}

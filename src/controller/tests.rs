@@ -1082,6 +1082,50 @@ async fn storage_growth_grows_the_claims_and_recreates_the_stateful_set_keeping_
         sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"],
         "20Gi"
     );
+    // The claims still report 10Gi (the expansion under way, or waiting for a restart): the
+    // members keep the quota of 10Gi, not one the 20Gi would hold on a filesystem still 10Gi.
+    let quota_flag = |api: &FakeApi| {
+        api.get(STS).unwrap()["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|a| {
+                a.as_str()?
+                    .strip_prefix("--quota-backend-bytes=")?
+                    .parse::<i64>()
+                    .ok()
+            })
+            .unwrap()
+    };
+    let capacity = |api: &FakeApi, i: usize, size: &str| {
+        let path = format!("/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-{i}");
+        let mut claim = api.get(&path).unwrap();
+        claim["metadata"]["labels"] = json!({
+            "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+            "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"});
+        claim["status"] = json!({"phase": "Bound", "capacity": {"storage": size}});
+        api.insert(&path, claim);
+    };
+    for i in 0..3 {
+        capacity(&api, i, "10Gi");
+    }
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(quota_flag(&api), crate::api::quota_of_volume("10Gi"));
+    capacity(&api, 0, "20Gi");
+    capacity(&api, 1, "20Gi");
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        quota_flag(&api),
+        crate::api::quota_of_volume("10Gi"),
+        "one still 10Gi"
+    );
+    capacity(&api, 2, "20Gi");
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        quota_flag(&api),
+        crate::api::quota_of_volume("20Gi"),
+        "every volume grown"
+    );
 }
 
 #[tokio::test]

@@ -283,6 +283,26 @@ pub fn keep_running_quota(
     if running <= want || largest <= want / 4 * 3 {
         return None;
     }
+    set_quota(desired, running)
+}
+
+/// A quota is never raised before the volumes have grown: while a member's claim reports less
+/// capacity than the spec asks (an expansion still under way, one waiting for the pod's
+/// restart, or refused by the storage), `desired`'s quota is at most what a volume of the
+/// smallest capacity holds ([`crate::api::quota_of_volume`]; an explicit `quotaBackendBytes`
+/// too). `smallest`: the least `status.capacity` of the member claims, in bytes. Returns the
+/// quota set, if lowered.
+pub fn hold_quota_until_grown(smallest: Option<i128>, desired: &mut StatefulSet) -> Option<i64> {
+    let gib = i64::try_from(smallest? >> 30).ok()?;
+    let ceiling = crate::api::quota_of_volume(&crate::api::quantity::canonical_gib(gib));
+    if ceiling >= template_quota(desired)? {
+        return None;
+    }
+    set_quota(desired, ceiling)
+}
+
+/// Sets the quota flag of `desired`'s etcd container to `quota`.
+fn set_quota(desired: &mut StatefulSet, quota: i64) -> Option<i64> {
     let args = desired
         .spec
         .as_mut()?
@@ -294,8 +314,8 @@ pub fn keep_running_quota(
         .args
         .as_mut()?;
     let arg = args.iter_mut().find(|a| a.starts_with(QUOTA_FLAG))?;
-    *arg = format!("{QUOTA_FLAG}{running}");
-    Some(running)
+    *arg = format!("{QUOTA_FLAG}{quota}");
+    Some(quota)
 }
 
 pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> StatefulSet {
