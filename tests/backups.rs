@@ -1042,3 +1042,37 @@ fn a_full_backup_volume_makes_room_from_the_oldest_or_says_it_is_full() {
     );
     assert!(mnt.join(&files[1]).exists() && mnt.join(&files[2]).exists());
 }
+
+/// A cluster out of space (every member's NOSPACE alarm raised: writes refused) still serves
+/// reads and a snapshot, the copy most worth having then: the backup is taken. Before, a
+/// member with any alarm was "unhealthy" and the run failed at `choose a member`.
+#[test]
+fn a_cluster_out_of_space_is_still_backed_up() {
+    let mut ec = cluster("full", Some("s3://backups"), 3);
+    ec.spec.maintenance =
+        Some(serde_json::from_value(json!({"quotaBackendBytes": 16 << 20})).unwrap());
+    let mut s = Setup::of(ec, true, None);
+    use base64::Engine as _;
+    let b64 = |s: &[u8]| base64::engine::general_purpose::STANDARD.encode(s);
+    let value = b64(&vec![b'v'; 64 * 1024]);
+    let mut refused = None;
+    // 16 MiB of quota: NOSPACE well before 64 MiB of values.
+    for i in 0..1024 {
+        let put = json!({"key": b64(format!("/full/{i:06}").as_bytes()), "value": value});
+        let url = format!("{}/v3/kv/put", s.net.target(0, 0).base);
+        match s.net.http(0, "POST", &url, Some(&put)) {
+            (200, text) if !text.contains("\"error\"") => {}
+            (_, text) => {
+                refused = Some(text);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("the quota is reached");
+    assert!(refused.contains("space exceeded"), "{refused}");
+    let (code, report, stderr) = s.run_job(false, ACCESS_KEY);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    let object = s.s3_get(&object_key(report["uri"].as_str().unwrap()));
+    assert_eq!(sha256_hex(&object), report["sha256"].as_str().unwrap());
+    assert!(report["keys"].as_u64().unwrap() > 100, "{report}");
+}

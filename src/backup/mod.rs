@@ -211,18 +211,27 @@ pub fn credentials(env: impl Fn(&str) -> Option<String>) -> Result<&'static str,
     Ok("instance metadata")
 }
 
-/// The voter to take the snapshot from: healthy, a follower when there is one, the highest
-/// raft index first; its client URL and name.
+/// The voter to take the snapshot from: serving (healthy, or whose only alarm is NOSPACE: a
+/// full database still serves reads and a snapshot, the copy most worth having then), a
+/// healthy one before one with an alarm, a follower before the leader, the highest raft index
+/// first; its client URL and name.
 pub fn choose(
     members: &[crate::controller::etcd::Member],
     statuses: &[(u64, Result<MemberStatus, EtcdError>)],
 ) -> Result<(String, String, u64), String> {
-    let mut candidates: Vec<(bool, u64, &crate::controller::etcd::Member, u64)> = Vec::new();
+    type Candidate<'a> = (bool, bool, u64, &'a crate::controller::etcd::Member, u64);
+    let mut candidates: Vec<Candidate<'_>> = Vec::new();
     let mut why = Vec::new();
     for m in members.iter().filter(|m| !m.is_learner && m.started()) {
         match statuses.iter().find(|(id, _)| *id == m.id).map(|(_, s)| s) {
-            Some(Ok(s)) if s.healthy() && !m.client_urls.is_empty() => {
-                candidates.push((s.leader == m.id, s.raft_index, m, s.header.revision));
+            Some(Ok(s)) if s.serving() && !m.client_urls.is_empty() => {
+                candidates.push((
+                    !s.healthy(),
+                    s.leader == m.id,
+                    s.raft_index,
+                    m,
+                    s.header.revision,
+                ));
             }
             Some(Ok(s)) => why.push(format!(
                 "{} unhealthy (leader {:x}, errors {:?})",
@@ -232,10 +241,11 @@ pub fn choose(
             None => why.push(format!("{}: not asked", m.name)),
         }
     }
-    candidates.sort_by_key(|(leader, index, ..)| (*leader, std::cmp::Reverse(*index)));
+    candidates
+        .sort_by_key(|(alarmed, leader, index, ..)| (*alarmed, *leader, std::cmp::Reverse(*index)));
     candidates
         .first()
-        .map(|(_, _, m, revision)| (m.client_urls[0].clone(), m.name.clone(), *revision))
+        .map(|(_, _, _, m, revision)| (m.client_urls[0].clone(), m.name.clone(), *revision))
         .ok_or_else(|| {
             if why.is_empty() {
                 "the member list has no started voter".to_owned()
@@ -962,6 +972,25 @@ mod tests {
             why.contains("etcd-0 unhealthy") && why.contains("etcd-1: not asked"),
             "{why}"
         );
+        // NOSPACE: every member serves reads, so the snapshot is taken (from a healthy one
+        // first); a CORRUPT member never gives it.
+        let alarmed = |leader: u64, index: u64, alarm: &str| {
+            let mut s = status(leader, index).unwrap();
+            s.errors = vec![format!("memberID:1 alarm:{alarm} ")];
+            Ok(s)
+        };
+        let full = vec![
+            (1, alarmed(1, 90, "NOSPACE")),
+            (3, alarmed(1, 95, "NOSPACE")),
+        ];
+        assert_eq!(choose(&members, &full).unwrap().1, "etcd-2");
+        let one_clear = vec![(1, status(1, 90)), (3, alarmed(1, 95, "NOSPACE"))];
+        assert_eq!(choose(&members, &one_clear).unwrap().1, "etcd-0");
+        let corrupt = vec![
+            (1, alarmed(1, 90, "CORRUPT")),
+            (3, alarmed(1, 95, "CORRUPT")),
+        ];
+        assert!(choose(&members, &corrupt).is_err());
     }
 
     #[test]
