@@ -259,7 +259,11 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
         return Step::ReplaceVolume { ordinal };
     }
     for &(i, m) in &ours {
-        if m.started() && view.exits.get(&i).is_some_and(Exit::lost_volume) {
+        // A sign read from the container's last termination (`lastState`), which the kubelet
+        // keeps until the next one: believed only while the member does not answer healthy
+        // (a member that answers has its data, whatever its last run said).
+        let answers = view.health.get(&m.id).is_some_and(MemberStatus::healthy);
+        if m.started() && !answers && view.exits.get(&i).is_some_and(Exit::lost_volume) {
             return match quorum_without(view, m) {
                 Ok(()) => Step::Remove {
                     ordinal: i,
@@ -306,7 +310,13 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
         let leader = view.health.values().map(|s| s.leader).find(|&l| l != 0);
         let (own, of_leader) = (index(m.id), leader.map_or(0, index));
         let waited = waited(view, view.memory.started.get(&m.id));
-        if waited >= view.timeouts.promote {
+        // etcd promotes a learner whose log is within 90% of the leader's (isLearnerReady,
+        // readyPercent 0.9) and refuses before.
+        let behind = u128::from(own) * 10 < u128::from(of_leader) * 9;
+        let caught_up = of_leader > 0 && !behind;
+        // The timeout is for catching up: a learner that has, and waits for a voter to be
+        // healthy again, is kept (removing it would throw its copy away for nothing).
+        if waited >= view.timeouts.promote && !caught_up {
             return Step::Remove {
                 ordinal: i,
                 id: m.id,
@@ -324,9 +334,8 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
                 unhealthy.join(", ")
             ));
         }
-        // etcd promotes a learner whose log is within 90% of the leader's (isLearnerReady,
-        // readyPercent 0.9) and refuses before: wait for it rather than be refused.
-        if u128::from(own) * 10 < u128::from(of_leader) * 9 {
+        // Wait for it rather than be refused.
+        if behind {
             return Step::Wait(format!(
                 "{name}-{i} is catching up (raft index {own} of the leader's {of_leader}); it is promoted at 90%"
             ));
@@ -799,7 +808,16 @@ mod tests {
                 )
             })
             .collect();
-        view_plan(ec, members, &healthy_all(members), &exits, since, now)
+        // A member that lost its volume crash-loops: it does not answer.
+        let mut health = healthy_all(members);
+        for &i in lost {
+            health.retain(|id, _| {
+                !members
+                    .iter()
+                    .any(|m| m.id == *id && ordinal(ec, m) == Some(i))
+            });
+        }
+        view_plan(ec, members, &health, &exits, since, now)
     }
 
     fn clean_exit(secs: i64) -> Exit {
@@ -914,11 +932,12 @@ mod tests {
     }
 
     #[test]
-    fn a_healthy_learner_with_a_lost_volume_sign_and_no_healthy_voter_does_not_underflow() {
+    fn a_learner_with_a_lost_volume_sign_and_no_healthy_voter_does_not_underflow() {
         let ec = cluster("etcd", 3, None);
         let members = vec![member(&ec, 0, true, false), member(&ec, 1, true, true)];
         let mut health = healthy_all(&members);
         health.remove(&100);
+        health.remove(&101);
         let lost = BTreeMap::from([(
             1,
             Exit {
@@ -934,6 +953,28 @@ mod tests {
                 id: 101,
                 why: Removal::LostVolume
             }
+        );
+    }
+
+    /// The kubelet keeps a container's last termination until the next one: a member whose
+    /// last run ended with a lost-volume sign but that answers healthy now (its volume back:
+    /// a mount that came late) is left alone, not removed.
+    #[test]
+    fn a_lost_volume_sign_of_a_member_that_answers_healthy_is_old_news() {
+        let ec = cluster("etcd", 3, None);
+        let members: Vec<Member> = (0..3).map(|i| member(&ec, i, true, false)).collect();
+        let health = healthy_all(&members);
+        let lost = BTreeMap::from([(
+            1,
+            Exit {
+                code: 1,
+                message: "member 65 has already been bootstrapped".to_owned(),
+                at: Some(at(0)),
+            },
+        )]);
+        assert_eq!(
+            view_plan(&ec, &members, &health, &lost, 0, 3600),
+            Step::Steady
         );
     }
 
@@ -1071,6 +1112,13 @@ mod tests {
         // Promote waits for every voter to be healthy, and names who is not.
         health.remove(&101);
         let step = view_plan(&ec, &members, &health, &none, 0, 10);
+        assert!(
+            matches!(step, Step::Wait(ref m) if m.contains("etcd-1") && m.contains("promoted")),
+            "{step:?}"
+        );
+        // Caught up and waiting for that voter past the promote timeout: kept, not removed.
+        caught_up.remove(&101);
+        let step = view_plan(&ec, &members, &caught_up, &none, 0, 900);
         assert!(
             matches!(step, Step::Wait(ref m) if m.contains("etcd-1") && m.contains("promoted")),
             "{step:?}"
