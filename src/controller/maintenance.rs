@@ -25,7 +25,7 @@ pub const CORRUPT: &str = "CORRUPT";
 /// after a few writes), and the cluster stays read-only with the reason.
 pub const DISARM_HEADROOM_PERCENT: u64 = 20;
 
-/// A member's client URL (by ordinal), `None` for a member the cluster has no ordinal for.
+/// Where a member is reached (`membership::client_url`), `None` for one with no client URL.
 pub type Endpoint<'a> = &'a (dyn Fn(&Member) -> Option<String> + Sync);
 
 /// What the rules are for one cluster.
@@ -450,10 +450,7 @@ async fn tend_view(
         rules.quota = q;
     }
     let endpoints = super::render::endpoints(ec, ec.spec.size);
-    let endpoint = |m: &Member| {
-        let i = super::membership::ordinal(ec, m)?;
-        endpoints.get(i as usize).cloned()
-    };
+    let endpoint = |m: &Member| super::membership::client_url(ec, &endpoints, m).map(str::to_owned);
     let key = super::key(ec);
     let unfinished = {
         let mut records = ctx.defragmenting.lock().expect("not poisoned");

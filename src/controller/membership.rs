@@ -101,6 +101,17 @@ impl Exit {
     }
 }
 
+/// Where a member is asked: its pod's client URL among `endpoints` (by ordinal), else (a
+/// member the cluster has no ordinal for: added by hand, a former cluster's) the client URL it
+/// advertises, so that it is asked, maintained and recovered like the others rather than
+/// holding every maintenance as a voter that "does not serve".
+pub fn client_url<'a>(ec: &EtcdCluster, endpoints: &'a [String], m: &'a Member) -> Option<&'a str> {
+    match ordinal(ec, m) {
+        Some(i) => endpoints.get(i as usize).map(String::as_str),
+        None => m.client_urls.first().map(String::as_str),
+    }
+}
+
 /// The ordinal of the StatefulSet pod a member is, from its peer URL (or, unstarted members
 /// aside, its name).
 pub fn ordinal(ec: &EtcdCluster, m: &Member) -> Option<i32> {
@@ -495,10 +506,7 @@ where
     let (endpoint, mut members) = (listed.endpoint, listed.members);
     // Every started member's status, at once.
     let asks = members.iter().filter(|m| m.started()).filter_map(|m| {
-        let url = match ordinal(ec, m) {
-            Some(i) => etcd.endpoints.get(i as usize)?,
-            None => m.client_urls.first()?,
-        };
+        let url = client_url(ec, &etcd.endpoints, m)?;
         Some(async move { (m.id, etcd.status(url).await) })
     });
     let health: BTreeMap<u64, MemberStatus> = futures_util::future::join_all(asks)
@@ -1203,6 +1211,36 @@ mod tests {
         let entries: Vec<&str> = bad.iter().map(|b| b.entry.as_str()).collect();
         assert_eq!(entries, ["abc=yesterday", "x", "99"]);
         assert!(bad[0].to_string().contains(render::JOINING_ANNOTATION));
+    }
+
+    /// A member of no ordinal (added by hand at another address) is reached at the client URL
+    /// it advertises, for its status as for maintenance (before, maintenance had no address
+    /// for it and its NOSPACE alarm was never cleared); the others at their pods'.
+    #[test]
+    fn a_stranger_member_is_reached_at_its_own_client_url() {
+        let ec = cluster("etcd", 3, None);
+        let endpoints = render::endpoints(&ec, 3);
+        let ours = member(&ec, 1, true, false);
+        assert_eq!(
+            client_url(&ec, &endpoints, &ours),
+            Some(endpoints[1].as_str())
+        );
+        let stranger = Member {
+            id: 7,
+            name: "by-hand".to_owned(),
+            peer_urls: vec!["http://10.0.0.9:2380".to_owned()],
+            client_urls: vec!["http://10.0.0.9:2379".to_owned()],
+            is_learner: false,
+        };
+        assert_eq!(
+            client_url(&ec, &endpoints, &stranger),
+            Some("http://10.0.0.9:2379")
+        );
+        let silent = Member {
+            client_urls: vec![],
+            ..stranger
+        };
+        assert_eq!(client_url(&ec, &endpoints, &silent), None);
     }
 
     #[test]
