@@ -57,7 +57,27 @@ pub(super) async fn prepare(
     }
     let mut done = 0;
     let mut failed = Vec::new();
+    // The digest every member's snapshot must have: the spec's, else the one the first member
+    // was restored from (its Job runs alone first), so that no member holds other data.
+    let mut pinned = restore.sha256.clone().or_else(|| {
+        ec.annotations()
+            .get(render::RESTORE_SHA256_ANNOTATION)
+            .cloned()
+    });
     for i in 0..ec.spec.size {
+        if i > 0 && pinned.is_none() {
+            match first_digest(ec, kids).await? {
+                Some(Ok(sha)) => {
+                    pin(ec, kids, &sha).await?;
+                    pinned = Some(sha);
+                }
+                Some(Err(why)) => {
+                    tracing::warn!(cluster = %ec.name_any(), %why, "the other members' snapshots are not pinned to the first one's")
+                }
+                // The first member's restore has not finished: the others wait for its digest.
+                None => break,
+            }
+        }
         kids.ensure_created(&render::member_claim_object(ec, i))
             .await?;
         let (_, job) = kids
@@ -65,7 +85,7 @@ pub(super) async fn prepare(
                 ec,
                 i,
                 source,
-                restore.sha256.as_deref(),
+                pinned.as_deref(),
                 &ctx.settings.render,
             ))
             .await?;
@@ -126,6 +146,57 @@ pub(super) async fn prepare(
     .await;
     seen.restored = Some(Restored::Done);
     Ok(true)
+}
+
+/// The SHA-256 the first member's restore fetched, once its Job succeeded (`None` before):
+/// from the fetch container's report in its pod's termination message; why not, when the pod
+/// is gone or said none.
+async fn first_digest(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+) -> Result<Option<Result<String, String>>, Error> {
+    let name = format!("{}-restore-0", ec.name_any());
+    let Some(job) = kids.read::<Job>(&name).await? else {
+        return Ok(None);
+    };
+    if job_outcome(&job) != Some(true) || !super::children::owned_by(&job.metadata, ec) {
+        return Ok(None);
+    }
+    let pods = kids.cached::<Pod>().await?;
+    let said = pods
+        .iter()
+        .filter(|p| p.labels().get("batch.kubernetes.io/job-name") == Some(&name))
+        .flat_map(|p| p.status.iter())
+        .flat_map(|s| s.init_container_statuses.iter().flatten())
+        .filter(|c| c.name == "fetch")
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .filter(|t| t.exit_code == 0)
+        .find_map(|t| {
+            let report: serde_json::Value = serde_json::from_str(t.message.as_deref()?).ok()?;
+            report["sha256"].as_str().map(str::to_owned)
+        });
+    Ok(Some(said.ok_or_else(|| {
+        format!(
+            "the Job {name} succeeded but its pod's report (with the snapshot's SHA-256) is gone"
+        )
+    })))
+}
+
+/// Records the first member's snapshot digest on the EtcdCluster, for the other members' Jobs.
+async fn pin(ec: &EtcdCluster, kids: &Children<'_>, sha: &str) -> Result<(), Error> {
+    use kube::api::{Patch, PatchParams};
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {render::RESTORE_SHA256_ANNOTATION: sha}}});
+    let api: kube::Api<EtcdCluster> =
+        kube::Api::namespaced(kids.ctx.client.clone(), &ec.namespace().unwrap_or_default());
+    api.patch(
+        &ec.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| Error::kube("annotate", "EtcdCluster", &ec.name_any(), e))
 }
 
 /// Why a restore Job failed: what its newest pod's containers said (the fetch's JSON report,

@@ -1648,10 +1648,67 @@ async fn a_restore_runs_one_job_per_member_before_the_stateful_set() {
 /// A restore Job that fails (a snapshot that fails its check): no StatefulSet, ever; the
 /// cluster is Failed with Restored False RestoreFailed naming what the fetch said, and one
 /// Warning RestoreFailed.
+/// A restore without `sha256`: the first member's Job runs alone, and the SHA-256 its fetch
+/// reported (recorded on the EtcdCluster) is what every other member's fetch must match, so
+/// that no member holds other data if the object changes meanwhile.
+#[tokio::test]
+async fn a_restore_without_a_digest_pins_every_member_to_the_first_ones() {
+    const JOB0: &str = "/apis/batch/v1/namespaces/prod/jobs/etcd-restore-0";
+    let (api, ctx) = setup(3, None);
+    api.set(EC, "/spec/restore", json!({"from": "s3://b/p/x.db"}));
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(JOB0).is_some());
+    let job = |i: usize| {
+        api.get(&format!(
+            "/apis/batch/v1/namespaces/prod/jobs/etcd-restore-{i}"
+        ))
+    };
+    assert!(job(1).is_none() && job(2).is_none(), "the first runs alone");
+    pass(&api, &ctx).await.unwrap();
+    assert!(job(1).is_none(), "still running: the others wait");
+    complete_job(&api, JOB0, true);
+    let sha = "c0ffee".repeat(10) + "abcd";
+    api.insert(
+        "/api/v1/namespaces/prod/pods/etcd-restore-0-x",
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd-restore-0-x", "namespace": "prod",
+                "labels": {"batch.kubernetes.io/job-name": "etcd-restore-0",
+                    "app.kubernetes.io/managed-by": "etcd-webhook",
+                    "app.kubernetes.io/instance": "etcd"}},
+            "status": {"phase": "Succeeded", "initContainerStatuses": [{"name": "fetch", "image": "x",
+                "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "message": json!({
+                    "from": "s3://b/p/x.db", "out": "/restore/snapshot.db", "size": 123, "sha256": sha}).to_string()}}}]}}),
+    );
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        cluster_json(&api)["metadata"]["annotations"][render::RESTORE_SHA256_ANNOTATION],
+        sha.as_str()
+    );
+    for i in 1..3 {
+        let args = job(i).expect("made once the first is done")["spec"]["template"]["spec"]
+            ["initContainers"][0]["args"]
+            .clone();
+        assert!(
+            args.as_array()
+                .unwrap()
+                .contains(&json!(format!("--sha256={sha}"))),
+            "{args}"
+        );
+    }
+    let args =
+        api.get(JOB0).unwrap()["spec"]["template"]["spec"]["initContainers"][0]["args"].clone();
+    assert!(!args.to_string().contains("--sha256"), "{args}");
+}
+
 #[tokio::test]
 async fn a_failed_restore_starts_no_member_and_says_why() {
     let (api, ctx) = setup(3, None);
-    api.set(EC, "/spec/restore", json!({"from": "s3://b/p/bad.db"}));
+    api.set(
+        EC,
+        "/spec/restore",
+        json!({"from": "s3://b/p/bad.db", "sha256": "ab".repeat(32)}),
+    );
     pass(&api, &ctx).await.unwrap();
     complete_job(
         &api,

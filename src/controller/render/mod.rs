@@ -42,6 +42,10 @@ pub const STARTED_ANNOTATION: &str = "etcd.example.com/learner-started";
 /// EtcdCluster annotation the loop writes the first time it reads the cluster's member list:
 /// the etcd cluster ID (hex). A member list from another cluster is never acted on.
 pub const CLUSTER_ID_ANNOTATION: &str = "etcd.example.com/cluster-id";
+/// EtcdCluster annotation of a restore whose `spec.restore.sha256` is unset: the SHA-256 of the
+/// snapshot the first member was restored from, which every other member's fetch must match
+/// (so all members hold the same data even if the object changed meanwhile).
+pub const RESTORE_SHA256_ANNOTATION: &str = "etcd.example.com/restore-sha256";
 /// On the members' ConfigMap: ordinals whose lost volume is to be replaced (`1,3`), written
 /// before the member is removed.
 pub const REPLACING_ANNOTATION: &str = "etcd.example.com/replacing";
