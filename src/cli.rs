@@ -53,6 +53,28 @@ pub enum Command {
     /// restore`. Prints what it fetched as JSON. Exit 0 fetched, 2 arguments, 3 a corrupt or
     /// unexpected snapshot (nothing is left at --out), 4 the store.
     FetchSnapshot(FetchArgs),
+    /// Move a restored data directory to where the member reads it, once: what a restore Job
+    /// runs after `etcdutl snapshot restore` wrote it beside. Exit 0 placed (or placed by an
+    /// earlier attempt), 5 when the place holds a data directory this restore did not write
+    /// (never overwritten) or there is nothing to place.
+    PlaceRestored(PlaceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PlaceArgs {
+    /// The data directory etcdutl wrote.
+    #[arg(long)]
+    pub from: std::path::PathBuf,
+    /// Where the member reads it; must not exist yet, unless this restore placed it.
+    #[arg(long)]
+    pub to: std::path::PathBuf,
+    /// What names this restore (the loop gives the cluster's UID): written beside `--to`
+    /// before the move, so that a retry knows a data directory there is its own.
+    #[arg(long)]
+    pub restore_id: String,
+    /// Also write the JSON report here (the container's termination message path).
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -71,6 +93,10 @@ pub struct FetchArgs {
     /// Also write the JSON report here (the container's termination message path).
     #[arg(long)]
     pub report: Option<std::path::PathBuf>,
+    /// A directory to delete first if it is there: what a killed attempt of the same restore
+    /// left half written (the restore Job's `data.restoring`).
+    #[arg(long)]
+    pub clear: Option<std::path::PathBuf>,
 }
 
 /// What a snapshot is taken for: the schedule (`STEM-snapshot-<time>.db`, pruned by

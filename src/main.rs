@@ -46,6 +46,7 @@ fn run(command: Command) -> anyhow::Result<i32> {
         Command::FetchSnapshot(args) => {
             i32::from(app::runtime()?.block_on(backup::fetch_command(&args)))
         }
+        Command::PlaceRestored(args) => i32::from(backup::place_command(&args)),
         Command::Serve(args) => {
             app::runtime()?.block_on(app::serve(*args))?;
             0

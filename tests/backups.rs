@@ -910,12 +910,12 @@ fn restore_from(
         if let Some(claim) = claim {
             mounts.push((render::RESTORE_SOURCE_MOUNT, claim));
         }
-        let fetch = &pod.init_containers.as_ref().unwrap()[0];
-        let (code, message, out) = dst.run_container(fetch, &mounts, &scratch.join("fetch-report"));
-        assert_eq!(code, 0, "fetch for member {i}: {message}\n{out}");
-        let restore = &pod.containers[0];
-        let (code, _, out) = dst.run_container(restore, &mounts, &scratch.join("restore-report"));
-        assert_eq!(code, 0, "etcdutl snapshot restore for member {i}: {out}");
+        // The kubelet's order: the init containers one after another, then the container.
+        for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+            let report = scratch.join(format!("{}-report", c.name));
+            let (code, message, out) = dst.run_container(c, &mounts, &report);
+            assert_eq!(code, 0, "{} for member {i}: {message}\n{out}", c.name);
+        }
         common::members::run(
             Command::new("chown")
                 .arg("-R")
@@ -1075,4 +1075,65 @@ fn a_cluster_out_of_space_is_still_backed_up() {
     let object = s.s3_get(&object_key(report["uri"].as_str().unwrap()));
     assert_eq!(sha256_hex(&object), report["sha256"].as_str().unwrap());
     assert!(report["keys"].as_u64().unwrap() > 100, "{report}");
+}
+
+/// A restore Job killed while etcdutl wrote (the node lost, the pod evicted) is tried again by
+/// the Job's next pod: etcdutl writes beside the data directory and `place-restored` moves it
+/// in once whole, so the retry clears what the killed one left and succeeds, and a member's
+/// volume never holds half a data directory. Before, etcdutl wrote the data directory itself
+/// and the retry failed with "data-dir ... not empty" (a wrong cause, and no restore).
+#[test]
+fn a_restore_killed_mid_write_is_tried_again_from_scratch() {
+    let mut src = Setup::new("ksrc", Some("s3://backups/k"), 3);
+    let keys = write_keys(&src.net, 200);
+    let (code, report, stderr) = src.run_job(false, ACCESS_KEY);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    let uri = report["uri"].as_str().unwrap().to_owned();
+    let sha = report["sha256"].as_str().unwrap().to_owned();
+    src.stop_s3();
+    let mut dst = Setup::with("kdst", Some("s3://backups/k"), 3, false);
+    std::fs::copy(&src.s3_data, &dst.s3_data).unwrap();
+    drop(src);
+    dst.start_s3();
+
+    // Member 0's first attempt: fetched and restored, then killed before the move, with its
+    // write cut short (the WAL gone).
+    let opts = RenderOptions::default();
+    let source = SnapshotSource::parse(&uri).unwrap();
+    let job = render::restore_job(&dst.ec, 0, source, Some(&sha), &opts);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let scratch = dst.net.tmp.path().join("killed");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let data = dst.net.pods[0].data.clone();
+    let mounts = [
+        ("/restore", scratch.as_path()),
+        ("/var/lib/etcd", data.as_path()),
+    ];
+    for c in pod.init_containers.iter().flatten() {
+        let (code, message, out) = dst.run_container(c, &mounts, &scratch.join("report"));
+        assert_eq!(code, 0, "{}: {message}\n{out}", c.name);
+    }
+    let half = data.join(format!("data{}", render::RESTORING_SUFFIX));
+    assert!(
+        half.join("member").is_dir(),
+        "etcdutl wrote beside the data directory"
+    );
+    assert!(
+        !data.join("data").exists(),
+        "nothing in the member's place yet"
+    );
+    std::fs::remove_dir_all(half.join("member/wal")).unwrap();
+
+    // The Job's next pod for member 0, and the other members' Jobs: every member restored.
+    restore(&mut dst, &uri, &sha);
+    assert!(!half.exists(), "the half-written copy is gone");
+    for i in 0..3 {
+        for key in keys.iter().step_by(41).chain(keys.last()) {
+            assert_eq!(
+                dst.net.get(i, key).as_deref(),
+                Some(format!("value of {key}").as_str()),
+                "{key} through kdst-{i}"
+            );
+        }
+    }
 }

@@ -27,7 +27,7 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::io::AsyncWriteExt;
 
-use crate::cli::{BackupArgs, FetchArgs};
+use crate::cli::{BackupArgs, FetchArgs, PlaceArgs};
 use crate::controller::etcd::{Etcd, EtcdError, Gateway, MemberStatus};
 pub use crate::controller::render::BackupReport as Report;
 use snapshot::{Kind, Verified};
@@ -57,6 +57,8 @@ pub enum Error {
     Usage(String),
     #[error("the client certificate: {0}")]
     Tls(String),
+    #[error("place the restored data: {0}")]
+    Place(String),
 }
 
 impl Error {
@@ -69,16 +71,19 @@ impl Error {
             Error::Store { step, .. } => step,
             Error::Usage(_) => "arguments",
             Error::Tls(_) => "read the client certificate",
+            Error::Place(_) => "place",
         }
     }
 
-    /// The process's exit code: 1 etcd, 2 arguments, 3 a corrupt snapshot, 4 the store.
+    /// The process's exit code: 1 etcd, 2 arguments, 3 a corrupt snapshot, 4 the store, 5 the
+    /// restored data cannot be placed.
     pub fn exit_code(&self) -> u8 {
         match self {
             Error::NoVoter(_) | Error::Snapshot { .. } => 1,
             Error::Usage(_) | Error::Tls(_) => 2,
             Error::Corrupt { .. } => 3,
             Error::Store { .. } => 4,
+            Error::Place(_) => 5,
         }
     }
 }
@@ -713,6 +718,20 @@ pub struct Fetched {
 /// fails a check leaves no file.
 pub async fn fetch(args: &FetchArgs) -> Result<Fetched, Error> {
     use std::io::Write;
+    if let Some(dir) = &args.clear {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {
+                tracing::warn!(dir = %dir.display(), "removed what an earlier attempt of this restore left half written")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::Place(format!(
+                    "{}: {e} (a half-written restore of an earlier attempt)",
+                    dir.display()
+                )));
+            }
+        }
+    }
     let (destination, path) = locate(&args.from)?;
     let store = destination.open()?;
     let fail = |step: &'static str, e: Box<dyn std::error::Error + Send + Sync>| Error::Store {
@@ -772,6 +791,69 @@ pub async fn fetch(args: &FetchArgs) -> Result<Fetched, Error> {
             Err(e)
         }
     }
+}
+
+/// What `place-restored` did.
+#[derive(Debug, serde::Serialize)]
+pub struct Placed {
+    pub to: String,
+    /// The data directory was placed by an earlier attempt of this restore (killed after).
+    pub already: bool,
+}
+
+/// The file beside a placed data directory naming the restore that placed it.
+pub const RESTORED_BY_FILE: &str = "restored-by";
+
+/// Moves the data directory `args.from` (what etcdutl wrote) to `args.to`, once and never over
+/// another: `args.restore_id` is written to [`RESTORED_BY_FILE`] beside `args.to` first, then the
+/// directory renamed (one filesystem: atomic). A retry finds `args.to` with its own id (done
+/// before it was killed: nothing to do but drop a leftover `from`); a data directory there
+/// without it is not this restore's, and is never replaced.
+pub fn place(args: &PlaceArgs) -> Result<Placed, Error> {
+    let io = |what: &std::path::Path, e: std::io::Error| {
+        Error::Place(format!("{}: {e}", what.display()))
+    };
+    let parent = args
+        .to
+        .parent()
+        .ok_or_else(|| Error::Usage(format!("--to {} has no parent", args.to.display())))?;
+    let marker = parent.join(RESTORED_BY_FILE);
+    let to = args.to.display().to_string();
+    if args.to.exists() {
+        let by = std::fs::read_to_string(&marker).unwrap_or_default();
+        if by.trim() != args.restore_id {
+            return Err(Error::Place(format!(
+                "{to} already holds a data directory this restore did not write; it is not replaced (delete the claim to restore into it)"
+            )));
+        }
+        match std::fs::remove_dir_all(&args.from) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&args.from, e)),
+        }
+        return Ok(Placed { to, already: true });
+    }
+    if !args.from.join("member").is_dir() {
+        return Err(Error::Place(format!(
+            "{} holds no restored data directory (no member/ in it)",
+            args.from.display()
+        )));
+    }
+    let sync = |path: &std::path::Path| {
+        std::fs::File::open(path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| io(path, e))
+    };
+    std::fs::write(&marker, &args.restore_id).map_err(|e| io(&marker, e))?;
+    sync(&marker)?;
+    std::fs::rename(&args.from, &args.to).map_err(|e| io(&args.to, e))?;
+    sync(parent)?;
+    Ok(Placed { to, already: false })
+}
+
+/// The `place-restored` subcommand: the report on stdout and in the termination message.
+pub fn place_command(args: &PlaceArgs) -> u8 {
+    finish("place", place(args), args.report.as_deref())
 }
 
 /// The `fetch-snapshot` subcommand: the report on stdout and in the termination message.
@@ -894,6 +976,40 @@ mod tests {
                 "notes.txt"
             ]
         );
+    }
+
+    /// The restored data directory is moved in once whole; a retry after the move (the pod
+    /// killed before it exited) finds it its own and is done; a data directory this restore
+    /// did not write is never replaced; nothing to place is an error.
+    #[test]
+    fn restored_data_is_placed_once_and_never_over_other_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("data.restoring"), dir.path().join("data"));
+        let args = |id: &str| PlaceArgs {
+            from: from.clone(),
+            to: to.clone(),
+            restore_id: id.to_owned(),
+            report: None,
+        };
+        let e = place(&args("uid-1")).unwrap_err();
+        assert_eq!(e.exit_code(), 5);
+        assert!(e.to_string().contains("no member/"), "{e}");
+        std::fs::create_dir_all(from.join("member/snap")).unwrap();
+        std::fs::write(from.join("member/snap/db"), b"db").unwrap();
+        let placed = place(&args("uid-1")).unwrap();
+        assert!(!placed.already);
+        assert_eq!(std::fs::read(to.join("member/snap/db")).unwrap(), b"db");
+        assert!(!from.exists());
+        // A retry that wrote it beside again: done, the leftover dropped, the data untouched.
+        std::fs::create_dir_all(from.join("member")).unwrap();
+        assert!(place(&args("uid-1")).unwrap().already);
+        assert!(!from.exists());
+        assert_eq!(std::fs::read(to.join("member/snap/db")).unwrap(), b"db");
+        // Another restore (another cluster's UID) finds data it did not write: refused.
+        std::fs::create_dir_all(from.join("member")).unwrap();
+        let e = place(&args("uid-2")).unwrap_err().to_string();
+        assert!(e.contains("did not write; it is not replaced"), "{e}");
+        assert_eq!(std::fs::read(to.join("member/snap/db")).unwrap(), b"db");
     }
 
     #[test]

@@ -1587,14 +1587,18 @@ async fn a_restore_runs_one_job_per_member_before_the_stateful_set() {
             pod["initContainers"][0]["args"][1],
             format!("--from={from}")
         );
-        assert_eq!(pod["containers"][0]["command"][0], "/usr/local/bin/etcdutl");
+        assert_eq!(
+            pod["initContainers"][1]["command"][0],
+            "/usr/local/bin/etcdutl"
+        );
+        let restore = pod["initContainers"][1]["args"].as_array().unwrap();
         assert!(
-            pod["containers"][0]["args"]
-                .as_array()
-                .unwrap()
-                .contains(&json!(format!("--name=etcd-{i}"))),
+            restore.contains(&json!(format!("--name=etcd-{i}")))
+                && restore.contains(&json!("--data-dir=/var/lib/etcd/data.restoring")),
             "{pod}"
         );
+        // Moved in once whole (a killed attempt leaves nothing the next one takes for data).
+        assert_eq!(pod["containers"][0]["args"][0], "place-restored");
     }
     let c = restored_condition(&api);
     assert_eq!(

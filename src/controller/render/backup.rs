@@ -299,7 +299,9 @@ fn revision_bump(version: &str) -> Vec<String> {
 /// data directory is made); then `etcdutl snapshot restore` from the member's own etcd image
 /// writes the data directory with the member's name, the cluster's initial members and a
 /// token of its own (`NAME.NS.<uid>`: new member and cluster IDs, unlike any former cluster
-/// under this name; every key and the snapshot's revision). Both commands run unconditionally
+/// under this name; every key and the snapshot's revision) beside the member's
+/// (`data.restoring`), and `place-restored` moves it in once whole: a killed attempt's copy is
+/// cleared by the next one's fetch, never taken for data. Both commands run unconditionally
 /// (the etcd image has no shell): the loop runs these Jobs once, for the members a cluster
 /// starts with, never for a learner added later. A `pvc://` snapshot's claim is mounted
 /// read-only at [`RESTORE_SOURCE_MOUNT`]; the loop runs those Jobs one at a time, since a
@@ -339,11 +341,15 @@ pub fn restore_job(
             ..Default::default()
         });
     }
+    // etcdutl writes beside the data directory; `place-restored` moves it in once whole, so a
+    // killed attempt leaves nothing the next one (or the member) would take for data.
+    let restoring = format!("{DATA_DIR}{RESTORING_SUFFIX}");
     let mut fetch_args = vec![
         "fetch-snapshot".to_owned(),
         format!("--from={from}"),
         format!("--out={snapshot}"),
         "--report=/dev/termination-log".to_owned(),
+        format!("--clear={restoring}"),
     ];
     if let Some(sum) = sha256 {
         fetch_args.push(format!("--sha256={sum}"));
@@ -372,7 +378,12 @@ pub fn restore_job(
                 ..Default::default()
             }]
         }),
-        volume_mounts: Some(fetch_mounts.into_iter().chain([scratch.clone()]).collect()),
+        volume_mounts: Some(
+            fetch_mounts
+                .into_iter()
+                .chain([scratch.clone(), data.clone()])
+                .collect(),
+        ),
         security_context: Some(restricted_container()),
         termination_message_policy: Some("File".to_owned()),
         ..Default::default()
@@ -395,15 +406,34 @@ pub fn restore_job(
                     ec.metadata.uid.as_deref().unwrap_or("restored")
                 ),
                 format!("--initial-advertise-peer-urls={}", peer_url(ec, ordinal)),
-                format!("--data-dir={DATA_DIR}"),
+                format!("--data-dir={restoring}"),
             ]
             .into_iter()
             .chain(revision_bump(&ec.spec.version))
             .collect(),
         ),
-        volume_mounts: Some(vec![scratch, data]),
+        volume_mounts: Some(vec![scratch, data.clone()]),
         security_context: Some(restricted_container()),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        ..Default::default()
+    };
+    let place = Container {
+        name: "place".to_owned(),
+        image: Some(opts.backup_image.clone()),
+        command: Some(vec!["/etcd-webhook".to_owned()]),
+        args: Some(vec![
+            "place-restored".to_owned(),
+            format!("--from={restoring}"),
+            format!("--to={DATA_DIR}"),
+            format!(
+                "--restore-id={}",
+                ec.metadata.uid.as_deref().unwrap_or("restored")
+            ),
+            "--report=/dev/termination-log".to_owned(),
+        ]),
+        volume_mounts: Some(vec![data]),
+        security_context: Some(restricted_container()),
+        termination_message_policy: Some("File".to_owned()),
         ..Default::default()
     };
     let mut restore_pods = labels(ec, "restore");
@@ -422,8 +452,8 @@ pub fn restore_job(
                 spec: Some(PodSpec {
                     affinity: Some(restore_affinity),
                     topology_spread_constraints: Some(restore_spread),
-                    init_containers: Some(vec![fetch]),
-                    containers: vec![restore],
+                    init_containers: Some(vec![fetch, restore]),
+                    containers: vec![place],
                     volumes: Some(
                         [
                             Volume {

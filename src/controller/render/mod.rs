@@ -55,6 +55,9 @@ pub const VOTER_LABEL: &str = "etcd.example.com/voter";
 /// Where a member keeps its data (a subdirectory of the volume, away from `lost+found`).
 const DATA_MOUNT: &str = "/var/lib/etcd";
 const DATA_DIR: &str = "/var/lib/etcd/data";
+/// A restore Job's etcdutl writes the data directory here (`DATA_DIR` with this suffix, on the
+/// member's claim) before it is moved to `DATA_DIR`.
+pub const RESTORING_SUFFIX: &str = ".restoring";
 /// The non-root user (distroless `nonroot`) every pod runs as.
 const RUN_AS: i64 = 65532;
 
