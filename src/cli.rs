@@ -638,6 +638,12 @@ pub struct ControllerArgs {
     /// off and the server drain.
     #[arg(long, env = "ETCD_WEBHOOK_CONTROLLER_STOP_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub controller_stop_timeout: Duration,
+    /// Keep TLS clusters' client Secrets (labelled etcd.example.com/client-tls=true) in a watch
+    /// cache: no GET per cluster, but it needs list and watch on Secrets in every namespace the
+    /// loop watches (chart controller.cacheClientSecrets). Without it each is read by name
+    /// every 5 minutes (and after a pass no member answered).
+    #[arg(long, env = "ETCD_WEBHOOK_CACHE_CLIENT_SECRETS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub cache_client_secrets: bool,
 }
 
 /// A finite number, 0 or more.

@@ -706,6 +706,24 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
         controller::certificates::CERTIFICATES_RBAC_RULES,
         &format!("{n}: ClusterRole (member TLS)"),
     );
+    // Secrets by name only, unless the install asks for the client-Secret cache: no replica can
+    // list or watch every Secret in the cluster.
+    let lists_secrets = role.rules.iter().flatten().any(|r| {
+        r.resources.iter().flatten().any(|x| x == "secrets")
+            && r.verbs.iter().any(|v| v == "list" || v == "watch")
+    });
+    let cached = args.iter().any(|a| a == "--cache-client-secrets");
+    assert_eq!(
+        lists_secrets, cached,
+        "{n}: list/watch on secrets only with --cache-client-secrets"
+    );
+    if cached {
+        grants(
+            role.rules.as_deref().unwrap_or_default(),
+            controller::rbac::SECRET_CACHE_RBAC_RULES,
+            &format!("{n}: ClusterRole (the client-Secret cache)"),
+        );
+    }
     let role_name = role.metadata.name.clone().unwrap();
     // The caBundle self-check: get on exactly the three objects by name, Events; bound
     // cluster-wide in every install (they are cluster-scoped).
@@ -1449,11 +1467,12 @@ fn kustomize_edit_set_image_reaches_every_job() {
         &opts,
     );
     let restore_pod = restore.spec.unwrap().template.spec.unwrap();
-    for (what, pod) in [
-        ("backup CronJob", &cron_pod),
-        ("final-snapshot Job", &final_pod),
-        ("restore Job", &restore_pod),
+    for (what, pod, runs) in [
+        ("backup CronJob", &cron_pod, 1),
+        ("final-snapshot Job", &final_pod, 1),
+        // fetch-snapshot, then place-restored.
+        ("restore Job", &restore_pod, 2),
     ] {
-        assert_eq!(images(pod), vec![user_image.to_owned()], "{what}");
+        assert_eq!(images(pod), vec![user_image.to_owned(); runs], "{what}");
     }
 }

@@ -203,6 +203,7 @@ pub(super) async fn start_controller(
         },
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         stop_timeout: args.controller_stop_timeout,
+        cache_client_secrets: args.cache_client_secrets,
     };
     // The Jobs' image: --backup-image, else this pod's own (read before the loop starts, in
     // the loop's task: the webhooks are serving already and do not wait for it).

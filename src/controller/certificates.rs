@@ -169,14 +169,10 @@ pub(super) async fn trust(
     kids: &Children<'_>,
     pods: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>],
 ) -> Result<Option<(bool, String)>, Error> {
-    use k8s_openapi::api::core::v1::Secret;
     if !crate::api::tls_on(&ec.spec) {
         return Ok(None);
     }
-    let Some(secret) = kids
-        .read::<Secret>(&render::Purpose::Client.secret(ec))
-        .await?
-    else {
+    let Some(secret) = kids.ctx.client_secret(ec).await? else {
         return Ok(None);
     };
     let Some(now_key) = secret

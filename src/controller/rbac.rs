@@ -58,11 +58,18 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
         "networkpolicies",
         &["get", "list", "watch", "create", "patch", "delete"],
     ),
-    // TLS clusters' client certificate Secrets, cached by a watch that selects their label
-    // (`api::CLIENT_TLS_LABEL`; RBAC cannot narrow a list to a label). `get` is in
+    // TLS clusters' client certificate Secrets, read by name (`NAME-client-tls`, every
+    // `CLIENT_SECRET_REFRESH`): `get` only, never list or watch (with them, every replica could
+    // read every Secret in the cluster at once); the same `get` serves
     // `credentials::CREDENTIALS_RBAC_RULES`.
-    ("", "secrets", &["list", "watch"]),
+    ("", "secrets", &["get"]),
 ];
+
+/// With `--cache-client-secrets` only: the watch cache of TLS clusters' client Secrets (the
+/// watch selects `api::CLIENT_TLS_LABEL`, but RBAC cannot narrow a list to a label, so this is
+/// list and watch on every Secret the loop's namespaces hold).
+pub const SECRET_CACHE_RBAC_RULES: &[(&str, &str, &[&str])] =
+    &[("", "secrets", &["list", "watch"])];
 
 /// The calls in the install's own namespace, granted by a Role there: the leader election's
 /// Lease, and the replica's own Pod, read once at start for the image the Jobs run when

@@ -94,12 +94,18 @@ pub async fn run_with_etcd(
     // through the StatefulSet's status.
     let (pods, pods_events) = cached::<Pod>(&client, ns, &owned);
     let (policies, policies_events) = cached::<NetworkPolicy>(&client, ns, &owned);
-    // TLS clusters' client certificates, read on every pass that talks to the members: cached
-    // here instead of one GET per pass. They trigger nothing (a renewed certificate is used on
-    // the next pass).
+    // TLS clusters' client certificates, with --cache-client-secrets only (it needs list and
+    // watch on Secrets): cached here instead of a GET every `CLIENT_SECRET_REFRESH`. They
+    // trigger nothing (a renewed certificate is used on the next pass). Without the flag the
+    // store stays empty and unread.
     let client_tls =
         watcher::Config::default().labels(&format!("{}=true", crate::api::CLIENT_TLS_LABEL));
     let (secrets, secrets_events) = cached::<Secret>(&client, ns, &client_tls);
+    let secrets_events = if settings.cache_client_secrets {
+        secrets_events.boxed()
+    } else {
+        futures_util::stream::empty().boxed()
+    };
     let caches = Caches {
         sets,
         services,

@@ -150,6 +150,9 @@ pub(super) async fn converge(
         let outcome = membership::pass(ec, &etcd, input, record).await;
         if let Some(e) = &outcome.unreachable {
             tracing::warn!(cluster = %ec.name_any(), error = %e, "no member answered member list");
+            // With a client certificate the members may no longer take (renewed, a new CA):
+            // read it again on the next pass rather than in up to CLIENT_SECRET_REFRESH.
+            ctx.reread_client_secret(ec);
         }
         if let Some(why) = &outcome.foreign {
             tracing::error!(cluster = %ec.name_any(), "{why}");

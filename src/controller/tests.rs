@@ -2565,51 +2565,78 @@ async fn a_waiting_pass_is_small() {
     );
 }
 
-/// A TLS cluster's pass presents the client certificate of its Secret to the members: read
-/// from the watch cache when the Secret carries the label cert-manager gives it (no request per
-/// pass: 1,000 healthy TLS clusters resynced every 30 s would otherwise spend 33 GETs a
-/// second, more than the loop's whole API budget), through the API when it does not (a Secret
-/// the user made without the label).
+/// A TLS cluster's pass presents the client certificate of its Secret to the members, read by
+/// name (`get` only: the loop lists and watches no Secrets) at most every
+/// `CLIENT_SECRET_REFRESH`: 1,000 TLS clusters resynced every 30 s spend 3.3 GETs a second at
+/// most, not 33. With `--cache-client-secrets` it comes from the watch cache when it carries
+/// the label cert-manager gives it (no request), by name when it does not.
 #[tokio::test]
-async fn a_tls_cluster_reads_its_client_certificate_from_the_cache() {
+async fn a_tls_cluster_reads_its_client_certificate_by_name_at_most_every_period() {
     const SECRET: &str = "/api/v1/namespaces/prod/secrets/etcd-client-tls";
-    let (api, ctx) = setup(3, None);
-    let mut ec = api.get(EC).unwrap();
-    ec["spec"]["tls"] = json!({});
-    api.insert(EC, ec);
-    pass(&api, &ctx).await.unwrap();
-    // What cert-manager writes from the client Certificate the pass applied.
-    let certificate = api
-        .get("/apis/cert-manager.io/v1/namespaces/prod/certificates/etcd-client")
-        .expect("the client Certificate");
-    let labels = certificate["spec"]["secretTemplate"]["labels"].clone();
-    assert_eq!(labels[crate::api::CLIENT_TLS_LABEL], "true", "{labels}");
-    let x = "eA=="; // not a certificate: the in-memory etcd speaks no TLS anyway
-    api.insert(
-        SECRET,
-        json!({"apiVersion": "v1", "kind": "Secret",
-               "metadata": {"name": "etcd-client-tls", "namespace": "prod", "labels": labels},
-               "data": {"ca.crt": x, "tls.crt": x, "tls.key": x}}),
-    );
-    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
-    etcd_of(&ctx).set_down(false);
-    let secret_gets = |api: &FakeApi| {
-        api.calls()
-            .iter()
-            .filter(|c| c.method == "GET" && c.resource() == "secrets")
-            .count()
-    };
-    api.clear_calls();
-    let error = pass(&api, &ctx).await.unwrap_err().to_string();
-    // The certificate reached the transport (which refuses it here): it was read.
-    assert!(error.contains("speaks no TLS"), "{error}");
-    assert_eq!(secret_gets(&api), 0, "read from the cache");
-    // The same Secret without the label: one GET per pass.
-    api.set(SECRET, "/metadata/labels", json!({}));
-    api.clear_calls();
-    let error = pass(&api, &ctx).await.unwrap_err().to_string();
-    assert!(error.contains("speaks no TLS"), "{error}");
-    assert_eq!(secret_gets(&api), 1, "read through the API");
+    for cache in [false, true] {
+        let settings = Settings {
+            cache_client_secrets: cache,
+            ..Settings::default()
+        };
+        let (api, ctx) = setup_with(3, None, settings);
+        let mut ec = api.get(EC).unwrap();
+        ec["spec"]["tls"] = json!({});
+        api.insert(EC, ec);
+        pass(&api, &ctx).await.unwrap();
+        // What cert-manager writes from the client Certificate the pass applied.
+        let certificate = api
+            .get("/apis/cert-manager.io/v1/namespaces/prod/certificates/etcd-client")
+            .expect("the client Certificate");
+        let labels = certificate["spec"]["secretTemplate"]["labels"].clone();
+        assert_eq!(labels[crate::api::CLIENT_TLS_LABEL], "true", "{labels}");
+        let x = "eA=="; // not a certificate: the in-memory etcd speaks no TLS anyway
+        api.insert(
+            SECRET,
+            json!({"apiVersion": "v1", "kind": "Secret",
+                   "metadata": {"name": "etcd-client-tls", "namespace": "prod", "labels": labels},
+                   "data": {"ca.crt": x, "tls.crt": x, "tls.key": x}}),
+        );
+        api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
+        etcd_of(&ctx).set_down(false);
+        let secret_gets = |api: &FakeApi| {
+            api.calls()
+                .iter()
+                .filter(|c| c.method == "GET" && c.resource() == "secrets")
+                .count()
+        };
+        let secret_lists = |api: &FakeApi| {
+            api.calls()
+                .iter()
+                .filter(|c| c.resource() == "secrets" && c.method != "GET")
+                .count()
+        };
+        api.clear_calls();
+        let error = pass(&api, &ctx).await.unwrap_err().to_string();
+        // The certificate reached the transport (which refuses it here): it was read.
+        assert!(error.contains("speaks no TLS"), "{error}");
+        assert_eq!(secret_gets(&api), usize::from(!cache), "cache {cache}");
+        api.clear_calls();
+        let error = pass(&api, &ctx).await.unwrap_err().to_string();
+        assert!(error.contains("speaks no TLS"), "{error}");
+        assert_eq!(secret_gets(&api), 0, "within the period (cache {cache})");
+        assert_eq!(secret_lists(&api), 0);
+        assert_granted(&api.calls(), RBAC_RULES);
+        if cache {
+            // The same Secret without the label: by name.
+            api.set(SECRET, "/metadata/labels", json!({}));
+            api.clear_calls();
+            let error = pass(&api, &ctx).await.unwrap_err().to_string();
+            assert!(error.contains("speaks no TLS"), "{error}");
+            assert_eq!(secret_gets(&api), 1, "read through the API");
+        } else {
+            // A period later (or after a pass no member answered): read again.
+            let ec: EtcdCluster = serde_json::from_value(api.get(EC).unwrap()).unwrap();
+            ctx.reread_client_secret(&ec);
+            api.clear_calls();
+            let _ = pass(&api, &ctx).await;
+            assert_eq!(secret_gets(&api), 1);
+        }
+    }
 }
 
 /// Once a member has been ready the cluster has formed, even if the loop never reached etcd
@@ -2812,6 +2839,9 @@ async fn a_re_keyed_ca_is_reported_until_every_member_started_since() {
     // Re-keyed: one Warning, the condition False naming every member started before.
     let second = crate::tls::dev::generate(&["etcd".to_owned()], &[], 30).unwrap();
     secret(&second.ca_cert);
+    // (Read by name every CLIENT_SECRET_REFRESH: as if that long had passed.)
+    let ec: EtcdCluster = serde_json::from_value(api.get(EC).unwrap()).unwrap();
+    ctx.reread_client_secret(&ec);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert!(
