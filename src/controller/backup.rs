@@ -302,7 +302,7 @@ pub(super) async fn observe(
     seen: &mut Observation,
 ) -> Result<(), Error> {
     let ctx = kids.ctx;
-    let pods = kids.cached::<Pod>().await?;
+    let pods = kids.pods().await?;
     let previous = ec.status.as_ref().and_then(|s| s.backup.as_ref());
     let (status, events) = record(previous, &runs(ec, &pods));
     for (type_, reason, note) in events {

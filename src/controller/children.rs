@@ -243,6 +243,8 @@ pub(super) struct Children<'a> {
     ns: String,
     /// The cluster's name (its children's `app.kubernetes.io/instance` label).
     instance: String,
+    /// This cluster's pods, read from the cache once per pass ([`Children::pods`]).
+    pods: tokio::sync::OnceCell<Vec<Arc<Pod>>>,
 }
 
 impl<'a> Children<'a> {
@@ -251,7 +253,20 @@ impl<'a> Children<'a> {
             ctx,
             ns: ec.namespace().unwrap_or_else(|| "default".to_owned()),
             instance: ec.name_any(),
+            pods: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// This cluster's pods (members, Job pods) as the cache held them when the pass first
+    /// asked: the pods cache holds every cluster's, so each look walks all of them and decodes
+    /// this cluster's; a pass looks several times (membership, CA trust, upgrade, backups,
+    /// restore) and now pays for one. One view per pass, too: a pod the pass deleted is still
+    /// in it, as it would be in the cache until the watch brings the deletion.
+    pub(super) async fn pods(&self) -> Result<Vec<Arc<Pod>>, Error> {
+        self.pods
+            .get_or_try_init(|| self.cached::<Pod>())
+            .await
+            .cloned()
     }
 
     pub(super) fn api<K: Child>(&self) -> Api<K> {

@@ -5,7 +5,7 @@
 //! cluster. A learner added later joins as any other (it is never restored).
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
@@ -162,7 +162,7 @@ async fn first_digest(
     if job_outcome(&job) != Some(true) || !super::children::owned_by(&job.metadata, ec) {
         return Ok(None);
     }
-    let pods = kids.cached::<Pod>().await?;
+    let pods = kids.pods().await?;
     let said = pods
         .iter()
         .filter(|p| p.labels().get("batch.kubernetes.io/job-name") == Some(&name))
@@ -203,7 +203,7 @@ async fn pin(ec: &EtcdCluster, kids: &Children<'_>, sha: &str) -> Result<(), Err
 /// or etcdutl's log tail).
 async fn why_failed(kids: &Children<'_>, job: &Job) -> Result<String, Error> {
     let name = job.name_any();
-    let pods = kids.cached::<Pod>().await?;
+    let pods = kids.pods().await?;
     let newest = pods
         .iter()
         .filter(|p| p.labels().get("batch.kubernetes.io/job-name") == Some(&name))

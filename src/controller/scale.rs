@@ -34,7 +34,7 @@ pub(super) async fn member_pods(
 ) -> Result<Vec<std::sync::Arc<Pod>>, Error> {
     let selector = render::member_selector(ec);
     Ok(kids
-        .cached::<Pod>()
+        .pods()
         .await?
         .into_iter()
         .filter(|p| p.namespace() == ec.namespace())
