@@ -661,3 +661,36 @@ fn storage_class(name: &str) -> Result<String, String> {
         None => Ok(name.to_owned()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--default-member-tls` given twice (the chart's `server.extraArgs` on top of
+    /// `webhook.defaultMemberTls`): the last one counts, in either order, and a bare flag is true.
+    #[test]
+    fn default_member_tls_given_twice_takes_the_last() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from(["etcd-webhook", "serve"].iter().chain(args))
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            match cli.command {
+                Command::Serve(s) => s.default_member_tls,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(parse(&[]));
+        assert!(!parse(&["--default-member-tls=false"]));
+        assert!(parse(&[
+            "--default-member-tls=false",
+            "--default-member-tls=true"
+        ]));
+        assert!(!parse(&[
+            "--default-member-tls=true",
+            "--default-member-tls=false"
+        ]));
+        assert!(parse(&[
+            "--default-member-tls=false",
+            "--default-member-tls"
+        ]));
+    }
+}

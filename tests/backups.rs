@@ -761,6 +761,31 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
         !scratch.join("snapshot.db").exists() && !scratch.join("snapshot.part").exists(),
         "nothing left for etcdutl"
     );
+
+    // The good snapshot, but not the one the spec's sha256 names (another backup, or one
+    // changed in the bucket since): refused the same way, before etcdutl sees it.
+    let other = "0123456789abcdef".repeat(4);
+    let job = render::restore_job(&dst.ec, 0, source_of(&uri), Some(&other), &opts);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let fetch = &pod.init_containers.as_ref().unwrap()[0];
+    let (code, message, out) = dst.run_container(
+        fetch,
+        &[("/restore", scratch.as_path())],
+        &scratch.join("report"),
+    );
+    assert_eq!(code, 3, "{message}\n{out}");
+    let report: Value = serde_json::from_str(&message).unwrap();
+    assert_eq!(report["failed"], "verify", "{report}");
+    let error = report["error"].as_str().unwrap();
+    assert!(error.contains(&other) && error.contains(&sha), "{report}");
+    assert!(
+        !scratch.join("snapshot.db").exists() && !scratch.join("snapshot.part").exists(),
+        "nothing left for etcdutl"
+    );
+}
+
+fn source_of(uri: &str) -> SnapshotSource<'_> {
+    SnapshotSource::parse(uri).unwrap()
 }
 
 /// Restore from a backup claim: a scheduled backup to the source's claim `src-backup`, then a

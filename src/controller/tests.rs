@@ -1587,6 +1587,11 @@ async fn a_restore_runs_one_job_per_member_before_the_stateful_set() {
             pod["initContainers"][0]["args"][1],
             format!("--from={from}")
         );
+        let fetch = pod["initContainers"][0]["args"].as_array().unwrap();
+        assert!(
+            fetch.contains(&json!(format!("--sha256={}", "ab".repeat(32)))),
+            "the spec's digest reaches every member's fetch: {fetch:?}"
+        );
         assert_eq!(
             pod["initContainers"][1]["command"][0],
             "/usr/local/bin/etcdutl"
