@@ -2,6 +2,9 @@
 //! input, bad input, and their exit codes.
 
 mod common;
+/// The e2e runner's argument parsing, tested here (the e2e target has its own runner).
+#[path = "e2e/args.rs"]
+mod e2e_args;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -878,4 +881,28 @@ fn review_old_pairs_by_name_and_prints_only_what_is_admitted() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// The e2e runner's arguments (tests/e2e/args.rs).
+fn args(a: &[&str]) -> Result<e2e_args::Args, String> {
+    e2e_args::parse(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+}
+
+#[test]
+fn the_runner_takes_libtests_arguments_and_refuses_the_rest() {
+    // `cargo test -- --test-threads 1` used to run nothing (its value taken for a filter).
+    let a = args(&["--test-threads", "1"]).unwrap();
+    assert!(a.filters.is_empty() && a.wanted("any_scenario"));
+    let a = args(&["--test-threads=2", "--nocapture", "tls"]).unwrap();
+    assert_eq!(a.filters, ["tls"]);
+    assert!(a.wanted("a_tls_cluster") && !a.wanted("backups"));
+    // `--skip X` leaves X out (it used to run only X).
+    let a = args(&["--skip", "tls"]).unwrap();
+    assert!(!a.wanted("a_tls_cluster") && a.wanted("backups"));
+    let a = args(&["--exact", "backups"]).unwrap();
+    assert!(a.wanted("backups") && !a.wanted("backups_to_s3"));
+    let e = args(&["--bogus"]).unwrap_err();
+    assert!(e.contains("unknown argument --bogus"), "{e}");
+    assert!(args(&["--skip"]).is_err());
+    assert!(args(&["--list"]).unwrap().list);
 }

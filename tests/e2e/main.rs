@@ -4,13 +4,15 @@
 //! One cluster serves every scenario but those that need a cluster of their own (OWN_CLUSTER:
 //! they start from another install), so this target has its own runner (harness = false): the
 //! scenarios run in order, each caught on panic; every process is stopped by PID at the end, after
-//! success, failure or panic; the components' logs are printed for a failure. Arguments that are
-//! not flags filter scenarios by substring, as libtest's do; with none left, no cluster starts.
+//! success, failure or panic; the components' logs are printed for a failure. Arguments as
+//! libtest's (`args`: filters, `--exact`, `--skip`, `--list`; an unknown flag is refused); with
+//! no scenario left, no cluster starts.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod admission;
+mod args;
 mod bench;
 mod chart;
 mod cluster;
@@ -136,17 +138,20 @@ const SCENARIOS: &[Scenario] = &[
 ];
 
 fn main() {
-    if std::env::args().any(|a| a == "--bench-apiserver") {
+    let given: Vec<String> = std::env::args().skip(1).collect();
+    let args = match args::parse(&given) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    if args.bench_apiserver {
         bench_apiserver();
         return;
     }
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let list = std::env::args().any(|a| a == "--list");
-    let wanted =
-        |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+    let list = args.list;
+    let wanted = |name: &str| args.wanted(name);
     let chosen: Vec<&Scenario> = SCENARIOS.iter().filter(|(name, _)| wanted(name)).collect();
     let own: Vec<&OwnScenario> = OWN_CLUSTER
         .iter()
