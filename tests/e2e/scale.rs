@@ -342,6 +342,13 @@ fn shutdown_under_load(env: &Env, n: usize) {
             "no longer accepting connections",
         ],
     );
+    // Every pass still running at the signal finished within --controller-stop-timeout (the
+    // line that says they were abandoned says "controller stopped" too).
+    assert!(
+        !log[sigterm..].contains("were abandoned"),
+        "passes abandoned at the stop timeout:\n{}",
+        &log[sigterm..]
+    );
     let failed_after = log[sigterm..].matches("reconcile failed").count();
     assert_eq!(
         failed_after,
