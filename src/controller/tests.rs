@@ -199,10 +199,14 @@ fn describe(calls: &[&Call]) -> Vec<String> {
         .collect()
 }
 
+/// The Events published by `calls`: each POST, and each PATCH (kube-runtime's recorder
+/// publishes a repeat of an Event within its cache's time as a merge PATCH of the whole Event
+/// with its series count, not a POST: a "said once" check that counted POSTs only could not see
+/// a repeat).
 fn events(calls: &[Call]) -> Vec<(String, String)> {
     calls
         .iter()
-        .filter(|c| c.resource() == "events" && c.method == "POST")
+        .filter(|c| c.resource() == "events" && (c.method == "POST" || c.method == "PATCH"))
         .map(|c| {
             let b = c.body.as_ref().unwrap();
             (
