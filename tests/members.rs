@@ -2132,6 +2132,18 @@ fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no
     // The loop's next pass presents the renewed client certificate.
     let outcome = lp.pass(&mut net);
     assert!(outcome.failed.is_none(), "{:?}", outcome.failed);
+    // Answered, over TLS with the renewed certificate (`failed` is also empty when no member
+    // answered at all).
+    assert!(
+        outcome.unreachable.is_none() && outcome.members.is_some(),
+        "the members answered the renewed client certificate: {:?}",
+        outcome.unreachable
+    );
+    assert_eq!(
+        outcome.health.len(),
+        3,
+        "every member's status read over TLS"
+    );
     let keys = writes_end(&net, &writing, writes, 20, "the renewal of every leaf");
     assert_eq!(
         seen, ["tls-server-renewed"; 3],
