@@ -329,6 +329,10 @@ struct Loop {
     refused: Vec<(Step, String)>,
     /// The image each pod's container runs (its template revision).
     images: BTreeMap<usize, String>,
+    /// Each pod's own container, as the template was when the pod was made: a kubelet restarts
+    /// a container, and probes it, from its pod's spec, never from the StatefulSet's template
+    /// (OnDelete: a pod takes a new template only when it is deleted and made again).
+    specs: BTreeMap<usize, Container>,
     /// The kubelet's probes of each pod, what readiness last said, and the pods' termination
     /// grace period (seconds).
     probes: Vec<Probes>,
@@ -357,6 +361,7 @@ impl Loop {
             calls: Vec::new(),
             refused: Vec::new(),
             images: BTreeMap::new(),
+            specs: BTreeMap::new(),
             probes: (0..8).map(|_| Probes::new(BACKOFF_SCALE)).collect(),
             ready: BTreeMap::new(),
             grace: render::stateful_set(&ec, 1, &RenderOptions::default())
@@ -392,13 +397,19 @@ impl Loop {
         }
     }
 
-    /// The kubelet starts pod `i`'s container from the current template.
+    /// The kubelet starts pod `i`'s container from its pod's spec (a pod made now takes the
+    /// current template).
     fn start(&mut self, net: &mut Net, i: usize) {
-        net.start(i, &self.container);
+        let container = self
+            .specs
+            .entry(i)
+            .or_insert_with(|| self.container.clone())
+            .clone();
+        net.start(i, &container);
         self.backoff[i].started();
         self.probes[i].started();
         self.images
-            .insert(i, self.container.image.clone().unwrap_or_default());
+            .insert(i, container.image.clone().unwrap_or_default());
     }
 
     /// Pod `i` is deleted and made anew (a new pod has no last state and no back-off).
@@ -409,6 +420,7 @@ impl Loop {
         self.backoff[i] = Backoff::new(BACKOFF_SCALE);
         self.probes[i] = Probes::new(BACKOFF_SCALE);
         self.ready.remove(&i);
+        self.specs.remove(&i);
     }
 
     /// One reconcile, then the StatefulSet controller and the kubelet.
@@ -495,7 +507,8 @@ impl Loop {
                 self.recreate(net, i);
             }
             if want && net.running(i) {
-                let ready = self.probes[i].look(net, i, &self.container, self.grace);
+                let container = self.specs.get(&i).unwrap_or(&self.container).clone();
+                let ready = self.probes[i].look(net, i, &container, self.grace);
                 self.ready.insert(i, ready);
             }
         }
