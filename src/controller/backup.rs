@@ -33,6 +33,17 @@ pub(super) async fn schedule(
     if !matches!(target, Some(Ok(_))) {
         unexport_schedule(ec, ctx);
     }
+    // Which bucket prefix this cluster files in now (none: off, the claim, unsupported), and
+    // the other clusters there the first time it shares one.
+    let url = match &target {
+        Some(Ok(BackupTarget::S3(url))) => Some(url.clone()),
+        _ => None,
+    };
+    let others = ctx
+        .destinations
+        .lock()
+        .expect("not poisoned")
+        .record(&super::key(ec), url.as_deref());
     match target {
         None => {
             if kids.remove::<CronJob>(&cron_name).await? {
@@ -63,15 +74,6 @@ pub(super) async fn schedule(
             if target == BackupTarget::Volume {
                 kids.ensure(&render::backup_claim(ec)).await?;
             }
-            let url = match &target {
-                BackupTarget::S3(url) => Some(url.as_str()),
-                BackupTarget::Volume => None,
-            };
-            let others = ctx
-                .destinations
-                .lock()
-                .expect("not poisoned")
-                .record(&super::key(ec), url);
             if let (Some(others), Some(url)) = (others, url) {
                 let message = format!(
                     "spec.backup.destination {url} is also where {} file their snapshots: each cluster's names carry its namespace and UID, so none prunes or overwrites another's, but a bucket's lifecycle rule or a restore that picks the newest object in the prefix sees them all; give each cluster a prefix of its own",
