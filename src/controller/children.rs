@@ -273,6 +273,21 @@ impl<'a> Children<'a> {
         Api::namespaced(self.ctx.client.clone(), &self.ns)
     }
 
+    /// Sets the annotation `key` to `value` on the cluster itself (a merge patch of its
+    /// metadata): what the loop records there (the etcd cluster ID, a restore's digest).
+    pub(super) async fn annotate_cluster(&self, key: &str, value: &str) -> Result<(), Error> {
+        let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+        Api::<EtcdCluster>::namespaced(self.ctx.client.clone(), &self.ns)
+            .patch(
+                &self.instance,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| Error::kube("annotate", "EtcdCluster", &self.instance, e))
+    }
+
     /// The cache of `K`, once it has its first full list: the first pass after a start waits
     /// for it, so a cold cache is never mistaken for missing objects.
     async fn store<K: Child>(&self) -> Result<&Store<Cached<K>>, Error> {

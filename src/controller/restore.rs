@@ -68,7 +68,9 @@ pub(super) async fn prepare(
         if i > 0 && pinned.is_none() {
             match first_digest(ec, kids).await? {
                 Some(Ok(sha)) => {
-                    pin(ec, kids, &sha).await?;
+                    // For the other members' Jobs, and the next passes.
+                    kids.annotate_cluster(render::RESTORE_SHA256_ANNOTATION, &sha)
+                        .await?;
                     pinned = Some(sha);
                 }
                 Some(Err(why)) => {
@@ -180,23 +182,6 @@ async fn first_digest(
             "the Job {name} succeeded but its pod's report (with the snapshot's SHA-256) is gone"
         )
     })))
-}
-
-/// Records the first member's snapshot digest on the EtcdCluster, for the other members' Jobs.
-async fn pin(ec: &EtcdCluster, kids: &Children<'_>, sha: &str) -> Result<(), Error> {
-    use kube::api::{Patch, PatchParams};
-    let patch =
-        serde_json::json!({"metadata": {"annotations": {render::RESTORE_SHA256_ANNOTATION: sha}}});
-    let api: kube::Api<EtcdCluster> =
-        kube::Api::namespaced(kids.ctx.client.clone(), &ec.namespace().unwrap_or_default());
-    api.patch(
-        &ec.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|e| Error::kube("annotate", "EtcdCluster", &ec.name_any(), e))
 }
 
 /// Why a restore Job failed: what its newest pod's containers said (the fetch's JSON report,

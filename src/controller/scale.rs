@@ -207,7 +207,10 @@ pub(super) async fn converge(
     if recorded.is_none()
         && let Some(id) = outcome.cluster_id.filter(|&id| id != 0)
     {
-        record_cluster_id(ec, kids, id).await?;
+        // The etcd cluster ID, on its first answer: every later member list must come from
+        // the same cluster.
+        kids.annotate_cluster(render::CLUSTER_ID_ANNOTATION, &format!("{id:x}"))
+            .await?;
     }
     report(ec, kids, &outcome).await;
     let mut memory = outcome.memory.clone();
@@ -276,23 +279,6 @@ pub(super) async fn converge(
         defragmented: Vec::new(),
     });
     Ok(membership::replicas(ec, members))
-}
-
-/// Records the etcd cluster ID on the EtcdCluster (first answer only): every later member list
-/// must come from the same cluster.
-async fn record_cluster_id(ec: &EtcdCluster, kids: &Children<'_>, id: u64) -> Result<(), Error> {
-    let patch =
-        json!({"metadata": {"annotations": {render::CLUSTER_ID_ANNOTATION: format!("{id:x}")}}});
-    let api: kube::Api<EtcdCluster> =
-        kube::Api::namespaced(kids.ctx.client.clone(), &ec.namespace().unwrap_or_default());
-    api.patch(
-        &ec.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|e| Error::kube("annotate", "EtcdCluster", &ec.name_any(), e))
 }
 
 fn count(members: &[super::etcd::Member], f: impl Fn(&super::etcd::Member) -> bool) -> i32 {
