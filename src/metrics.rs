@@ -143,6 +143,7 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     pub reconciles_waiting: Gauge,
     pub reconcile_wait: Histogram,
+    pub reconciles_outside_turn: Gauge,
     pub leader: Gauge,
     pub finalizers_in_progress: Gauge,
     pub backup_last_success: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -201,6 +202,7 @@ impl Metrics {
             reconcile_wait: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 4.0, 10),
             ),
+            reconciles_outside_turn: Gauge::default(),
             leader: Gauge::default(),
             finalizers_in_progress: Gauge::default(),
             backup_last_success: Family::default(),
@@ -368,6 +370,13 @@ impl Metrics {
             "controller_reconcile_wait_seconds",
             "How long a pass that fell due waited for its turn",
             m.reconcile_wait.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "controller_reconciles_outside_turn",
+            "Passes waiting on a long etcd call (a defragmentation, a physical compaction) without holding a turn",
+            m.reconciles_outside_turn.clone(),
         );
         register(
             &mut registry,

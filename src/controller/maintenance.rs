@@ -8,7 +8,10 @@
 //! (no extra call while nothing is to be done); [`run`] makes the calls. A defragmentation
 //! blocks its member while it runs, so members go one at a time, followers first and the
 //! leader last, each only while every voter serves, never while the membership changes or an
-//! upgrade rolls; the order and every gate are re-checked before each member.
+//! upgrade rolls; the order and every gate are re-checked before each member. The pass waits
+//! for a defragmentation or a physical compaction outside its turn (`turns::outside`): no other
+//! pass of this cluster runs meanwhile (kube-runtime runs one at a time), the other clusters'
+//! passes do.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -274,9 +277,13 @@ pub async fn run(
             .find(|t| t.leader)
             .map_or(first.as_str(), |t| t.endpoint.as_str());
         let largest = order.iter().map(|t| t.db_size).max().unwrap_or_default();
-        match etcd
-            .compact(leader, revision, crate::api::defrag_time(largest))
-            .await
+        // Long waits on etcd leave the pass's turn to other clusters (`turns::outside`).
+        match super::turns::outside(etcd.compact(
+            leader,
+            revision,
+            crate::api::defrag_time(largest),
+        ))
+        .await
         {
             Ok(fresh) => fresh_compaction = fresh,
             Err(e) => {
@@ -317,7 +324,7 @@ pub async fn run(
         let in_use = health.get(&target.id).map_or(before, |s| s.db_size_in_use);
         let within = crate::api::defrag_time(in_use.max(before / 2));
         let started = Instant::now();
-        if let Err(e) = etcd.defragment(&target.endpoint, within).await {
+        if let Err(e) = super::turns::outside(etcd.defragment(&target.endpoint, within)).await {
             if matches!(e, EtcdError::Unreachable { .. }) {
                 // etcd goes on with it without us: nothing else starts until it may be done.
                 done.unfinished = Some((target.name.clone(), within));
@@ -372,9 +379,9 @@ fn export(ec: &crate::api::v1::EtcdCluster, ctx: &super::Context, view: &super::
     for m in &view.members {
         let status = view.health.get(&m.id);
         let state = match status {
-            Some(s) if s.healthy() && m.is_learner => "learner",
-            Some(s) if s.healthy() && s.leader == m.id => "leader",
-            Some(s) if s.healthy() => "follower",
+            Some(s) if s.serving() && m.is_learner => "learner",
+            Some(s) if s.serving() && s.leader == m.id => "leader",
+            Some(s) if s.serving() => "follower",
             _ => "unhealthy",
         };
         *counts.entry(state).or_default() += 1;

@@ -209,8 +209,12 @@ pub struct View<'a> {
     pub timeouts: Timeouts,
 }
 
+/// A member that answers with a leader and no alarm but NOSPACE: it has its data and takes
+/// part in raft (NOSPACE refuses writes only, and the upkeep recovers it once the membership is
+/// steady; counting it unhealthy would hold that recovery behind a membership that waits for
+/// healthy voters).
 fn healthy(view: &View, m: &Member) -> bool {
-    view.health.get(&m.id).is_some_and(MemberStatus::healthy)
+    view.health.get(&m.id).is_some_and(MemberStatus::serving)
 }
 
 fn waited(view: &View, since: Option<&Timestamp>) -> Duration {
@@ -273,7 +277,7 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
         // A sign read from the container's last termination (`lastState`), which the kubelet
         // keeps until the next one: believed only while the member does not answer healthy
         // (a member that answers has its data, whatever its last run said).
-        let answers = view.health.get(&m.id).is_some_and(MemberStatus::healthy);
+        let answers = healthy(view, m);
         if m.started() && !answers && view.exits.get(&i).is_some_and(Exit::lost_volume) {
             return match quorum_without(view, m) {
                 Ok(()) => Step::Remove {
@@ -984,6 +988,52 @@ mod tests {
             view_plan(&ec, &members, &health, &lost, 0, 3600),
             Step::Steady
         );
+    }
+
+    /// NOSPACE refuses writes, nothing else: a member reporting it (alone) is a healthy voter
+    /// for the membership. An old lost-volume sign does not get it removed, and a scale-up or a
+    /// promotion is not held for it (holding them would keep the membership from being steady,
+    /// and the upkeep that recovers NOSPACE runs only then). Any other error or alarm (CORRUPT)
+    /// is unhealthy.
+    #[test]
+    fn a_member_with_only_the_nospace_alarm_is_healthy_for_the_membership() {
+        let ec = cluster("etcd", 3, None);
+        let members: Vec<Member> = (0..3).map(|i| member(&ec, i, true, false)).collect();
+        let alarmed = |health: &mut BTreeMap<u64, MemberStatus>, alarm: &str| {
+            for s in health.values_mut() {
+                s.errors = vec![format!("memberID:101 alarm:{alarm} ")];
+            }
+        };
+        let mut health = healthy_all(&members);
+        alarmed(&mut health, "NOSPACE");
+        let lost = BTreeMap::from([(
+            1,
+            Exit {
+                code: 1,
+                message: "member 65 has already been bootstrapped".to_owned(),
+                at: Some(at(0)),
+            },
+        )]);
+        assert_eq!(
+            view_plan(&ec, &members, &health, &lost, 0, 3600),
+            Step::Steady
+        );
+        let grown = cluster("etcd", 5, None);
+        assert_eq!(
+            view_plan(&grown, &members, &health, &BTreeMap::new(), 0, 10),
+            Step::AddLearner { ordinal: 3 }
+        );
+        alarmed(&mut health, "CORRUPT");
+        assert!(matches!(
+            view_plan(&grown, &members, &health, &BTreeMap::new(), 0, 10),
+            Step::Wait(_)
+        ));
+        // With a CORRUPT alarm the old sign is believed (the member does not serve), but no
+        // other voter serves either: no removal without a quorum of the others.
+        match view_plan(&ec, &members, &health, &lost, 0, 3600) {
+            Step::Wait(why) => assert!(why.contains("lost its volume"), "{why}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// A member removed by hand (`etcdctl member remove`): its etcd stops with exit 0 and its

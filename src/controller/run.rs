@@ -235,27 +235,31 @@ pub(super) fn in_turn(
         let key = ObjectRef::from_obj(&*ec);
         drop(ec);
         Box::pin(async move {
-            let Some(_turn) = turns.wait(&stop).await else {
+            let Some(turn) = turns.wait(&stop).await else {
                 // Stopping: the pass is not run (the next leader starts over).
                 return Ok(Action::await_change());
             };
-            match clusters.get(&key) {
-                Some(now) => {
-                    let span = crate::otel::pass_span(
-                        key.namespace.as_deref().unwrap_or_default(),
-                        &key.name,
-                    );
-                    let result = tracing::Instrument::instrument(
-                        Box::pin(reconcile(now, ctx)),
-                        span.clone(),
-                    )
-                    .await;
-                    span.record("result", if result.is_ok() { "success" } else { "error" });
-                    result
+            let pass = async move {
+                match clusters.get(&key) {
+                    Some(now) => {
+                        let span = crate::otel::pass_span(
+                            key.namespace.as_deref().unwrap_or_default(),
+                            &key.name,
+                        );
+                        let result = tracing::Instrument::instrument(
+                            Box::pin(reconcile(now, ctx)),
+                            span.clone(),
+                        )
+                        .await;
+                        span.record("result", if result.is_ok() { "success" } else { "error" });
+                        result
+                    }
+                    // Deleted while it waited: nothing left to do.
+                    None => Ok(Action::await_change()),
                 }
-                // Deleted while it waited: nothing left to do.
-                None => Ok(Action::await_change()),
-            }
+            };
+            // In its turn, which it may leave while it waits on etcd (`turns::outside`).
+            turns.run(turn, &stop, pass).await
         })
     }
 }

@@ -230,7 +230,9 @@ pub(super) async fn converge(
         reachable: true,
         voters: count(members, |m| !m.is_learner && m.started()),
         healthy_voters: count(members, |m| {
-            !m.is_learner && outcome.health.get(&m.id).is_some_and(|h| h.healthy())
+            // NOSPACE alone still serves (see membership::plan): the cluster runs, Degraded
+            // says its writes are refused.
+            !m.is_learner && outcome.health.get(&m.id).is_some_and(|h| h.serving())
         }),
         learners: count(members, |m| m.is_learner && m.started()),
         unstarted: count(members, |m| !m.started()),

@@ -2897,3 +2897,205 @@ async fn a_re_keyed_ca_is_reported_until_every_member_started_since() {
     );
     assert_ne!(now[super::certificates::CA_KEY_ANNOTATION], key, "{now}");
 }
+
+/// The cluster as the fake holds it, in a store such as the controller's watch fills, for
+/// passes run the way the controller runs them (`run::in_turn`).
+fn clusters_store(api: &FakeApi) -> reflector::Store<EtcdCluster> {
+    let (clusters, mut writer) = reflector::store::<EtcdCluster>();
+    let ec: EtcdCluster = serde_json::from_value(cluster_json(api)).unwrap();
+    writer.apply_watcher_event(&watcher::Event::Apply(ec));
+    clusters
+}
+
+/// Waits (at most 5 s) until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("not within 5 s: {what}");
+}
+
+/// The loop's own upkeep path (not the planner alone): three fragmented members are
+/// defragmented by a pass, followers first and the leader last, each said in an Event, counted
+/// in the metrics and recorded in `status.members[].lastDefragmentation`. The pass waits for
+/// each defragmentation outside its turn: with one turn for the whole loop, another pass gets it
+/// while etcd-1 defragments, and the pass takes a turn again before it goes on.
+#[tokio::test]
+async fn a_defragmentation_is_waited_for_outside_the_turn_and_reported() {
+    let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    for i in 0..3 {
+        etcd.set_db(&format!("etcd-{i}"), 200 << 20, 40 << 20, 40 << 20);
+    }
+    let hold = etcd.hold_defragmentations();
+    sync_caches(&api, &ctx);
+    api.clear_calls();
+    let turns = Arc::new(super::turns::Turns::new(1, ctx.metrics.clone()));
+    let stop = CancellationToken::new();
+    let mut in_turn = super::run::in_turn(clusters_store(&api), stop.clone(), turns.clone());
+    let ec = Arc::new(cluster("etcd", 3, None));
+    let running = tokio::spawn(in_turn(ec, ctx.clone()));
+    until("etcd-1 defragments", || !etcd.defragmenting().is_empty()).await;
+    assert_eq!(etcd.defragmenting(), ["etcd-1"], "a follower first");
+    let other = tokio::time::timeout(Duration::from_secs(5), turns.wait(&stop))
+        .await
+        .expect("another pass gets the one turn while etcd-1 defragments")
+        .expect("not stopping");
+    assert_eq!(ctx.metrics.reconciles_outside_turn.get(), 1);
+    drop(other);
+    hold.add_permits(3);
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the pass ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(ctx.metrics.reconciles_outside_turn.get(), 0);
+    assert_eq!(etcd.defragmented(), ["etcd-1", "etcd-2", "etcd-0"]);
+    assert_eq!(etcd.db("etcd-0"), (40 << 20, 40 << 20));
+    let said: Vec<(String, String)> = events(&api.calls())
+        .into_iter()
+        .filter(|(_, reason)| reason == "Defragmented")
+        .collect();
+    assert_eq!(said.len(), 3, "{said:?}");
+    assert!(said.iter().all(|(t, _)| t == "Normal"), "{said:?}");
+    let metrics = ctx.metrics.encode();
+    for line in [
+        r#"etcd_webhook_member_defragmentations_total{namespace="prod",name="etcd"} 3"#,
+        r#"etcd_webhook_member_defragmentation_freed_bytes_total{namespace="prod",name="etcd"} 503316480"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    let status = cluster_json(&api)["status"].clone();
+    let members = status["members"].as_array().unwrap();
+    assert!(
+        members
+            .iter()
+            .all(|m| m["lastDefragmentation"].as_str().is_some()),
+        "{status}"
+    );
+    // Nothing is due any more: the next pass calls no defragmentation.
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(etcd.defragmenting().len(), 3);
+}
+
+/// A defragmentation never starts while an upgrade restarts a member (the loop hands the upkeep
+/// what the pass is doing): fragmented members and a version change in one pass restart one
+/// member and defragment none.
+#[tokio::test]
+async fn no_defragmentation_while_an_upgrade_restarts_a_member() {
+    let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    for i in 0..3 {
+        etcd.set_db(&format!("etcd-{i}"), 200 << 20, 40 << 20, 40 << 20);
+        api.insert(
+            &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                    "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                    "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook",
+                    "controller-revision-hash": "r1"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }),
+        );
+    }
+    api.set(EC, "/spec/version", json!("v3.5.11"));
+    api.set(
+        STS,
+        "/status",
+        json!({"replicas": 3, "readyReplicas": 3, "currentRevision": "r1", "updateRevision": "r2"}),
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let restarted = api
+        .calls()
+        .iter()
+        .filter(|c| c.method == "DELETE" && c.resource() == "pods")
+        .count();
+    assert_eq!(restarted, 1, "the upgrade restarts one member");
+    assert!(
+        etcd.defragmenting().is_empty(),
+        "defragmented during an upgrade: {:?}",
+        etcd.defragmenting()
+    );
+}
+
+/// NOSPACE through the loop: while etcd-0's alarm is raised the gauge says 1 (the critical
+/// alert's series); one pass compacts, defragments every member (the leader last) and
+/// disarms, says NoSpaceRecovered, and the gauge and `Degraded` go back. Data that needs the
+/// quota even after that keeps the alarm: QuotaExceeded, said once.
+#[tokio::test]
+async fn nospace_is_recovered_through_the_loop_and_the_gauge_follows() {
+    let gauge = |ctx: &Arc<Context>| {
+        let m = ctx.metrics.encode();
+        m.lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"etcd_webhook_nospace_alarm{namespace="prod",name="etcd"} "#)
+            })
+            .map(str::to_owned)
+    };
+    let degraded = |api: &FakeApi| {
+        cluster_json(api)["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Degraded")
+            .map(|c| (c["status"].clone(), c["reason"].clone()))
+            .unwrap()
+    };
+    let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    let ec: EtcdCluster = serde_json::from_value(cluster_json(&api)).unwrap();
+    let quota = crate::api::quota_backend_bytes(&ec.spec) as u64;
+    for i in 0..3 {
+        etcd.set_db(&format!("etcd-{i}"), quota, quota, quota / 4);
+    }
+    etcd.raise_alarm("etcd-0", "NOSPACE");
+    // Held on the first defragmentation: the alarm is still raised, and the gauge says so.
+    let hold = etcd.hold_defragmentations();
+    let running = {
+        let (api, ctx) = (api.clone(), ctx.clone());
+        tokio::spawn(async move { pass(&api, &ctx).await })
+    };
+    until("a defragmentation starts", || {
+        !etcd.defragmenting().is_empty()
+    })
+    .await;
+    assert_eq!(gauge(&ctx).as_deref(), Some("1"));
+    hold.add_permits(3);
+    running.await.unwrap().unwrap();
+    assert_eq!(etcd.defragmented(), ["etcd-1", "etcd-2", "etcd-0"]);
+    assert!(etcd.alarms().is_empty(), "{:?}", etcd.alarms());
+    assert_eq!(gauge(&ctx).as_deref(), Some("0"));
+    assert!(
+        events(&api.calls())
+            .iter()
+            .any(|(t, r)| t == "Normal" && r == "NoSpaceRecovered"),
+        "{:?}",
+        events(&api.calls())
+    );
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(degraded(&api), (json!("False"), json!("WithinQuota")));
+
+    // Data that needs the quota: compaction gives nothing back.
+    for i in 0..3 {
+        etcd.set_db(&format!("etcd-{i}"), quota, quota, quota);
+    }
+    etcd.raise_alarm("etcd-1", "NOSPACE");
+    api.clear_calls();
+    for _ in 0..3 {
+        etcd.hold_defragmentations().add_permits(3);
+        pass(&api, &ctx).await.unwrap();
+    }
+    assert_eq!(etcd.alarms(), [("etcd-1".to_owned(), "NOSPACE".to_owned())]);
+    assert_eq!(gauge(&ctx).as_deref(), Some("1"));
+    assert_eq!(degraded(&api), (json!("True"), json!("QuotaExceeded")));
+    let exceeded = events(&api.calls())
+        .into_iter()
+        .filter(|(t, r)| t == "Warning" && r == "QuotaExceeded")
+        .count();
+    assert_eq!(exceeded, 1, "said once");
+}

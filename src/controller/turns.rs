@@ -7,24 +7,41 @@
 //! 550 clusters without a finalizer after 111,155 passes). So the controller runs without a
 //! bound of its own and every pass first waits here, on a fair (first come, first served)
 //! semaphore: overload makes every cluster wait longer, it never leaves one out.
+//!
+//! A pass that waits on etcd for long (a defragmentation, a physical compaction: seconds to
+//! minutes on a large database) does it [`outside`] its turn, so that the other clusters' passes
+//! run meanwhile; kube-runtime never runs two passes of one cluster at once, so nothing else
+//! touches that cluster while it waits.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 
 /// At most `bound` passes run at once; the rest wait in arrival order.
 pub struct Turns {
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
     metrics: Arc<Metrics>,
 }
 
 /// A pass's turn: held while it runs.
-pub struct Turn<'a> {
-    _permit: SemaphorePermit<'a>,
+pub struct Turn {
+    permit: OwnedSemaphorePermit,
+}
+
+/// The turn of the pass running in this task, for [`outside`].
+struct Held {
+    turns: Arc<Turns>,
+    stop: CancellationToken,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+tokio::task_local! {
+    static HELD: RefCell<Held>;
 }
 
 impl Turns {
@@ -36,14 +53,14 @@ impl Turns {
             usize::from(bound)
         };
         Self {
-            permits: Semaphore::new(n),
+            permits: Arc::new(Semaphore::new(n)),
             metrics,
         }
     }
 
     /// Waits for a turn; `None` once `stop` is cancelled (the pass is not run: stopping takes
     /// no new work).
-    pub async fn wait(&self, stop: &CancellationToken) -> Option<Turn<'_>> {
+    pub async fn wait(&self, stop: &CancellationToken) -> Option<Turn> {
         if stop.is_cancelled() {
             return None;
         }
@@ -52,15 +69,61 @@ impl Turns {
         let permit = tokio::select! {
             biased;
             () = stop.cancelled() => None,
-            permit = self.permits.acquire() => permit.ok(),
+            permit = self.permits.clone().acquire_owned() => permit.ok(),
         };
         self.metrics.reconciles_waiting.dec();
         let permit = permit?;
         self.metrics
             .reconcile_wait
             .observe(since.elapsed().as_secs_f64());
-        Some(Turn { _permit: permit })
+        Some(Turn { permit })
     }
+
+    /// Runs `pass` in `turn` (taken with [`Turns::wait`]): the pass may step out of it with
+    /// [`outside`].
+    pub async fn run<P: Future>(
+        self: &Arc<Self>,
+        turn: Turn,
+        stop: &CancellationToken,
+        pass: P,
+    ) -> P::Output {
+        let held = Held {
+            turns: self.clone(),
+            stop: stop.clone(),
+            permit: Some(turn.permit),
+        };
+        // Boxed: thousands of passes may wait for a turn at once, and a waiting one should not
+        // be as large as a running one.
+        Box::pin(HELD.scope(RefCell::new(held), pass)).await
+    }
+}
+
+/// Runs `wait` (a long call to etcd) without the turn of the pass this task runs, then takes a
+/// turn again, at the back of the queue as a pass that fell due now would: a cluster that
+/// defragments a large database no longer keeps every other cluster's pass waiting. Once the
+/// loop is stopping no new turn is taken (the pass finishes within the stop timeout, as one
+/// that was running). Outside a pass run by [`Turns::run`] (a test calling the reconcile
+/// directly), it is just `wait`.
+pub async fn outside<F: Future>(wait: F) -> F::Output {
+    let given_back = HELD
+        .try_with(|held| {
+            let mut held = held.borrow_mut();
+            let permit = held.permit.take()?;
+            Some((held.turns.clone(), held.stop.clone(), permit))
+        })
+        .ok()
+        .flatten();
+    let Some((turns, stop, permit)) = given_back else {
+        return wait.await;
+    };
+    drop(permit);
+    turns.metrics.reconciles_outside_turn.inc();
+    let out = wait.await;
+    turns.metrics.reconciles_outside_turn.dec();
+    if let Some(turn) = turns.wait(&stop).await {
+        let _ = HELD.try_with(|held| held.borrow_mut().permit = Some(turn.permit));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -115,6 +178,53 @@ mod tests {
         drop(held);
         assert!(turns.wait(&stop).await.is_none(), "nor for a late asker");
         assert_eq!(turns.metrics.reconciles_waiting.get(), 0);
+    }
+
+    /// A pass that waits on etcd outside its turn lets another run meanwhile, and takes a turn
+    /// again (behind the one that got it) before it goes on; outside a pass it is a plain wait.
+    #[tokio::test]
+    async fn a_pass_waiting_outside_its_turn_lets_another_run() {
+        let turns = Arc::new(Turns::new(1, Arc::new(Metrics::new())));
+        let stop = CancellationToken::new();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (etcd_answers, answer) = tokio::sync::oneshot::channel::<()>();
+        let long = {
+            let (turns, stop, order) = (turns.clone(), stop.clone(), order.clone());
+            tokio::spawn(async move {
+                let turn = turns.wait(&stop).await?;
+                turns
+                    .run(turn, &stop, async {
+                        order.lock().unwrap().push("long starts");
+                        outside(answer).await.unwrap();
+                        order.lock().unwrap().push("long goes on");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        order.lock().unwrap().push("long ends");
+                    })
+                    .await;
+                Some(())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let other = tokio::time::timeout(Duration::from_secs(5), turns.wait(&stop))
+            .await
+            .expect("a turn while the long pass waits on etcd")
+            .expect("not stopping");
+        assert_eq!(turns.metrics.reconciles_outside_turn.get(), 1);
+        etcd_answers.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // The answer came, but the turn is taken: the long pass waits for it.
+        assert_eq!(*order.lock().unwrap(), ["long starts"]);
+        assert_eq!(turns.metrics.reconciles_waiting.get(), 1);
+        order.lock().unwrap().push("other ends");
+        drop(other);
+        long.await.unwrap().expect("run");
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["long starts", "other ends", "long goes on", "long ends"]
+        );
+        assert_eq!(turns.metrics.reconciles_outside_turn.get(), 0);
+        // Not in a pass: just the wait.
+        assert_eq!(outside(async { 7 }).await, 7);
     }
 
     #[tokio::test]

@@ -3,12 +3,17 @@
 //! (v3.5/v3.6 `server.go` with `--strict-reconfig-check`, on by default): an add while a voter
 //! is not connected ("unhealthy cluster"), a second learner ("too many learner members"), a
 //! promote of a learner behind its leader ("in sync with leader") or one that would leave too
-//! few started voters. Pods "start" when the test says so. The real thing is in
+//! few started voters. Pods "start" when the test says so. For the upkeep: each member's
+//! database size and the part in use, the cluster's alarms (every member's `status` lists
+//! them, as etcd's does), a physical compaction that gives back what the test said was history,
+//! a defragmentation that gives back what is free (held until the test lets it go, with
+//! [`FakeEtcd::hold_defragmentations`]), and the alarm list and disarm. The real thing is in
 //! tests/members.rs; this one lets the reconcile tests run without network namespaces.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
@@ -28,6 +33,19 @@ struct State {
     refusals: Vec<String>,
     /// The leader's member ID every `status` names (0: the default, the first member, 4097).
     leader: u64,
+    /// Per pod: (dbSize, dbSizeInUse, in use once compacted); a pod not here answers 20480 for
+    /// both.
+    db: BTreeMap<String, (u64, u64, u64)>,
+    /// The alarms raised: (member ID, name).
+    alarms: Vec<(u64, String)>,
+    /// The store's revision, and the revision compacted below.
+    revision: u64,
+    compacted: u64,
+    /// The pods defragmented, in order, and those whose defragmentation started.
+    defragmented: Vec<String>,
+    defragmenting: Vec<String>,
+    /// While set, a defragmentation waits for a permit of this semaphore before it answers.
+    hold: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[derive(Default)]
@@ -106,6 +124,61 @@ impl FakeEtcd {
         self.state.lock().unwrap().cluster_id = id;
     }
 
+    /// The database of pod `pod`'s member: `size` on disk, `in_use` of it, and what is in use
+    /// once the history is compacted (`live`).
+    pub fn set_db(&self, pod: &str, size: u64, in_use: u64, live: u64) {
+        self.state
+            .lock()
+            .unwrap()
+            .db
+            .insert(pod.to_owned(), (size, in_use, live));
+    }
+
+    /// `(dbSize, dbSizeInUse)` of pod `pod`'s member.
+    pub fn db(&self, pod: &str) -> (u64, u64) {
+        let s = self.state.lock().unwrap();
+        s.db.get(pod)
+            .map_or((20480, 20480), |&(size, in_use, _)| (size, in_use))
+    }
+
+    /// etcd raises the alarm `name` (`NOSPACE`, `CORRUPT`) for pod `pod`'s member.
+    pub fn raise_alarm(&self, pod: &str, name: &str) {
+        let mut s = self.state.lock().unwrap();
+        let id = s.members.iter().find(|m| m.1 == pod).expect("a member").0;
+        s.alarms.push((id, name.to_owned()));
+        s.revision = s.revision.max(1000);
+    }
+
+    /// The alarms raised: (pod, name).
+    pub fn alarms(&self) -> Vec<(String, String)> {
+        let s = self.state.lock().unwrap();
+        s.alarms
+            .iter()
+            .map(|(id, name)| {
+                let pod = s.members.iter().find(|m| m.0 == *id).map(|m| m.1.clone());
+                (pod.unwrap_or_default(), name.clone())
+            })
+            .collect()
+    }
+
+    /// The pods defragmented so far, in order.
+    pub fn defragmented(&self) -> Vec<String> {
+        self.state.lock().unwrap().defragmented.clone()
+    }
+
+    /// The pods whose defragmentation started (answered or not), in order.
+    pub fn defragmenting(&self) -> Vec<String> {
+        self.state.lock().unwrap().defragmenting.clone()
+    }
+
+    /// From now on a defragmentation answers only once the returned semaphore gets a permit
+    /// (one per defragmentation).
+    pub fn hold_defragmentations(&self) -> Arc<tokio::sync::Semaphore> {
+        let hold = Arc::new(tokio::sync::Semaphore::new(0));
+        self.state.lock().unwrap().hold = Some(hold.clone());
+        hold
+    }
+
     /// Every refusal etcd answered the loop, in order.
     pub fn refusals(&self) -> Vec<String> {
         self.state.lock().unwrap().refusals.clone()
@@ -149,6 +222,22 @@ impl FakeEtcd {
     /// A voter etcd's leader is connected to: started and answering.
     fn connected(s: &State, m: &(u64, String, String, bool, bool)) -> bool {
         !m.1.is_empty() && !s.unhealthy.contains(&m.1)
+    }
+
+    /// The member that answers at `endpoint` (started, not cut off).
+    fn answering(
+        s: &State,
+        endpoint: &str,
+    ) -> Result<(u64, String, String, bool, bool), EtcdError> {
+        let pod = host_name(endpoint);
+        s.members
+            .iter()
+            .find(|m| m.1 == pod && !s.unhealthy.contains(pod))
+            .cloned()
+            .ok_or_else(|| EtcdError::Unreachable {
+                endpoint: endpoint.to_owned(),
+                reason: "connection refused".to_owned(),
+            })
     }
 
     fn answer_in(
@@ -240,23 +329,63 @@ impl FakeEtcd {
                 Ok(Self::list(s))
             }
             "maintenance/status" => {
-                let pod = host_name(endpoint);
-                match s
-                    .members
+                let m = Self::answering(s, endpoint)?;
+                let (size, in_use, _) = s.db.get(&m.1).copied().unwrap_or((20480, 20480, 0));
+                // etcd's status lists every alarm of the cluster, on every member.
+                let errors: Vec<String> = s
+                    .alarms
                     .iter()
-                    .find(|m| m.1 == pod && !s.unhealthy.contains(pod))
-                {
-                    Some(m) => Ok(json!({
-                        "dbSize": "20480",
-                        "leader": if s.leader == 0 { 4097 } else { s.leader }.to_string(),
-                        "isLearner": m.3,
-                        "raftIndex": if m.4 { "100" } else { "3" },
-                    })),
-                    None => Err(EtcdError::Unreachable {
-                        endpoint: endpoint.to_owned(),
-                        reason: "connection refused".to_owned(),
-                    }),
+                    .map(|(id, name)| format!("memberID:{id} alarm:{name} "))
+                    .collect();
+                Ok(json!({
+                    "header": {"member_id": m.0.to_string(), "revision": s.revision.max(1).to_string()},
+                    "dbSize": size.to_string(),
+                    "dbSizeInUse": in_use.to_string(),
+                    "leader": if s.leader == 0 { 4097 } else { s.leader }.to_string(),
+                    "isLearner": m.3,
+                    "raftIndex": if m.4 { "100" } else { "3" },
+                    "errors": errors,
+                }))
+            }
+            "kv/compaction" => {
+                Self::answering(s, endpoint)?;
+                let revision: u64 = body["revision"]
+                    .as_str()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or_default();
+                if revision <= s.compacted {
+                    return Err(refused(
+                        "etcdserver: mvcc: required revision has been compacted",
+                    ));
                 }
+                s.compacted = revision;
+                for db in s.db.values_mut() {
+                    db.1 = db.1.min(db.2);
+                }
+                Ok(json!({}))
+            }
+            "maintenance/defragment" => {
+                let pod = Self::answering(s, endpoint)?.1;
+                if let Some(db) = s.db.get_mut(&pod) {
+                    db.0 = db.1;
+                }
+                s.defragmented.push(pod);
+                Ok(json!({}))
+            }
+            "maintenance/alarm" => {
+                Self::answering(s, endpoint)?;
+                if body["action"] == "DEACTIVATE" {
+                    let id = id_of(&json!({"ID": body["memberID"]}));
+                    let name = body["alarm"].as_str().unwrap_or_default().to_owned();
+                    s.alarms.retain(|a| *a != (id, name.clone()));
+                    return Ok(json!({}));
+                }
+                let alarms: Vec<Value> = s
+                    .alarms
+                    .iter()
+                    .map(|(id, name)| json!({"memberID": id.to_string(), "alarm": name}))
+                    .collect();
+                Ok(json!({"alarms": alarms}))
             }
             other => Err(refused(&format!("not in the fake: {other}"))),
         }
@@ -270,6 +399,19 @@ impl Transport for FakeEtcd {
         path: &'a str,
         body: Value,
     ) -> Pin<Box<dyn Future<Output = Result<Value, EtcdError>> + Send + 'a>> {
+        if path == "maintenance/defragment" {
+            let hold = {
+                let mut s = self.state.lock().unwrap();
+                s.defragmenting.push(host_name(endpoint).to_owned());
+                s.hold.clone()
+            };
+            return Box::pin(async move {
+                if let Some(hold) = hold {
+                    hold.acquire().await.expect("not closed").forget();
+                }
+                self.answer(endpoint, path, &body)
+            });
+        }
         let out = self.answer(endpoint, path, &body);
         Box::pin(async move { out })
     }
