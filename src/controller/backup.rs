@@ -343,7 +343,7 @@ pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
         .expect("not poisoned")
         .remove(&key);
     ctx.defragmenting.lock().expect("not poisoned").remove(&key);
-    ctx.reread_client_secret(ec);
+    ctx.forget_client_secret(ec);
     let l = labels(ec);
     ctx.identities
         .lock()

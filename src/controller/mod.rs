@@ -157,6 +157,12 @@ pub struct Settings {
 /// 3.3 a second at most, against 33 a second for one GET per 30 s resync).
 pub const CLIENT_SECRET_REFRESH: Duration = Duration::from_secs(300);
 
+/// After a pass no member answered, a TLS cluster's client Secret is read again once it is this
+/// old: a renewed certificate or a new CA is picked up within a minute, and a cluster whose
+/// members stay out of reach costs one GET a minute (1,000 such clusters: 16.7 a second), not
+/// one a pass.
+pub const CLIENT_SECRET_REREAD: Duration = Duration::from_secs(60);
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -200,14 +206,20 @@ pub struct Context {
     /// Per TLS cluster: the client Secret's resourceVersion and the transport made from it
     /// (kept while the Secret is unchanged, so its connections are reused).
     identities: Mutex<HashMap<String, Identity>>,
-    /// Per TLS cluster, without `cache_client_secrets`: its client Secret as last read by name,
-    /// and when.
-    client_secrets:
-        Mutex<HashMap<String, (std::time::Instant, Arc<k8s_openapi::api::core::v1::Secret>)>>,
+    /// Per TLS cluster, without `cache_client_secrets`: its client Secret as last read by name.
+    client_secrets: Mutex<HashMap<String, ReadSecret>>,
 }
 
 /// A TLS cluster's client Secret's resourceVersion and the transport made from it.
 type Identity = (String, Arc<dyn etcd::Transport>);
+
+/// A client Secret read by name: when, until when it is used, and the Secret. (tokio's clock: a
+/// test runs periods of it in paused time.)
+struct ReadSecret {
+    at: tokio::time::Instant,
+    until: tokio::time::Instant,
+    secret: Arc<k8s_openapi::api::core::v1::Secret>,
+}
 
 impl Context {
     pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>, caches: Caches) -> Self {
@@ -318,10 +330,10 @@ impl Context {
                 return Ok(Some(s));
             }
         }
-        if let Some((at, s)) = self.client_secrets.lock().unwrap().get(&key)
-            && at.elapsed() < CLIENT_SECRET_REFRESH
+        if let Some(read) = self.client_secrets.lock().unwrap().get(&key)
+            && tokio::time::Instant::now() < read.until
         {
-            return Ok(Some(s.clone()));
+            return Ok(Some(read.secret.clone()));
         }
         let read = Api::<Secret>::namespaced(self.client.clone(), &ns)
             .get_opt(&name)
@@ -331,7 +343,10 @@ impl Context {
         let mut memo = self.client_secrets.lock().unwrap();
         match &read {
             Some(s) => {
-                memo.insert(key, (std::time::Instant::now(), s.clone()));
+                let at = tokio::time::Instant::now();
+                let until = at + CLIENT_SECRET_REFRESH;
+                let secret = s.clone();
+                memo.insert(key, ReadSecret { at, until, secret });
             }
             _ => {
                 memo.remove(&key);
@@ -340,9 +355,18 @@ impl Context {
         Ok(read)
     }
 
-    /// Forgets the client Secret read by name for `ec` (no member answered with it: a renewed
-    /// certificate, a new CA), so that the next pass reads it again.
+    /// No member answered with the client Secret read by name for `ec` (a renewed certificate,
+    /// a new CA?): it is read again once it is [`CLIENT_SECRET_REREAD`] old rather than
+    /// [`CLIENT_SECRET_REFRESH`].
     fn reread_client_secret(&self, ec: &EtcdCluster) {
+        let key = format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any());
+        if let Some(read) = self.client_secrets.lock().unwrap().get_mut(&key) {
+            read.until = read.until.min(read.at + CLIENT_SECRET_REREAD);
+        }
+    }
+
+    /// Forgets the client Secret read for `ec` (the cluster is gone).
+    fn forget_client_secret(&self, ec: &EtcdCluster) {
         let key = format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any());
         self.client_secrets.lock().unwrap().remove(&key);
     }

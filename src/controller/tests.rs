@@ -2579,7 +2579,7 @@ async fn a_waiting_pass_is_small() {
 /// `CLIENT_SECRET_REFRESH`: 1,000 TLS clusters resynced every 30 s spend 3.3 GETs a second at
 /// most, not 33. With `--cache-client-secrets` it comes from the watch cache when it carries
 /// the label cert-manager gives it (no request), by name when it does not.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_tls_cluster_reads_its_client_certificate_by_name_at_most_every_period() {
     const SECRET: &str = "/api/v1/namespaces/prod/secrets/etcd-client-tls";
     for cache in [false, true] {
@@ -2638,9 +2638,17 @@ async fn a_tls_cluster_reads_its_client_certificate_by_name_at_most_every_period
             assert!(error.contains("speaks no TLS"), "{error}");
             assert_eq!(secret_gets(&api), 1, "read through the API");
         } else {
-            // A period later (or after a pass no member answered): read again.
+            // After a pass no member answered: read again once a minute old, not before.
             let ec: EtcdCluster = serde_json::from_value(api.get(EC).unwrap()).unwrap();
             ctx.reread_client_secret(&ec);
+            api.clear_calls();
+            let _ = pass(&api, &ctx).await;
+            assert_eq!(secret_gets(&api), 0, "read less than a minute ago");
+            tokio::time::advance(CLIENT_SECRET_REREAD).await;
+            let _ = pass(&api, &ctx).await;
+            assert_eq!(secret_gets(&api), 1);
+            // A period later: read again.
+            tokio::time::advance(CLIENT_SECRET_REFRESH).await;
             api.clear_calls();
             let _ = pass(&api, &ctx).await;
             assert_eq!(secret_gets(&api), 1);
@@ -3098,4 +3106,136 @@ async fn nospace_is_recovered_through_the_loop_and_the_gauge_follows() {
         .filter(|(t, r)| t == "Warning" && r == "QuotaExceeded")
         .count();
     assert_eq!(exceeded, 1, "said once");
+}
+
+/// What TLS clusters' client certificates cost the API server (issue 42 item 11): N TLS
+/// clusters of 3 running members (N = 20, or `ETCD_WEBHOOK_SECRET_COST_CLUSTERS`), every one
+/// passed every 30 s (the default resync) for 20 minutes of tokio's paused clock, members
+/// answering, then as long with none answering. Read by name, a client Secret is fetched once
+/// per `CLIENT_SECRET_REFRESH` per cluster (N/300 GETs a second); while no member answers,
+/// once per `CLIENT_SECRET_REREAD` (N/60). No list or watch of Secrets either way. The
+/// figures at 1,000 clusters are in docs/benchmarks.md.
+#[tokio::test(start_paused = true)]
+async fn tls_clusters_read_their_client_secrets_once_a_period_and_list_none() {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    const RESYNC: Duration = Duration::from_secs(30);
+    const WINDOW: Duration = Duration::from_secs(1200);
+    let n: usize = std::env::var("ETCD_WEBHOOK_SECRET_COST_CLUSTERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let api = FakeApi::default();
+    let (caches, mut feed) = caches();
+    let etcds = Arc::new(crate::testing::FakeEtcds::default());
+    let ctx = Arc::new(
+        Context::new(
+            api.client(),
+            Settings::default(),
+            Arc::new(Metrics::new()),
+            caches,
+        )
+        .with_etcd(Box::new(etcds.clone())),
+    );
+    let names: Vec<String> = (0..n).map(|i| format!("c{i:04}")).collect();
+    let ec_path =
+        |name: &str| format!("/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/{name}");
+    let x = "eA=="; // the routed in-memory etcds take any identity
+    let mut members = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let mut ec = serde_json::to_value(cluster(name, 3, None)).unwrap();
+        ec["metadata"].as_object_mut().unwrap().remove("generation");
+        ec["metadata"]["uid"] = json!(format!("6a3c1f9e-0000-4000-8000-{i:012}"));
+        ec["spec"]["tls"] = json!({});
+        api.insert(&ec_path(name), ec);
+        api.insert(
+            &format!("/api/v1/namespaces/prod/secrets/{name}-client-tls"),
+            json!({"apiVersion": "v1", "kind": "Secret",
+                   "metadata": {"name": format!("{name}-client-tls"), "namespace": "prod"},
+                   "data": {"ca.crt": x, "tls.crt": x, "tls.key": x}}),
+        );
+        let typed: EtcdCluster = serde_json::from_value(api.get(&ec_path(name)).unwrap()).unwrap();
+        let peers: Vec<String> = (0..3).map(|m| render::peer_url(&typed, m)).collect();
+        members.push(etcds.add(name, &peers));
+    }
+    let sync = |feed: &mut Feed| {
+        refill::<StatefulSet>(&mut feed.sets, &api, "statefulsets");
+        refill(&mut feed.services, &api, "services");
+        refill(&mut feed.budgets, &api, "poddisruptionbudgets");
+        refill(&mut feed.crons, &api, "cronjobs");
+        refill(&mut feed.jobs, &api, "jobs");
+        refill(&mut feed.claims, &api, "persistentvolumeclaims");
+        refill(&mut feed.configs, &api, "configmaps");
+        refill(&mut feed.pods, &api, "pods");
+        refill(&mut feed.policies, &api, "networkpolicies");
+    };
+    let round = async |feed: &mut Feed| {
+        sync(feed);
+        for name in &names {
+            let ec: EtcdCluster = serde_json::from_value(api.get(&ec_path(name)).unwrap()).unwrap();
+            reconcile(Arc::new(ec), ctx.clone()).await.unwrap();
+        }
+    };
+    // Made, then every member ready.
+    round(&mut feed).await;
+    round(&mut feed).await;
+    for name in &names {
+        api.set(
+            &format!("/apis/apps/v1/namespaces/prod/statefulsets/{name}"),
+            "/status",
+            json!({"replicas": 3, "readyReplicas": 3}),
+        );
+    }
+    let secret_calls = |api: &FakeApi| {
+        let calls = api.calls();
+        let gets = calls
+            .iter()
+            .filter(|c| c.resource() == "secrets" && c.method == "GET")
+            .filter(|c| c.path.ends_with("-client-tls"))
+            .count();
+        let other = calls
+            .iter()
+            .filter(|c| {
+                c.resource() == "secrets" && !(c.method == "GET" && c.path.ends_with("-client-tls"))
+            })
+            .count();
+        (gets, other, calls.len())
+    };
+    let measure = async |feed: &mut Feed, label: &str| {
+        api.clear_calls();
+        let rounds = (WINDOW.as_secs() / RESYNC.as_secs()) as usize;
+        for _ in 0..rounds {
+            round(feed).await;
+            tokio::time::advance(RESYNC).await;
+        }
+        let (gets, other, all) = secret_calls(&api);
+        let per_second = |k: usize| k as f64 / WINDOW.as_secs_f64();
+        eprintln!(
+            "{label}: {n} TLS clusters, {rounds} passes each in {}: {gets} Secret GETs ({:.2}/s; {:.2}/s at 1,000 clusters), {other} other Secret calls, {all} API calls in all ({:.2}/s)",
+            humantime::format_duration(WINDOW),
+            per_second(gets),
+            per_second(gets) * 1000.0 / n as f64,
+            per_second(all),
+        );
+        assert_eq!(other, 0, "{label}: no list, watch or other Secret call");
+        gets
+    };
+    let steady = measure(&mut feed, "members answering").await;
+    let periods = (WINDOW.as_secs() / CLIENT_SECRET_REFRESH.as_secs()) as usize;
+    assert!(
+        steady <= n * (periods + 1),
+        "{steady} GETs for {n} clusters in {periods} periods"
+    );
+    assert!(
+        etcds.identities() >= n,
+        "every cluster presented its certificate"
+    );
+    for etcd in &members {
+        etcd.set_down(true);
+    }
+    let down = measure(&mut feed, "no member answering").await;
+    let minutes = (WINDOW.as_secs() / CLIENT_SECRET_REREAD.as_secs()) as usize;
+    assert!(
+        down <= n * (minutes + 1),
+        "{down} GETs for {n} clusters in {minutes} minutes"
+    );
 }

@@ -8,5 +8,5 @@ pub mod fake_etcd;
 pub mod mock;
 
 pub use fake_api::FakeCore;
-pub use fake_etcd::FakeEtcd;
+pub use fake_etcd::{FakeEtcd, FakeEtcds};
 pub use mock::{Call, FakeApi, assert_granted, per_verb};
