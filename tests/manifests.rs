@@ -698,12 +698,12 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
     );
     grants(
         role.rules.as_deref().unwrap_or_default(),
-        controller::credentials::CREDENTIALS_RBAC_RULES,
+        controller::lookups::credentials::CREDENTIALS_RBAC_RULES,
         &format!("{n}: ClusterRole (the credentials look)"),
     );
     grants(
         role.rules.as_deref().unwrap_or_default(),
-        controller::certificates::CERTIFICATES_RBAC_RULES,
+        controller::pass::certificates::CERTIFICATES_RBAC_RULES,
         &format!("{n}: ClusterRole (member TLS)"),
     );
     // Secrets by name only, unless the install asks for the client-Secret cache: no replica can
@@ -720,7 +720,7 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
     if cached {
         grants(
             role.rules.as_deref().unwrap_or_default(),
-            controller::rbac::SECRET_CACHE_RBAC_RULES,
+            controller::machinery::rbac::SECRET_CACHE_RBAC_RULES,
             &format!("{n}: ClusterRole (the client-Secret cache)"),
         );
     }
@@ -776,7 +776,7 @@ fn check_controller_rbac(install: &Install, args: &[String], pod: &PodSpec, sa: 
     let classes = named("-storage-classes");
     grants(
         classes.rules.as_deref().unwrap_or_default(),
-        controller::storage_classes::STORAGE_CLASS_RBAC_RULES,
+        controller::lookups::storage_classes::STORAGE_CLASS_RBAC_RULES,
         &format!("{n}: the StorageClass reader's ClusterRole"),
     );
     assert_eq!(
@@ -1423,7 +1423,7 @@ fn kustomize_edit_set_image_reaches_every_job() {
         spec: template.spec,
         ..Default::default()
     };
-    let image = controller::own_image::of_pod(&pod).unwrap();
+    let image = controller::lookups::own_image::of_pod(&pod).unwrap();
     assert_eq!(image, user_image);
     let opts = controller::render::RenderOptions {
         backup_image: image,

@@ -30,11 +30,11 @@ use common::members::{
     writer_any, writer_to,
 };
 use etcd_webhook::api::v1::EtcdCluster;
+use etcd_webhook::controller::decide::maintenance::{self, Plan, Rules};
+use etcd_webhook::controller::decide::membership::{self, Inputs, Memory, Outcome, Step, Timeouts};
+use etcd_webhook::controller::decide::upgrade;
 use etcd_webhook::controller::etcd::{self, ClientTls, Etcd, Gateway};
-use etcd_webhook::controller::maintenance::{self, Plan, Rules};
-use etcd_webhook::controller::membership::{self, Inputs, Memory, Outcome, Step, Timeouts};
 use etcd_webhook::controller::render::{self, RenderOptions};
-use etcd_webhook::controller::upgrade;
 use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;

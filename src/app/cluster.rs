@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use crate::cli::{ControllerArgs, ControllerMode, ServeArgs};
-use crate::controller::{self, leader};
+use crate::controller::{self, machinery::leader};
 use crate::metrics::Metrics;
 use crate::tls::{self, CertStore};
 
@@ -85,8 +85,8 @@ pub(super) async fn start_cabundle_check(
     args: &ServeArgs,
     store: Arc<CertStore>,
     metrics: Arc<Metrics>,
-    storage_classes: Arc<crate::controller::storage_classes::Cache>,
-    secrets: Arc<crate::controller::credentials::Lookup>,
+    storage_classes: Arc<crate::controller::lookups::storage_classes::Cache>,
+    secrets: Arc<crate::controller::lookups::credentials::Lookup>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     match args.cabundle_check {
@@ -108,7 +108,7 @@ pub(super) async fn start_cabundle_check(
     };
     let client = kube::Client::try_from(config).map_err(Error::KubeClient)?;
     secrets.set_client(client.clone());
-    tokio::spawn(crate::controller::storage_classes::run(
+    tokio::spawn(crate::controller::lookups::storage_classes::run(
         client.clone(),
         storage_classes,
         shutdown.clone(),
@@ -163,13 +163,13 @@ pub(super) async fn start_controller(
     // The loop's requests go through the client-side limit; the Lease has a client of its own
     // (as client-go's leader election does), so a busy loop never delays a renewal.
     let lease_client = kube::Client::try_from(config.clone()).map_err(Error::KubeClient)?;
-    let limits = controller::throttle::Limits {
+    let limits = controller::machinery::throttle::Limits {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
     };
     let client = kube::client::ClientBuilder::try_from(config)
         .map_err(Error::KubeClient)?
-        .with_layer(&controller::throttle::ThrottleLayer::new(
+        .with_layer(&controller::machinery::throttle::ThrottleLayer::new(
             limits,
             metrics.clone(),
         ))
@@ -197,7 +197,7 @@ pub(super) async fn start_controller(
         resync: args.resync_interval,
         namespace: args.watch_namespace.clone(),
         instance: Some(identity.clone()),
-        member_timeouts: controller::membership::Timeouts {
+        member_timeouts: controller::decide::membership::Timeouts {
             join: args.member_join_timeout,
             promote: args.member_promote_timeout,
         },
@@ -254,7 +254,7 @@ pub(super) async fn start_controller(
     })))
 }
 
-/// The image of this pod's own container (`controller::own_image`), tried a few times (the
+/// The image of this pod's own container (`controller::lookups::own_image`), tried a few times (the
 /// apiserver may not answer at once); outside a pod, or when it cannot be read, the
 /// compiled-in default, with an error in the log that says which flag to set.
 async fn jobs_image(client: kube::Client, namespace: &str, pod: Option<String>) -> String {
@@ -268,12 +268,16 @@ async fn jobs_image(client: kube::Client, namespace: &str, pod: Option<String>) 
     }
     let mut delay = std::time::Duration::from_millis(500);
     for attempt in 1..=5 {
-        match crate::controller::own_image::lookup(client.clone(), namespace, pod.clone()).await {
+        match crate::controller::lookups::own_image::lookup(client.clone(), namespace, pod.clone())
+            .await
+        {
             Ok(image) => {
                 tracing::info!(%image, "the backup, restore and final-snapshot Jobs run this pod's own image (--backup-image sets another)");
                 return image;
             }
-            Err(e @ crate::controller::own_image::OwnImageError::Read { .. }) if attempt < 5 => {
+            Err(e @ crate::controller::lookups::own_image::OwnImageError::Read { .. })
+                if attempt < 5 =>
+            {
                 tracing::debug!(error = %e, attempt, "reading this pod's image; trying again");
                 tokio::time::sleep(delay).await;
                 delay *= 2;

@@ -170,8 +170,8 @@ pub async fn start(args: ServeArgs) -> Result<Running, Error> {
     let metrics = Arc::new(Metrics::new());
     let store = CertStore::new();
     let readiness = Readiness::new(store.clone());
-    let storage_classes = Arc::new(crate::controller::storage_classes::Cache::default());
-    let secrets = Arc::new(crate::controller::credentials::Lookup::default());
+    let storage_classes = Arc::new(crate::controller::lookups::storage_classes::Cache::default());
+    let secrets = Arc::new(crate::controller::lookups::credentials::Lookup::default());
     let state = Arc::new(webhook::AppState {
         max_body_bytes: args.max_body_bytes,
         max_convert_body_bytes: args.max_convert_body_bytes,

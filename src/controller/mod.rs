@@ -13,40 +13,22 @@
 //! applies the owned objects; `finalizer` and `status_writer` write the cluster itself;
 //! [`rbac`] lists every call as RBAC rules; [`leader`] gates it all behind a Lease.
 
-mod backup;
-pub mod certificates;
-mod children;
-mod claims;
-pub mod credentials;
-mod deletion;
+pub mod decide;
 pub mod etcd;
-mod finalizer;
-pub mod leader;
-pub mod maintenance;
-pub mod membership;
-pub mod own_image;
-mod policy;
-pub mod rbac;
+pub mod lookups;
+pub mod machinery;
+pub mod pass;
 pub mod render;
-mod restore;
 mod run;
-mod scale;
-pub mod status;
-mod status_writer;
-mod storage;
-pub mod storage_classes;
-pub mod throttle;
-mod turns;
-pub mod upgrade;
 
-pub use children::{Applied, Cached, Caches, Child, includes, slim_meta};
-pub use rbac::{LEADER_RBAC_RULES, RBAC_RULES};
+pub use machinery::children::{Applied, Cached, Caches, Child, includes, slim_meta};
+pub use machinery::rbac::{LEADER_RBAC_RULES, RBAC_RULES};
 pub use run::{run, run_with_etcd};
 
-use deletion::cleanup;
-use finalizer::{add_finalizer, has_finalizer};
-use policy::{apply_children, check_spec};
-use status_writer::update_status;
+use machinery::finalizer::{add_finalizer, has_finalizer};
+use machinery::status_writer::update_status;
+use pass::deletion::cleanup;
+use pass::live::{apply_children, check_spec};
 
 #[cfg(test)]
 mod tests;
@@ -62,8 +44,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::api::v1::EtcdCluster;
 use crate::metrics::{Metrics, ResultLabel};
+use decide::status::Observation;
 use render::RenderOptions;
-use status::Observation;
 
 pub use crate::api::MANAGER;
 pub const FINALIZER: &str = "etcd.example.com/finalizer";
@@ -140,7 +122,7 @@ pub struct Settings {
     pub instance: Option<String>,
     /// How long a member added to etcd may stay unstarted, and a started learner behind its
     /// leader, before it is removed.
-    pub member_timeouts: membership::Timeouts,
+    pub member_timeouts: decide::membership::Timeouts,
     /// At most this many passes run at once (0: no bound).
     pub max_concurrent_reconciles: u16,
     /// After the stop signal, passes still running get this long to finish; then they are
@@ -171,7 +153,7 @@ impl Default for Settings {
             resync: Duration::from_secs(30),
             namespace: None,
             instance: None,
-            member_timeouts: membership::Timeouts::default(),
+            member_timeouts: decide::membership::Timeouts::default(),
             max_concurrent_reconciles: 16,
             stop_timeout: Duration::from_secs(10),
             cache_client_secrets: false,
@@ -200,7 +182,7 @@ pub struct Context {
     /// ([`certificates::ensure`]).
     certificates_checked: Mutex<HashMap<String, std::time::Instant>>,
     /// Which cluster files its snapshots in which bucket prefix, to warn when two share one.
-    destinations: Mutex<backup::Destinations>,
+    destinations: Mutex<pass::backup::Destinations>,
     /// How membership calls reach etcd ([`etcd::Gateway`]; an in-memory etcd in the tests).
     etcd: Arc<dyn etcd::Transport>,
     /// Per TLS cluster: the client Secret's resourceVersion and the transport made from it
@@ -323,7 +305,7 @@ impl Context {
             )
             .is_some_and(|r| r.is_ok());
             if listed
-                && let Some(s) = children::Children::of(ec, self)
+                && let Some(s) = machinery::children::Children::of(ec, self)
                     .read::<Secret>(&name)
                     .await?
             {

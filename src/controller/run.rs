@@ -1,5 +1,5 @@
 //! The runtime wiring: one watch per owned kind feeds both its cache and the reconcile
-//! triggers; the controller runs [`super::reconcile`] until stopped.
+//! triggers; the controller runs [`crate::controller::reconcile`] until stopped.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,11 +17,11 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use tokio_util::sync::CancellationToken;
 
-use super::children::{Cached, Caches, Child, slim_meta};
-use super::etcd::{Gateway, Transport};
-use super::turns::Turns;
-use super::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
 use crate::api::v1::EtcdCluster;
+use crate::controller::etcd::{Gateway, Transport};
+use crate::controller::machinery::children::{Cached, Caches, Child, slim_meta};
+use crate::controller::machinery::turns::Turns;
+use crate::controller::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
 use crate::metrics::Metrics;
 
 /// Trailing-edge debounce of reconcile requests.
@@ -218,14 +218,15 @@ fn backup_pod_owner(
 }
 
 /// One pass of the loop as kube-runtime runs it.
-type Pass = std::pin::Pin<Box<dyn Future<Output = Result<Action, super::Error>> + Send>>;
+type Pass =
+    std::pin::Pin<Box<dyn Future<Output = Result<Action, crate::controller::Error>> + Send>>;
 
 /// The reconciler kube-runtime runs: each pass waits for its turn (first come, first served;
 /// see `turns`), then reads the cluster again: the object kube-runtime handed over may have
 /// waited a while. Thousands may wait at once, so a waiting pass holds only the cluster's name
 /// (not the object, which may have been replaced in the cache since) and the pass itself is
 /// boxed when it starts (unboxed, every waiting future would be as large as a running pass).
-pub(super) fn in_turn(
+pub(crate) fn in_turn(
     clusters: Store<EtcdCluster>,
     stop: CancellationToken,
     turns: Arc<Turns>,

@@ -16,9 +16,9 @@ use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::render::tests::{backup, cluster};
 use super::*;
 use crate::api::v1::Backup;
+use crate::controller::render::tests::{backup, cluster};
 use crate::testing::{Call, FakeApi, FakeEtcd, assert_granted, per_verb};
 
 const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
@@ -636,7 +636,7 @@ async fn a_voter_down_holds_a_scale_up_and_etcd_never_refuses_the_loop() {
 async fn a_member_that_never_starts_is_removed_with_a_warning_and_the_set_shrinks_back() {
     // A join timeout of 0: the pass after the add finds it past due.
     let (api, ctx) = running_three_with(Settings {
-        member_timeouts: crate::controller::membership::Timeouts {
+        member_timeouts: crate::controller::decide::membership::Timeouts {
             join: Duration::ZERO,
             ..Default::default()
         },
@@ -782,7 +782,7 @@ async fn a_cluster_created_over_former_claims_joins_them_and_never_forms_a_new_o
 #[tokio::test]
 async fn a_learner_that_never_catches_up_is_removed_after_the_promote_timeout() {
     let (api, ctx) = running_three_with(Settings {
-        member_timeouts: crate::controller::membership::Timeouts {
+        member_timeouts: crate::controller::decide::membership::Timeouts {
             promote: Duration::ZERO,
             ..Default::default()
         },
@@ -2199,10 +2199,10 @@ async fn leader_election_lets_one_reconcile_and_the_other_take_over() {
     let stops = [CancellationToken::new(), CancellationToken::new()];
     let mut tasks = Vec::new();
     for (i, tag) in ["a", "b"].into_iter().enumerate() {
-        let settings = leader::LeaseSettings {
+        let settings = machinery::leader::LeaseSettings {
             duration_secs: 6,
             grace_secs: 4,
-            ..leader::LeaseSettings::new("etcd-system".to_owned(), tag.to_owned())
+            ..machinery::leader::LeaseSettings::new("etcd-system".to_owned(), tag.to_owned())
         };
         let counter = running[i].clone();
         let work = move |token: CancellationToken| {
@@ -2213,7 +2213,7 @@ async fn leader_election_lets_one_reconcile_and_the_other_take_over() {
                 counter.fetch_sub(1, Ordering::SeqCst);
             }
         };
-        tasks.push(tokio::spawn(leader::run_when_leader(
+        tasks.push(tokio::spawn(machinery::leader::run_when_leader(
             api.client_as(tag),
             settings,
             Arc::new(Metrics::new()),
@@ -2559,8 +2559,11 @@ async fn with_more_passes_due_than_the_loop_runs_every_cluster_still_gets_its_tu
 async fn a_waiting_pass_is_small() {
     let (_api, ctx) = setup(1, None);
     let (clusters, _writer) = reflector::store::<EtcdCluster>();
-    let turns = Arc::new(super::turns::Turns::new(1, ctx.metrics.clone()));
-    let mut pass = super::run::in_turn(clusters, CancellationToken::new(), turns);
+    let turns = Arc::new(crate::controller::machinery::turns::Turns::new(
+        1,
+        ctx.metrics.clone(),
+    ));
+    let mut pass = crate::controller::run::in_turn(clusters, CancellationToken::new(), turns);
     let waiting = pass(Arc::new(cluster("etcd", 1, None)), ctx.clone());
     let running = reconcile(Arc::new(cluster("etcd", 1, None)), ctx.clone());
     let (waiting, running) = (
@@ -2759,7 +2762,7 @@ async fn deleted_cert_manager_objects_are_applied_again() {
     assert_eq!(cert_calls(&api), 0, "not due: no request");
     assert!(api.get(CLIENT_CERT).is_none());
     let long_ago = std::time::Instant::now()
-        .checked_sub(super::certificates::CHECK_EVERY + Duration::from_secs(1))
+        .checked_sub(crate::controller::pass::certificates::CHECK_EVERY + Duration::from_secs(1))
         .unwrap();
     ctx.certificates_checked
         .lock()
@@ -2775,7 +2778,11 @@ async fn deleted_cert_manager_objects_are_applied_again() {
     );
     assert_granted(
         &api.calls(),
-        &[RBAC_RULES, super::certificates::CERTIFICATES_RBAC_RULES].concat(),
+        &[
+            RBAC_RULES,
+            crate::controller::pass::certificates::CERTIFICATES_RBAC_RULES,
+        ]
+        .concat(),
     );
     // Looked at again only a period later.
     api.clear_calls();
@@ -2836,7 +2843,7 @@ async fn a_re_keyed_ca_is_reported_until_every_member_started_since() {
     let first = crate::tls::dev::generate(&["etcd".to_owned()], &[], 30).unwrap();
     secret(&first.ca_cert);
     pass(&api, &ctx).await.unwrap();
-    let key = annotations(&api)[super::certificates::CA_KEY_ANNOTATION].clone();
+    let key = annotations(&api)[crate::controller::pass::certificates::CA_KEY_ANNOTATION].clone();
     assert!(
         key.is_string(),
         "the key the members start with is recorded"
@@ -2858,7 +2865,7 @@ async fn a_re_keyed_ca_is_reported_until_every_member_started_since() {
     secret(&second.ca_cert);
     // (Read by name every CLIENT_SECRET_REFRESH: as if that long had passed.)
     let ec: EtcdCluster = serde_json::from_value(api.get(EC).unwrap()).unwrap();
-    ctx.reread_client_secret(&ec);
+    ctx.forget_client_secret(&ec);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert!(
@@ -2875,7 +2882,7 @@ async fn a_re_keyed_ca_is_reported_until_every_member_started_since() {
         "{message}"
     );
     assert_eq!(
-        annotations(&api)[super::certificates::CA_KEY_ANNOTATION],
+        annotations(&api)[crate::controller::pass::certificates::CA_KEY_ANNOTATION],
         key
     );
     api.clear_calls();
@@ -2891,7 +2898,8 @@ async fn a_re_keyed_ca_is_reported_until_every_member_started_since() {
     api.clear_calls();
     let _ = pass(&api, &ctx).await; // the in-memory etcd speaks no TLS: the pass ends there
     assert!(
-        annotations(&api)[super::certificates::CA_KEY_CHANGED_ANNOTATION].is_string(),
+        annotations(&api)[crate::controller::pass::certificates::CA_KEY_CHANGED_ANNOTATION]
+            .is_string(),
         "{}",
         annotations(&api)
     );
@@ -2900,10 +2908,14 @@ async fn a_re_keyed_ca_is_reported_until_every_member_started_since() {
     let _ = pass(&api, &ctx).await;
     let now = annotations(&api);
     assert!(
-        now[super::certificates::CA_KEY_CHANGED_ANNOTATION].is_null(),
+        now[crate::controller::pass::certificates::CA_KEY_CHANGED_ANNOTATION].is_null(),
         "{now}"
     );
-    assert_ne!(now[super::certificates::CA_KEY_ANNOTATION], key, "{now}");
+    assert_ne!(
+        now[crate::controller::pass::certificates::CA_KEY_ANNOTATION],
+        key,
+        "{now}"
+    );
 }
 
 /// The cluster as the fake holds it, in a store such as the controller's watch fills, for
@@ -2941,9 +2953,13 @@ async fn a_defragmentation_is_waited_for_outside_the_turn_and_reported() {
     let hold = etcd.hold_defragmentations();
     sync_caches(&api, &ctx);
     api.clear_calls();
-    let turns = Arc::new(super::turns::Turns::new(1, ctx.metrics.clone()));
+    let turns = Arc::new(crate::controller::machinery::turns::Turns::new(
+        1,
+        ctx.metrics.clone(),
+    ));
     let stop = CancellationToken::new();
-    let mut in_turn = super::run::in_turn(clusters_store(&api), stop.clone(), turns.clone());
+    let mut in_turn =
+        crate::controller::run::in_turn(clusters_store(&api), stop.clone(), turns.clone());
     let ec = Arc::new(cluster("etcd", 3, None));
     let running = tokio::spawn(in_turn(ec, ctx.clone()));
     until("etcd-1 defragments", || !etcd.defragmenting().is_empty()).await;

@@ -476,7 +476,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     let stop = CancellationToken::new();
     let settings = Settings {
         namespace: Some(NS.to_owned()),
-        member_timeouts: etcd_webhook::controller::membership::Timeouts {
+        member_timeouts: etcd_webhook::controller::decide::membership::Timeouts {
             join: JOIN_TIMEOUT,
             ..Default::default()
         },

@@ -207,7 +207,7 @@ pub fn members_config(
     ec: &EtcdCluster,
     initial_cluster: &str,
     state: &str,
-    memory: &crate::controller::membership::Memory,
+    memory: &crate::controller::decide::membership::Memory,
 ) -> ConfigMap {
     let mut metadata = meta(ec, members_config_name(ec), "member");
     metadata.annotations = Some(memory.annotations());
@@ -410,7 +410,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
             service_name: Some(name),
             pod_management_policy: Some("Parallel".to_owned()),
             // The loop restarts members itself, one at a time, followers first and the leader
-            // last, each only while every voter is healthy (`controller::upgrade`).
+            // last, each only while every voter is healthy (`controller::decide::upgrade`).
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("OnDelete".to_owned()),
                 ..Default::default()

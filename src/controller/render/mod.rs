@@ -728,7 +728,7 @@ pub(crate) mod tests {
         assert_eq!(rebuilt["ETCD_INITIAL_CLUSTER_STATE"], "existing");
         assert_eq!(boot["ETCD_INITIAL_CLUSTER"].split(',').count(), 5);
         assert!(boot["ETCD_INITIAL_CLUSTER"].contains("etcd-4=http://etcd-4.etcd.prod.svc:2380"));
-        let memory = crate::controller::membership::Memory {
+        let memory = crate::controller::decide::membership::Memory {
             joining: BTreeMap::from([(0x65, "2026-12-01T00:00:00Z".parse().unwrap())]),
             replacing: [1].into(),
             ..Default::default()

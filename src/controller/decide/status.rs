@@ -2,9 +2,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use super::render;
 use crate::api::Phase;
 use crate::api::v1::{EtcdCluster, EtcdClusterStatus};
+use crate::controller::render;
 
 /// What a reconcile pass saw and did, as far as the status is concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,8 +47,8 @@ pub struct Observation {
 /// The members as etcd reported them this pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EtcdView {
-    pub members: Vec<super::etcd::Member>,
-    pub health: std::collections::BTreeMap<u64, super::etcd::MemberStatus>,
+    pub members: Vec<crate::controller::etcd::Member>,
+    pub health: std::collections::BTreeMap<u64, crate::controller::etcd::MemberStatus>,
     /// The membership pass made no call and none failed: the upkeep may plan.
     pub steady: bool,
     /// The members the upkeep defragmented this pass.
@@ -252,7 +252,7 @@ fn within_limit(message: String) -> String {
 
 /// Whether `ec`'s status has the condition `type_` with `reason` (what the loop said before:
 /// a Warning it already gave is not given again).
-pub(super) fn has_condition(ec: &EtcdCluster, type_: &str, reason: &str) -> bool {
+pub(crate) fn has_condition(ec: &EtcdCluster, type_: &str, reason: &str) -> bool {
     ec.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

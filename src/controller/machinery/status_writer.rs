@@ -1,4 +1,4 @@
-//! The status writer: the status [`super::status::desired`] computes, written through the
+//! The status writer: the status [`crate::controller::decide::status::desired`] computes, written through the
 //! status subresource only when it differs from what the cluster shows.
 
 use std::time::Duration;
@@ -7,14 +7,14 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::status::{self, Observation};
-use super::{Context, Error, MANAGER, now};
 use crate::api::v1::EtcdCluster;
+use crate::controller::decide::status::{self, Observation};
+use crate::controller::{Context, Error, MANAGER, now};
 
 /// Writes the status through the status subresource, only when it differs from what the
 /// cluster shows. Right after a write the cached cluster may not show it yet (its watch event
 /// is on the way), so for [`STATUS_MEMO`] the status last written is what the cluster shows.
-pub(super) async fn update_status(
+pub(crate) async fn update_status(
     ctx: &Context,
     api: &Api<EtcdCluster>,
     ec: &EtcdCluster,
@@ -74,7 +74,7 @@ fn count_leader_change(
     let counter = ctx
         .metrics
         .leader_changes
-        .get_or_create(&super::backup::labels(ec));
+        .get_or_create(&crate::controller::pass::backup::labels(ec));
     if shown
         .and_then(|s| s.leader.as_ref())
         .is_some_and(|before| before != leader)

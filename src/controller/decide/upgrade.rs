@@ -15,10 +15,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
 
-use super::Error;
-use super::children::Children;
-use super::status::Observation;
 use crate::api::v1::EtcdCluster;
+use crate::controller::Error;
+use crate::controller::decide::status::Observation;
+use crate::controller::machinery::children::Children;
 
 /// The label the StatefulSet controller puts on each pod: the revision of the template it was
 /// made from.
@@ -167,7 +167,7 @@ fn member_pod(ec: &EtcdCluster, pod: &Pod) -> Option<MemberPod> {
 }
 
 /// One upgrade step for the StatefulSet `set` as it is after this pass's apply.
-pub(super) async fn roll(
+pub(crate) async fn roll(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     set: &StatefulSet,
@@ -183,7 +183,7 @@ pub(super) async fn roll(
     match plan(&name, &pods, &update, health) {
         Step::Done => Ok(()),
         Step::Wait(why) => {
-            seen.activity = Some(super::status::Activity::Upgrading);
+            seen.activity = Some(crate::controller::decide::status::Activity::Upgrading);
             seen.progress = Some(format!("upgrading to {}: {why}", ec.spec.version));
             Ok(())
         }
@@ -209,7 +209,7 @@ pub(super) async fn roll(
                 Err(e) => return Err(Error::kube("delete", "Pod", &pod, e)),
             }
             tracing::info!(cluster = %name, %pod, leader, "restarting a member on the new version");
-            seen.activity = Some(super::status::Activity::Upgrading);
+            seen.activity = Some(crate::controller::decide::status::Activity::Upgrading);
             seen.progress = Some(format!(
                 "upgrading to {}: restarting {pod} ({role}); {done} of {of} members on it",
                 ec.spec.version

@@ -13,9 +13,9 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-use super::children::Children;
-use super::{Error, MANAGER, render};
 use crate::api::v1::EtcdCluster;
+use crate::controller::machinery::children::Children;
+use crate::controller::{Error, MANAGER, render};
 
 /// On the members' ConfigMap: the digest of the cert-manager objects last applied.
 pub const CERTIFICATES_ANNOTATION: &str = "etcd.example.com/certificates";
@@ -39,18 +39,20 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(30 * 60);
 fn check_due(ec: &EtcdCluster, kids: &Children<'_>) -> bool {
     let mut checked = kids.ctx.certificates_checked.lock().expect("not poisoned");
     let now = Instant::now();
-    let last = *checked.entry(super::key(ec)).or_insert_with(|| {
-        let uid = ec.uid().unwrap_or_default();
-        let spread = uid
-            .bytes()
-            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-        let offset = Duration::from_secs(spread % CHECK_EVERY.as_secs());
-        now.checked_sub(offset).unwrap_or(now)
-    });
+    let last = *checked
+        .entry(crate::controller::key(ec))
+        .or_insert_with(|| {
+            let uid = ec.uid().unwrap_or_default();
+            let spread = uid
+                .bytes()
+                .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+            let offset = Duration::from_secs(spread % CHECK_EVERY.as_secs());
+            now.checked_sub(offset).unwrap_or(now)
+        });
     if now.duration_since(last) < CHECK_EVERY {
         return false;
     }
-    checked.insert(super::key(ec), now);
+    checked.insert(crate::controller::key(ec), now);
     true
 }
 
@@ -89,7 +91,7 @@ pub fn digest(objects: &[serde_json::Value]) -> String {
 }
 
 /// Applies `ec`'s cert-manager objects unless the members' ConfigMap says they already are.
-pub(super) async fn ensure(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), Error> {
+pub(crate) async fn ensure(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), Error> {
     let objects = render::certificates(ec, &kids.ctx.settings.render);
     if objects.is_empty() {
         return Ok(());
@@ -164,7 +166,7 @@ pub const CA_KEY_CHANGED_ANNOTATION: &str = "etcd.example.com/ca-key-changed";
 /// Always`, a CA re-issued by hand) every member started before still trusts the old key only,
 /// and rejects peers and clients whose certificates come from the new one: said once as a
 /// Warning, and in the condition until every member has started since.
-pub(super) async fn trust(
+pub(crate) async fn trust(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     pods: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>],

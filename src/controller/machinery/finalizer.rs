@@ -11,15 +11,15 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use super::{Error, FINALIZER, render};
 use crate::api::v1::EtcdCluster;
+use crate::controller::{Error, FINALIZER, render};
 
-pub(super) fn has_finalizer(ec: &EtcdCluster) -> bool {
+pub(crate) fn has_finalizer(ec: &EtcdCluster) -> bool {
     ec.finalizers().iter().any(|f| f == FINALIZER)
 }
 
 /// The size the cluster was created with, once recorded.
-pub(super) fn initial_size_recorded(ec: &EtcdCluster) -> Option<i32> {
+pub(crate) fn initial_size_recorded(ec: &EtcdCluster) -> Option<i32> {
     ec.annotations()
         .get(render::INITIAL_SIZE_ANNOTATION)?
         .parse()
@@ -41,7 +41,7 @@ fn add(path: PointerBuf, value: Value) -> PatchOperation {
 
 /// The operations that add `finalizer` to an object's metadata as read: a `test` of the list
 /// first, so a concurrent change to it fails the patch instead of being lost.
-pub(super) fn add_finalizer_ops(meta: &ObjectMeta, finalizer: &str) -> Vec<PatchOperation> {
+pub(crate) fn add_finalizer_ops(meta: &ObjectMeta, finalizer: &str) -> Vec<PatchOperation> {
     match &meta.finalizers {
         None => vec![add(
             pointer(&["metadata", "finalizers"]),
@@ -56,7 +56,7 @@ pub(super) fn add_finalizer_ops(meta: &ObjectMeta, finalizer: &str) -> Vec<Patch
 
 /// The operations that remove `finalizer` (and only it) from an object's metadata as read,
 /// guarded by a `test` of its position; `None` when it is not there.
-pub(super) fn remove_finalizer_ops(
+pub(crate) fn remove_finalizer_ops(
     meta: &ObjectMeta,
     finalizer: &str,
 ) -> Option<Vec<PatchOperation>> {
@@ -92,7 +92,7 @@ fn add_ops(ec: &EtcdCluster) -> JsonPatch {
 }
 
 /// Adds the finalizer and records the initial size.
-pub(super) async fn add_finalizer(api: &Api<EtcdCluster>, ec: &EtcdCluster) -> Result<(), Error> {
+pub(crate) async fn add_finalizer(api: &Api<EtcdCluster>, ec: &EtcdCluster) -> Result<(), Error> {
     api.patch(
         &ec.name_any(),
         &PatchParams::default(),
@@ -104,7 +104,7 @@ pub(super) async fn add_finalizer(api: &Api<EtcdCluster>, ec: &EtcdCluster) -> R
 }
 
 /// Removes our finalizer (and only it), guarded by a `test` of its position.
-pub(super) async fn remove_finalizer(
+pub(crate) async fn remove_finalizer(
     api: &Api<EtcdCluster>,
     ec: &EtcdCluster,
 ) -> Result<(), Error> {

@@ -1,17 +1,18 @@
 //! The reconcile policy of a live cluster: which children it needs and in what order, and
 //! what may change (members grow one at a time, volumes only grow, an image change is an
-//! upgrade); the scaling and backup steps are in [`super::membership`] and [`super::backup`].
+//! upgrade); the scaling and backup steps are in [`crate::controller::decide::membership`] and [`crate::controller::pass::backup`].
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
-use super::children::{Applied, Children};
-use super::status::{Activity, Observation};
-use super::{
-    Context, Error, backup, certificates, claims, render, restore, scale, storage, upgrade,
-};
 use crate::api::v1::EtcdCluster;
+use crate::controller::decide::status::{Activity, Observation};
+use crate::controller::machinery::children::{Applied, Children};
+use crate::controller::{
+    Context, Error, decide::upgrade, pass::backup, pass::certificates, pass::claims, pass::restore,
+    pass::scale, pass::storage, render,
+};
 
 fn template_image(sts: &StatefulSet) -> Option<String> {
     sts.spec
@@ -52,7 +53,7 @@ fn spec_storage_gib(ec: &EtcdCluster) -> Option<i64> {
 
 /// The webhook's rules, once more: a cluster that got in while the webhook was bypassed
 /// (failurePolicy Ignore, or created before it was installed) is not acted on.
-pub(super) fn check_spec(ec: &EtcdCluster) -> Result<(), Error> {
+pub(crate) fn check_spec(ec: &EtcdCluster) -> Result<(), Error> {
     use crate::admission::validate::{Operation, validate};
     let object = serde_json::to_value(ec).expect("an EtcdCluster serializes");
     let mut verdict = validate(crate::api::Version::V1, Operation::Create, &object, None);
@@ -72,7 +73,7 @@ pub(super) fn check_spec(ec: &EtcdCluster) -> Result<(), Error> {
 }
 
 /// One pass over a live (not deleted) cluster: children, then what the status needs.
-pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, Error> {
+pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Observation, Error> {
     let name = ec.name_any();
     let opts = &ctx.settings.render;
     let kids = Children::of(ec, ctx);
@@ -164,7 +165,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
         // A cluster re-created at once under the same name: the former one's member claims
         // are still being deleted. Acting now would take them for a former cluster's volumes
         // (and join it) or, for a restore, leave them unrestored; wait until they are gone.
-        seen.membership = Some(super::status::Membership {
+        seen.membership = Some(crate::controller::decide::status::Membership {
             note: Some(format!(
                 "the member claims {going} of a former cluster named {name} are being deleted; the members start once they are gone"
             )),
@@ -255,7 +256,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             upgrade::roll(run, &kids, &set, &pods, health, &mut seen).await?;
         }
         if let Some(why) = held {
-            seen.activity = Some(super::status::Activity::Upgrading);
+            seen.activity = Some(crate::controller::decide::status::Activity::Upgrading);
             seen.progress
                 .get_or_insert_with(|| format!("upgrading to {}: {why}", ec.spec.version));
         }
@@ -264,7 +265,7 @@ pub(super) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
     kids.ensure(&render::pod_disruption_budget(ec, seen.voters))
         .await?;
     claims::tend(ec, &kids).await?;
-    super::maintenance::tend(ec, &kids, &mut seen).await;
+    crate::controller::decide::maintenance::tend(ec, &kids, &mut seen).await;
 
     backup::schedule(ec, &kids, &mut seen).await?;
     backup::observe(ec, &kids, &mut seen).await?;

@@ -32,10 +32,10 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::etcd::{Etcd, EtcdError, Member, MemberStatus};
-use super::render;
 use crate::api::MAX_SIZE;
 use crate::api::v1::EtcdCluster;
+use crate::controller::etcd::{Etcd, EtcdError, Member, MemberStatus};
+use crate::controller::render;
 
 /// The default of `--member-join-timeout`.
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);

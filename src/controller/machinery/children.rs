@@ -21,8 +21,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Context, Error, MANAGER};
 use crate::api::v1::EtcdCluster;
+use crate::controller::{Context, Error, MANAGER};
 
 /// How long a pass waits for the caches' first list before it fails (and backs off).
 const CACHE_WAIT: Duration = Duration::from_secs(30);
@@ -238,8 +238,8 @@ child! {
 }
 
 /// The children of one cluster, in its namespace: reads from the caches, writes to the API.
-pub(super) struct Children<'a> {
-    pub(super) ctx: &'a Context,
+pub(crate) struct Children<'a> {
+    pub(crate) ctx: &'a Context,
     ns: String,
     /// The cluster's name (its children's `app.kubernetes.io/instance` label).
     instance: String,
@@ -248,7 +248,7 @@ pub(super) struct Children<'a> {
 }
 
 impl<'a> Children<'a> {
-    pub(super) fn of(ec: &EtcdCluster, ctx: &'a Context) -> Self {
+    pub(crate) fn of(ec: &EtcdCluster, ctx: &'a Context) -> Self {
         Children {
             ctx,
             ns: ec.namespace().unwrap_or_else(|| "default".to_owned()),
@@ -262,20 +262,20 @@ impl<'a> Children<'a> {
     /// this cluster's; a pass looks several times (membership, CA trust, upgrade, backups,
     /// restore) and now pays for one. One view per pass, too: a pod the pass deleted is still
     /// in it, as it would be in the cache until the watch brings the deletion.
-    pub(super) async fn pods(&self) -> Result<Vec<Arc<Pod>>, Error> {
+    pub(crate) async fn pods(&self) -> Result<Vec<Arc<Pod>>, Error> {
         self.pods
             .get_or_try_init(|| self.cached::<Pod>())
             .await
             .cloned()
     }
 
-    pub(super) fn api<K: Child>(&self) -> Api<K> {
+    pub(crate) fn api<K: Child>(&self) -> Api<K> {
         Api::namespaced(self.ctx.client.clone(), &self.ns)
     }
 
     /// Sets the annotation `key` to `value` on the cluster itself (a merge patch of its
     /// metadata): what the loop records there (the etcd cluster ID, a restore's digest).
-    pub(super) async fn annotate_cluster(&self, key: &str, value: &str) -> Result<(), Error> {
+    pub(crate) async fn annotate_cluster(&self, key: &str, value: &str) -> Result<(), Error> {
         let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
         Api::<EtcdCluster>::namespaced(self.ctx.client.clone(), &self.ns)
             .patch(
@@ -302,7 +302,7 @@ impl<'a> Children<'a> {
 
     /// This cluster's objects of kind `K` in the cache (its namespace, its instance label):
     /// only these are decoded.
-    pub(super) async fn cached<K: Child>(&self) -> Result<Vec<Arc<K>>, Error> {
+    pub(crate) async fn cached<K: Child>(&self) -> Result<Vec<Arc<K>>, Error> {
         let mine = |c: &Arc<Cached<K>>| {
             c.metadata.namespace.as_deref() == Some(self.ns.as_str())
                 && c.metadata
@@ -321,7 +321,7 @@ impl<'a> Children<'a> {
     }
 
     /// The object as the caches hold it.
-    pub(super) async fn read<K: Child>(&self, name: &str) -> Result<Option<Arc<K>>, Error> {
+    pub(crate) async fn read<K: Child>(&self, name: &str) -> Result<Option<Arc<K>>, Error> {
         let store = self.store::<K>().await?;
         let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
         store
@@ -332,7 +332,7 @@ impl<'a> Children<'a> {
 
     /// Applies `desired` (server-side, forced, field manager [`MANAGER`]) only when what is
     /// there does not already include it. Returns what the cluster now holds.
-    pub(super) async fn ensure<K: Child>(&self, desired: &K) -> Result<(Applied, Arc<K>), Error> {
+    pub(crate) async fn ensure<K: Child>(&self, desired: &K) -> Result<(Applied, Arc<K>), Error> {
         let name = desired.meta().name.clone().unwrap_or_default();
         let observed = self.read::<K>(&name).await?;
         if let Some(o) = &observed {
@@ -354,7 +354,7 @@ impl<'a> Children<'a> {
 
     /// Creates the object when it is missing, and otherwise leaves it alone (a Job's pod
     /// template is immutable, and a Job that ran is a record, not something to converge).
-    pub(super) async fn ensure_created<K: Child>(
+    pub(crate) async fn ensure_created<K: Child>(
         &self,
         desired: &K,
     ) -> Result<(Applied, Arc<K>), Error> {
@@ -381,7 +381,7 @@ impl<'a> Children<'a> {
     }
 
     /// Deletes the object if it is there; true when it was.
-    pub(super) async fn remove<K: Child>(&self, name: &str) -> Result<bool, Error> {
+    pub(crate) async fn remove<K: Child>(&self, name: &str) -> Result<bool, Error> {
         if self.read::<K>(name).await?.is_none() {
             return Ok(false);
         }
@@ -398,7 +398,7 @@ impl<'a> Children<'a> {
 }
 
 /// Whether a Job has succeeded (`Some(true)`), failed (`Some(false)`) or not finished.
-pub(super) fn job_outcome(job: &Job) -> Option<bool> {
+pub(crate) fn job_outcome(job: &Job) -> Option<bool> {
     let status = job.status.as_ref()?;
     let flagged = |t: &str| {
         status
@@ -418,7 +418,7 @@ pub(super) fn job_outcome(job: &Job) -> Option<bool> {
 
 /// Whether `meta`'s controller is `ec` itself (the same UID), not a former cluster of its name
 /// whose children the garbage collector has not removed yet.
-pub(super) fn owned_by(
+pub(crate) fn owned_by(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     ec: &crate::api::v1::EtcdCluster,
 ) -> bool {

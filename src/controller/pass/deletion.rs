@@ -1,5 +1,5 @@
 //! Deletion: with backups on, the final snapshot as a Job, waited for by requeueing, and the
-//! claims kept ([`super::claims`]) until it is taken; then the finalizer goes.
+//! claims kept ([`crate::controller::pass::claims`]) until it is taken; then the finalizer goes.
 //!
 //! The data is never lost on the way: a failed Job, or one that runs past its deadline
 //! (`--finalizer-timeout` plus the time the largest database takes to copy), is started again
@@ -18,12 +18,14 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::children::{Children, job_outcome, owned_by};
-use super::finalizer::{has_finalizer, remove_finalizer};
-use super::status::Observation;
-use super::status_writer::update_status;
-use super::{CLAIM_FINALIZER, Context, Error, RELEASE_ANNOTATION, backup, claims, render};
 use crate::api::v1::EtcdCluster;
+use crate::controller::decide::status::Observation;
+use crate::controller::machinery::children::{Children, job_outcome, owned_by};
+use crate::controller::machinery::finalizer::{has_finalizer, remove_finalizer};
+use crate::controller::machinery::status_writer::update_status;
+use crate::controller::{
+    CLAIM_FINALIZER, Context, Error, RELEASE_ANNOTATION, pass::backup, pass::claims, render,
+};
 
 /// How long a failed final-snapshot Job stays before a new one is started (its pods' logs stay
 /// readable meanwhile).
@@ -40,7 +42,7 @@ const FOREGROUND: &str = "foregroundDeletion";
 
 /// How long one final-snapshot Job may run before it counts as failed: `--finalizer-timeout`
 /// plus the largest member database (as the status last recorded it) at 8 MiB/s.
-pub(super) fn attempt_deadline(ec: &EtcdCluster, timeout: Duration) -> Duration {
+pub(crate) fn attempt_deadline(ec: &EtcdCluster, timeout: Duration) -> Duration {
     let largest = ec
         .status
         .iter()
@@ -52,7 +54,7 @@ pub(super) fn attempt_deadline(ec: &EtcdCluster, timeout: Duration) -> Duration 
 }
 
 /// Why no final snapshot can be taken from this cluster's members any more, if so.
-pub(super) fn members_going(ec: &EtcdCluster, set: Option<&StatefulSet>) -> Option<&'static str> {
+pub(crate) fn members_going(ec: &EtcdCluster, set: Option<&StatefulSet>) -> Option<&'static str> {
     if ec.finalizers().iter().any(|f| f == FOREGROUND) {
         return Some(
             "it is deleted in the foreground (propagationPolicy Foreground, kubectl delete --cascade=foreground), so the garbage collector deletes its members beside the finalizer",
@@ -84,7 +86,7 @@ fn namespace_terminating(e: &Error) -> bool {
 }
 
 /// The deletion pass.
-pub(super) async fn cleanup(
+pub(crate) async fn cleanup(
     ec: &EtcdCluster,
     ctx: &Context,
     clusters: &Api<EtcdCluster>,
@@ -381,7 +383,7 @@ mod tests {
         );
         ec.metadata.finalizers = Some(vec![
             FOREGROUND.to_owned(),
-            super::super::FINALIZER.to_owned(),
+            crate::controller::FINALIZER.to_owned(),
         ]);
         assert!(
             members_going(&ec, Some(&set))

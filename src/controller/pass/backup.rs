@@ -1,6 +1,6 @@
 //! Backups: the CronJob of a cluster with backups on (and its volume), the runs' record in the
 //! status, and what the loop forgets about a cluster that is gone (the final snapshot is
-//! [`super::deletion`]'s).
+//! [`crate::controller::pass::deletion`]'s).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -11,16 +11,16 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
-use super::children::{Applied, Children};
-use super::status::{Observation, has_condition};
-use super::{Context, Error, render};
 use crate::api::v1::{BackupFailure, BackupStatus, EtcdCluster, SnapshotRecord};
+use crate::controller::decide::status::{Observation, has_condition};
+use crate::controller::machinery::children::{Applied, Children};
+use crate::controller::{Context, Error, render};
 use crate::metrics::ClusterLabels;
 use render::BackupTarget;
 
 /// The backup CronJob as the spec says: created, replaced or deleted (with a Warning once when
 /// the destination is not supported).
-pub(super) async fn schedule(
+pub(crate) async fn schedule(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     seen: &mut Observation,
@@ -43,7 +43,7 @@ pub(super) async fn schedule(
         .destinations
         .lock()
         .expect("not poisoned")
-        .record(&super::key(ec), url.as_deref());
+        .record(&crate::controller::key(ec), url.as_deref());
     match target {
         None => {
             if kids.remove::<CronJob>(&cron_name).await? {
@@ -132,13 +132,13 @@ fn unexport_schedule(ec: &EtcdCluster, ctx: &Context) {
 
 /// What one finished backup pod (scheduled or final) reported in its termination message.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) enum Run {
+pub(crate) enum Run {
     Filed(SnapshotRecord),
     Failed(BackupFailure),
 }
 
 /// The runs of `ec`'s backup pods that have ended, with when they ended.
-pub(super) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, String, Run)> {
+pub(crate) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, String, Run)> {
     let name = ec.name_any();
     let claim = render::backup_claim(ec).name_any();
     pods.iter()
@@ -235,7 +235,7 @@ fn when(time: &str) -> Option<Timestamp> {
 /// than what it recorded (each run is told once: the pods stay for the CronJob's history, and
 /// the status remembers the newest it has seen). A snapshot filed after the last failure
 /// clears it.
-pub(super) fn record(
+pub(crate) fn record(
     previous: Option<&BackupStatus>,
     runs: &[(Timestamp, String, Run)],
 ) -> (Option<BackupStatus>, Vec<(EventType, &'static str, String)>) {
@@ -298,7 +298,7 @@ pub(super) fn record(
 
 /// Reads the backup pods' reports into `seen.backup`, tells each new one as an Event and sets
 /// the last-success metric.
-pub(super) async fn observe(
+pub(crate) async fn observe(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     seen: &mut Observation,
@@ -324,7 +324,7 @@ pub(super) async fn observe(
     Ok(())
 }
 
-pub(super) fn labels(ec: &EtcdCluster) -> ClusterLabels {
+pub(crate) fn labels(ec: &EtcdCluster) -> ClusterLabels {
     ClusterLabels {
         namespace: ec.namespace().unwrap_or_default(),
         name: ec.name_any(),
@@ -332,8 +332,8 @@ pub(super) fn labels(ec: &EtcdCluster) -> ClusterLabels {
 }
 
 /// The cluster's per-cluster metrics go with it.
-pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
-    let key = super::key(ec);
+pub(crate) fn forget(ec: &EtcdCluster, ctx: &Context) {
+    let key = crate::controller::key(ec);
     ctx.destinations
         .lock()
         .expect("not poisoned")
@@ -357,7 +357,7 @@ pub(super) fn forget(ec: &EtcdCluster, ctx: &Context) {
     ctx.metrics.defragmentation_freed_bytes.remove(&l);
     ctx.metrics.defragmentation_seconds.remove(&l);
     ctx.metrics.nospace_alarm.remove(&l);
-    for state in super::maintenance::MEMBER_STATES {
+    for state in crate::controller::decide::maintenance::MEMBER_STATES {
         ctx.metrics
             .cluster_members
             .remove(&crate::metrics::MemberStateLabels {

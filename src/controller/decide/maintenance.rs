@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::etcd::{Etcd, EtcdError, Member, MemberStatus};
+use crate::controller::etcd::{Etcd, EtcdError, Member, MemberStatus};
 
 /// The alarm etcd raises when a member's backend reaches the quota.
 pub const NOSPACE: &str = "NOSPACE";
@@ -278,7 +278,7 @@ pub async fn run(
             .map_or(first.as_str(), |t| t.endpoint.as_str());
         let largest = order.iter().map(|t| t.db_size).max().unwrap_or_default();
         // Long waits on etcd leave the pass's turn to other clusters (`turns::outside`).
-        match super::turns::outside(etcd.compact(
+        match crate::controller::machinery::turns::outside(etcd.compact(
             leader,
             revision,
             crate::api::defrag_time(largest),
@@ -324,7 +324,10 @@ pub async fn run(
         let in_use = health.get(&target.id).map_or(before, |s| s.db_size_in_use);
         let within = crate::api::defrag_time(in_use.max(before / 2));
         let started = Instant::now();
-        if let Err(e) = super::turns::outside(etcd.defragment(&target.endpoint, within)).await {
+        if let Err(e) =
+            crate::controller::machinery::turns::outside(etcd.defragment(&target.endpoint, within))
+                .await
+        {
             if matches!(e, EtcdError::Unreachable { .. }) {
                 // etcd goes on with it without us: nothing else starts until it may be done.
                 done.unfinished = Some((target.name.clone(), within));
@@ -372,7 +375,11 @@ pub async fn run(
 pub const MEMBER_STATES: &[&str] = &["leader", "follower", "learner", "unhealthy"];
 
 /// The per-cluster and per-member gauges from what the membership pass read.
-fn export(ec: &crate::api::v1::EtcdCluster, ctx: &super::Context, view: &super::status::EtcdView) {
+fn export(
+    ec: &crate::api::v1::EtcdCluster,
+    ctx: &crate::controller::Context,
+    view: &crate::controller::decide::status::EtcdView,
+) {
     use kube::ResourceExt;
     let (namespace, name) = (ec.namespace().unwrap_or_default(), ec.name_any());
     let mut counts: BTreeMap<&str, i64> = MEMBER_STATES.iter().map(|s| (*s, 0)).collect();
@@ -418,10 +425,10 @@ fn export(ec: &crate::api::v1::EtcdCluster, ctx: &super::Context, view: &super::
 /// (nothing at all when it read nothing or made a membership call), runs the plan, and says
 /// what happened in Events, metrics and the `Degraded` condition. Never fails the reconcile:
 /// an error is a Warning Event, and the next pass plans again.
-pub(super) async fn tend(
+pub(crate) async fn tend(
     ec: &crate::api::v1::EtcdCluster,
-    kids: &super::children::Children<'_>,
-    seen: &mut super::status::Observation,
+    kids: &crate::controller::machinery::children::Children<'_>,
+    seen: &mut crate::controller::decide::status::Observation,
 ) {
     // Taken out while the upkeep reads it and records its defragmentations, then put back for
     // the status.
@@ -433,14 +440,14 @@ pub(super) async fn tend(
 
 async fn tend_view(
     ec: &crate::api::v1::EtcdCluster,
-    kids: &super::children::Children<'_>,
-    seen: &mut super::status::Observation,
-    view: &mut super::status::EtcdView,
+    kids: &crate::controller::machinery::children::Children<'_>,
+    seen: &mut crate::controller::decide::status::Observation,
+    view: &mut crate::controller::decide::status::EtcdView,
 ) {
     use kube::ResourceExt;
     use kube::runtime::events::EventType;
 
-    use super::status::{Space, has_condition};
+    use crate::controller::decide::status::{Space, has_condition};
 
     let ctx = kids.ctx;
     export(ec, ctx, view);
@@ -452,13 +459,16 @@ async fn tend_view(
     if let Ok(Some(set)) = kids
         .read::<k8s_openapi::api::apps::v1::StatefulSet>(&ec.name_any())
         .await
-        && let Some(q) = super::render::template_quota(&set).and_then(|q| u64::try_from(q).ok())
+        && let Some(q) =
+            crate::controller::render::template_quota(&set).and_then(|q| u64::try_from(q).ok())
     {
         rules.quota = q;
     }
-    let endpoints = super::render::endpoints(ec, ec.spec.size);
-    let endpoint = |m: &Member| super::membership::client_url(ec, &endpoints, m).map(str::to_owned);
-    let key = super::key(ec);
+    let endpoints = crate::controller::render::endpoints(ec, ec.spec.size);
+    let endpoint = |m: &Member| {
+        crate::controller::decide::membership::client_url(ec, &endpoints, m).map(str::to_owned)
+    };
+    let key = crate::controller::key(ec);
     let unfinished = {
         let mut records = ctx.defragmenting.lock().expect("not poisoned");
         match records.get(&key) {
@@ -478,7 +488,7 @@ async fn tend_view(
     let busy = seen.activity.map(|a| a.reason().to_owned()).or(unfinished);
     let busy = busy.as_deref();
     let nospace = view.health.values().any(|s| s.alarm(NOSPACE));
-    let labels = super::backup::labels(ec);
+    let labels = crate::controller::pass::backup::labels(ec);
     ctx.metrics
         .nospace_alarm
         .get_or_create(&labels)
@@ -717,7 +727,7 @@ mod tests {
     /// a defragmentation within the time given: each call is recorded with that time.
     struct SlowDefrag(std::sync::Mutex<Vec<(String, Duration)>>);
 
-    impl super::super::etcd::Transport for SlowDefrag {
+    impl crate::controller::etcd::Transport for SlowDefrag {
         fn post<'a>(
             &'a self,
             endpoint: &'a str,
@@ -757,9 +767,11 @@ mod tests {
 
         fn with_identity(
             &self,
-            _: &super::super::etcd::ClientTls,
-        ) -> Result<std::sync::Arc<dyn super::super::etcd::Transport>, super::super::etcd::TlsError>
-        {
+            _: &crate::controller::etcd::ClientTls,
+        ) -> Result<
+            std::sync::Arc<dyn crate::controller::etcd::Transport>,
+            crate::controller::etcd::TlsError,
+        > {
             unreachable!("plain members")
         }
     }

@@ -3,7 +3,7 @@
 //! control (the garbage collector after a foreground deletion of the cluster, a namespace
 //! deletion) removes a volume before the final snapshot is taken. The finalizer comes off when
 //! the snapshot is taken, when backups are turned off, before the loop itself replaces a lost
-//! member's volume, and when the user lets the claims go ([`super::RELEASE_ANNOTATION`]).
+//! member's volume, and when the user lets the claims go ([`crate::controller::RELEASE_ANNOTATION`]).
 
 use std::sync::Arc;
 
@@ -12,25 +12,25 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 
-use super::children::Children;
-use super::finalizer::{add_finalizer_ops, remove_finalizer_ops};
-use super::{CLAIM_FINALIZER, Error, render};
 use crate::api::v1::EtcdCluster;
+use crate::controller::machinery::children::Children;
+use crate::controller::machinery::finalizer::{add_finalizer_ops, remove_finalizer_ops};
+use crate::controller::{CLAIM_FINALIZER, Error, render};
 
 /// Whether the cluster's claims are protected: backups are on to a destination the loop can
 /// serve (a final snapshot can be taken).
-pub(super) fn wanted(ec: &EtcdCluster) -> bool {
+pub(crate) fn wanted(ec: &EtcdCluster) -> bool {
     crate::api::backups_on(&ec.spec)
 }
 
 /// Whether `claim` carries the protection.
-pub(super) fn protected(claim: &PersistentVolumeClaim) -> bool {
+pub(crate) fn protected(claim: &PersistentVolumeClaim) -> bool {
     claim.finalizers().iter().any(|f| f == CLAIM_FINALIZER)
 }
 
 /// The cluster's claims in the claims cache: the members' (ordinals below `spec.size`; the size
 /// never shrinks) and the backup claim.
-pub(super) async fn cached(
+pub(crate) async fn cached(
     ec: &EtcdCluster,
     kids: &Children<'_>,
 ) -> Result<Vec<Arc<PersistentVolumeClaim>>, Error> {
@@ -51,7 +51,7 @@ pub(super) async fn cached(
 /// none does once they are off. A claim being deleted gets none (the apiserver refuses a new
 /// finalizer on it), and one a former cluster of this name left is not touched (its member
 /// claims are waited out before this cluster makes its own).
-pub(super) async fn tend(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), Error> {
+pub(crate) async fn tend(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), Error> {
     let want = wanted(ec);
     for claim in cached(ec, kids).await? {
         if protected(&claim) == want || (want && claim.metadata.deletion_timestamp.is_some()) {
@@ -64,7 +64,7 @@ pub(super) async fn tend(ec: &EtcdCluster, kids: &Children<'_>) -> Result<(), Er
 
 /// Takes the protection off every claim of the cluster (the final snapshot is taken, backups
 /// are off, or the user lets them go); the names of the claims it was on.
-pub(super) async fn release(ec: &EtcdCluster, kids: &Children<'_>) -> Result<Vec<String>, Error> {
+pub(crate) async fn release(ec: &EtcdCluster, kids: &Children<'_>) -> Result<Vec<String>, Error> {
     let mut released = Vec::new();
     for claim in cached(ec, kids).await? {
         if protected(&claim) {
@@ -76,7 +76,7 @@ pub(super) async fn release(ec: &EtcdCluster, kids: &Children<'_>) -> Result<Vec
 }
 
 /// Takes the protection off the claim `name` (before the loop deletes it itself).
-pub(super) async fn release_one(kids: &Children<'_>, name: &str) -> Result<(), Error> {
+pub(crate) async fn release_one(kids: &Children<'_>, name: &str) -> Result<(), Error> {
     match kids.read::<PersistentVolumeClaim>(name).await? {
         Some(claim) if protected(&claim) => set(kids, &claim, false).await,
         _ => Ok(()),

@@ -9,15 +9,15 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
-use super::children::{Children, job_outcome};
-use super::status::{Observation, Restored, has_condition};
-use super::{Error, render};
 use crate::api::SnapshotSource;
 use crate::api::v1::EtcdCluster;
+use crate::controller::decide::status::{Observation, Restored, has_condition};
+use crate::controller::machinery::children::{Children, job_outcome};
+use crate::controller::{Error, render};
 
 /// Makes the claims and the restore Jobs; whether every member is restored (the StatefulSet
 /// may be made). A cluster without `spec.restore`, or one that formed, needs nothing.
-pub(super) async fn prepare(
+pub(crate) async fn prepare(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     seen: &mut Observation,
@@ -91,7 +91,7 @@ pub(super) async fn prepare(
                 &ctx.settings.render,
             ))
             .await?;
-        if !super::children::owned_by(&job.metadata, ec) {
+        if !crate::controller::machinery::children::owned_by(&job.metadata, ec) {
             // A former cluster's restore Job of this name, not yet garbage-collected: its
             // outcome is not this cluster's restore.
             seen.restored = Some(Restored::Waiting(format!(
@@ -161,7 +161,9 @@ async fn first_digest(
     let Some(job) = kids.read::<Job>(&name).await? else {
         return Ok(None);
     };
-    if job_outcome(&job) != Some(true) || !super::children::owned_by(&job.metadata, ec) {
+    if job_outcome(&job) != Some(true)
+        || !crate::controller::machinery::children::owned_by(&job.metadata, ec)
+    {
         return Ok(None);
     }
     let pods = kids.pods().await?;

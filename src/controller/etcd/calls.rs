@@ -9,7 +9,7 @@
 //!
 //! Reads try each endpoint in turn; a write goes to one endpoint only and is never retried
 //! within a pass: an add that timed out may have committed, and the next pass decides from
-//! the member list (see [`super::membership`]).
+//! the member list (see [`crate::controller::decide::membership`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -74,7 +74,7 @@ pub struct TlsError(pub String);
 impl ClientTls {
     /// The three files of a mounted `NAME-client-tls` Secret in `dir`.
     pub fn read_dir(dir: &std::path::Path) -> Result<ClientTls, TlsError> {
-        use super::render::{TLS_CA, TLS_CERT, TLS_KEY};
+        use crate::controller::render::{TLS_CA, TLS_CERT, TLS_KEY};
         let read = |name: &str| {
             let path = dir.join(name);
             std::fs::read(&path).map_err(|e| TlsError(format!("{}: {e}", path.display())))

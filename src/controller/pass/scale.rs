@@ -1,4 +1,4 @@
-//! The reconcile side of [`super::membership`]: reads the members' ConfigMap and pods from the
+//! The reconcile side of [`crate::controller::decide::membership`]: reads the members' ConfigMap and pods from the
 //! caches, runs one membership pass against etcd, and writes back what it decided: the
 //! ConfigMap (before the StatefulSet grows), the voters' pod label, Events and what the status
 //! says about the members.
@@ -11,13 +11,13 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::children::{Applied, Children};
-use super::etcd::{Etcd, EtcdError};
-use super::finalizer::initial_size_recorded;
-use super::membership::{self, Exit, Inputs, Memory, Outcome, Removal, Step};
-use super::status::{Activity, Membership, Observation};
-use super::{Error, render};
 use crate::api::v1::EtcdCluster;
+use crate::controller::decide::membership::{self, Exit, Inputs, Memory, Outcome, Removal, Step};
+use crate::controller::decide::status::{Activity, Membership, Observation};
+use crate::controller::etcd::{Etcd, EtcdError};
+use crate::controller::machinery::children::{Applied, Children};
+use crate::controller::machinery::finalizer::initial_size_recorded;
+use crate::controller::{Error, render};
 
 /// The ordinal of a member pod `NAME-i` of `ec`.
 fn pod_ordinal(ec: &EtcdCluster, pod: &Pod) -> Option<i32> {
@@ -28,7 +28,7 @@ fn pod_ordinal(ec: &EtcdCluster, pod: &Pod) -> Option<i32> {
 }
 
 /// The member pods of `ec` from the pods cache.
-pub(super) async fn member_pods(
+pub(crate) async fn member_pods(
     ec: &EtcdCluster,
     kids: &Children<'_>,
 ) -> Result<Vec<std::sync::Arc<Pod>>, Error> {
@@ -44,7 +44,7 @@ pub(super) async fn member_pods(
 
 /// Whether some member pod's etcd container is running now (ready or not), as the kubelet
 /// reports it.
-pub(super) fn any_running(pods: &[std::sync::Arc<Pod>]) -> bool {
+pub(crate) fn any_running(pods: &[std::sync::Arc<Pod>]) -> bool {
     pods.iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
@@ -90,7 +90,7 @@ fn recorded_cluster_id(ec: &EtcdCluster) -> Option<u64> {
 /// One membership pass for a cluster whose StatefulSet exists; returns the pods the
 /// StatefulSet must run. Without an answer from etcd the StatefulSet keeps `replicas`.
 /// `ready` is the StatefulSet's count of ready pods.
-pub(super) async fn converge(
+pub(crate) async fn converge(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     replicas: i32,
@@ -274,7 +274,7 @@ pub(super) async fn converge(
         seen.settle = true;
     }
     seen.membership = Some(state);
-    seen.etcd = Some(super::status::EtcdView {
+    seen.etcd = Some(crate::controller::decide::status::EtcdView {
         members: members.clone(),
         health: outcome.health.clone(),
         steady: outcome.step == Step::Steady && outcome.failed.is_none(),
@@ -283,7 +283,10 @@ pub(super) async fn converge(
     Ok(membership::replicas(ec, members))
 }
 
-fn count(members: &[super::etcd::Member], f: impl Fn(&super::etcd::Member) -> bool) -> i32 {
+fn count(
+    members: &[crate::controller::etcd::Member],
+    f: impl Fn(&crate::controller::etcd::Member) -> bool,
+) -> i32 {
     members.iter().filter(|m| f(m)).count() as i32
 }
 
@@ -414,7 +417,7 @@ async fn replace_volume(ec: &EtcdCluster, kids: &Children<'_>, ordinal: i32) -> 
     let claim = render::member_claim(ec, ordinal);
     let pod = format!("{}-{ordinal}", ec.name_any());
     // The claim goes now, snapshot or not: its data is lost already.
-    super::claims::release_one(kids, &claim).await?;
+    crate::controller::pass::claims::release_one(kids, &claim).await?;
     let params = kube::api::DeleteParams::background();
     for result in [
         kids.api::<PersistentVolumeClaim>()
@@ -439,7 +442,7 @@ async fn label_voters(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     pods: &[std::sync::Arc<Pod>],
-    members: &[super::etcd::Member],
+    members: &[crate::controller::etcd::Member],
 ) -> Result<(), Error> {
     let voters: BTreeSet<i32> = members
         .iter()
@@ -476,7 +479,7 @@ async fn label_voters(
 /// back as the former cluster, and a member on an empty volume can only join it, never form a
 /// second cluster beside it (with `new`, the empty ones would form one of their own as soon as
 /// they are a quorum of `spec.size`: a cluster re-created larger on old claims).
-pub(super) async fn bootstrap(ec: &EtcdCluster, kids: &Children<'_>) -> Result<i32, Error> {
+pub(crate) async fn bootstrap(ec: &EtcdCluster, kids: &Children<'_>) -> Result<i32, Error> {
     // A restored cluster's claims are its own (made for the restore): not a former cluster's.
     let former = match recorded_cluster_id(ec) {
         Some(_) => None,
@@ -515,7 +518,7 @@ fn joins_former(config: Option<&ConfigMap>) -> bool {
 
 /// The member claims (ordinals below `spec.size`) in the claims cache that are being deleted
 /// (a former cluster's, going with it), joined for a message; `None` when there are none.
-pub(super) async fn claims_being_deleted(
+pub(crate) async fn claims_being_deleted(
     ec: &EtcdCluster,
     kids: &Children<'_>,
 ) -> Result<Option<String>, Error> {

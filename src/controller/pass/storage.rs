@@ -7,14 +7,14 @@ use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::children::Children;
-use super::{Error, render};
 use crate::api::v1::EtcdCluster;
+use crate::controller::machinery::children::Children;
+use crate::controller::{Error, render};
 
 /// Storage growth: volume claim templates are immutable, so grow each member's claim, then
 /// delete the StatefulSet leaving its pods (orphan); the next pass creates it with the new
 /// template and it adopts the running pods.
-pub(super) async fn resize_storage(
+pub(crate) async fn resize_storage(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     replicas: i32,
@@ -67,7 +67,7 @@ pub(super) async fn resize_storage(
 /// below what the spec asks (their volumes have not all grown yet), with the claims below it.
 /// A claim not made yet, or without a capacity (not bound), is not counted: a new member's is
 /// made from the template at the new size.
-pub(super) async fn not_grown(
+pub(crate) async fn not_grown(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     replicas: i32,
