@@ -31,8 +31,11 @@ use common::members::{
 };
 use etcd_webhook::api::v1::EtcdCluster;
 use etcd_webhook::controller::decide::maintenance::{self, Plan, Rules};
-use etcd_webhook::controller::decide::membership::{self, Inputs, Memory, Outcome, Step, Timeouts};
+use etcd_webhook::controller::decide::membership::{self, Step, Timeouts};
+use etcd_webhook::controller::decide::memory::Memory;
 use etcd_webhook::controller::decide::upgrade;
+use etcd_webhook::controller::etcd::maintenance::{Done, run as run_upkeep};
+use etcd_webhook::controller::etcd::membership::{Inputs, Outcome};
 use etcd_webhook::controller::etcd::{self, ClientTls, Etcd, Gateway};
 use etcd_webhook::controller::render::{self, RenderOptions};
 use k8s_openapi::api::core::v1::Container;
@@ -145,7 +148,7 @@ fn a_learner_is_alive_but_never_ready() {
             &ec,
             &render::initial_cluster(&ec, 2),
             "existing",
-            &Default::default(),
+            render::no_memory(),
         )
         .data
         .unwrap();
@@ -442,7 +445,7 @@ impl Loop {
                 now: Timestamp::now(),
                 timeouts,
             };
-            membership::pass(ec, etcd, input, record).await
+            etcd_webhook::controller::etcd::membership::pass(ec, etcd, input, record).await
         });
         if let Some(e) = &outcome.failed {
             eprintln!("{:?} failed: {e}", outcome.step);
@@ -468,7 +471,9 @@ impl Loop {
             }
             // The loop deletes the claim and the pod of a removed member (or of a volume that
             // names no member); the StatefulSet makes both anew: an empty folder.
-            if let Some(ordinal) = membership::volume_to_replace(&outcome) {
+            if let Some(ordinal) =
+                etcd_webhook::controller::etcd::membership::volume_to_replace(&outcome)
+            {
                 let i = ordinal as usize;
                 self.recreate(net, i);
                 empty_volume(net, i);
@@ -478,7 +483,7 @@ impl Loop {
                 &self.ec,
                 &membership::initial_cluster(&self.ec, members),
                 "existing",
-                &self.memory,
+                self.memory.annotations(),
             )
             .data
             .unwrap();
@@ -1649,19 +1654,19 @@ fn through_gateway<T: Send>(net: &Net, f: impl AsyncFnOnce(&Etcd<'_>) -> T + Sen
 
 /// The loop's upkeep on what a membership pass read: its plan, and what running it did (in the
 /// controller's namespace, through the gateway, as the loop calls it).
-fn upkeep(net: &mut Net, lp: &mut Loop) -> (Plan, maintenance::Done) {
+fn upkeep(net: &mut Net, lp: &mut Loop) -> (Plan, Done) {
     let outcome = lp.pass(net);
     let members = outcome.members.clone().expect("a member list");
     let endpoints = net.endpoints();
     let ec = lp.ec.clone();
-    let endpoint = move |m: &etcd_webhook::controller::etcd::Member| {
+    let endpoint = move |m: &etcd_webhook::controller::decide::members::Member| {
         let i = membership::ordinal(&ec, m)?;
         endpoints.get(i as usize).cloned()
     };
     let rules = Rules::of(&lp.ec.spec);
     let plan = maintenance::plan(&members, &outcome.health, &rules, None, &endpoint);
     let done = through_gateway(net, async |etcd| {
-        maintenance::run(etcd, &members, plan.clone(), &rules, &endpoint).await
+        run_upkeep(etcd, &members, plan.clone(), &rules, &endpoint).await
     });
     (plan, done)
 }
@@ -1743,7 +1748,7 @@ fn a_fragmented_cluster_is_defragmented_leader_last_with_no_failed_write() {
     let members = outcome.members.clone().unwrap();
     let endpoints = net.endpoints();
     let ec = lp.ec.clone();
-    let endpoint = move |m: &etcd_webhook::controller::etcd::Member| {
+    let endpoint = move |m: &etcd_webhook::controller::decide::members::Member| {
         endpoints
             .get(membership::ordinal(&ec, m)? as usize)
             .cloned()

@@ -28,7 +28,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::io::AsyncWriteExt;
 
 use crate::cli::{BackupArgs, FetchArgs, PlaceArgs};
-use crate::controller::etcd::{Etcd, EtcdError, Gateway, MemberStatus};
+use crate::controller::decide::members::MemberStatus;
+use crate::controller::etcd::{Etcd, EtcdError, Gateway};
 pub use crate::controller::render::BackupReport as Report;
 use snapshot::{Kind, Verified};
 
@@ -221,10 +222,16 @@ pub fn credentials(env: impl Fn(&str) -> Option<String>) -> Result<&'static str,
 /// healthy one before one with an alarm, a follower before the leader, the highest raft index
 /// first; its client URL and name.
 pub fn choose(
-    members: &[crate::controller::etcd::Member],
+    members: &[crate::controller::decide::members::Member],
     statuses: &[(u64, Result<MemberStatus, EtcdError>)],
 ) -> Result<(String, String, u64), String> {
-    type Candidate<'a> = (bool, bool, u64, &'a crate::controller::etcd::Member, u64);
+    type Candidate<'a> = (
+        bool,
+        bool,
+        u64,
+        &'a crate::controller::decide::members::Member,
+        u64,
+    );
     let mut candidates: Vec<Candidate<'_>> = Vec::new();
     let mut why = Vec::new();
     for m in members.iter().filter(|m| !m.is_learner && m.started()) {
@@ -864,7 +871,7 @@ pub async fn fetch_command(args: &FetchArgs) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::etcd::Member;
+    use crate::controller::decide::members::Member;
 
     /// A snapshot on a folder: filed under its name only once read back whole, never over a
     /// file already there; one whose read-back differs leaves nothing (no staging file either);

@@ -1,5 +1,5 @@
 //! The runtime wiring: one watch per owned kind feeds both its cache and the reconcile
-//! triggers; the controller runs [`crate::controller::reconcile`] until stopped.
+//! triggers; the controller runs [`crate::controller::pass::reconcile::reconcile`] until stopped.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +19,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::v1::EtcdCluster;
 use crate::controller::etcd::{Gateway, Transport};
+use crate::controller::machinery::children::MANAGED_SELECTOR;
 use crate::controller::machinery::children::{Cached, Caches, Child, slim_meta};
+use crate::controller::machinery::context::Context;
+use crate::controller::machinery::settings::Settings;
 use crate::controller::machinery::turns::Turns;
-use crate::controller::{Context, MANAGED_SELECTOR, Settings, error_policy, reconcile};
+use crate::controller::pass::reconcile::error_policy;
+use crate::controller::pass::reconcile::reconcile;
 use crate::metrics::Metrics;
 
 /// Trailing-edge debounce of reconcile requests.
@@ -218,8 +222,9 @@ fn backup_pod_owner(
 }
 
 /// One pass of the loop as kube-runtime runs it.
-type Pass =
-    std::pin::Pin<Box<dyn Future<Output = Result<Action, crate::controller::Error>> + Send>>;
+type Pass = std::pin::Pin<
+    Box<dyn Future<Output = Result<Action, crate::controller::machinery::error::Error>> + Send>,
+>;
 
 /// The reconciler kube-runtime runs: each pass waits for its turn (first come, first served;
 /// see `turns`), then reads the cluster again: the object kube-runtime handed over may have

@@ -18,8 +18,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::api::v1::Backup;
+use crate::api::v1::EtcdCluster;
+use crate::controller::machinery::context::CUT_MARKER;
+use crate::controller::pass::reconcile::SETTLE;
 use crate::controller::render::tests::{backup, cluster};
+use crate::metrics::Metrics;
 use crate::testing::{Call, FakeApi, FakeEtcd, assert_granted, per_verb};
+use kube::runtime::events::EventType;
+use kube::{Api, Client};
 
 const EC: &str = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
 const STS: &str = "/apis/apps/v1/namespaces/prod/statefulsets/etcd";

@@ -21,8 +21,8 @@
 //! right after it still does): a removed member's data names an ID the cluster no longer has,
 //! and etcd refuses it, so the member always comes back on an empty volume.
 //!
-//! [`plan`] is that decision, a pure function; [`pass`] reads, plans, makes the one call and
-//! says what the StatefulSet and the members' ConfigMap must be. A member the spec does not run
+//! [`plan`] is that decision, a pure function; `etcd::membership::pass` reads, plans, makes
+//! the one call and says what the StatefulSet and the members' ConfigMap must be. A member the spec does not run
 //! (an ordinal at or above `spec.size`, or a peer URL of no ordinal: added by hand) is never
 //! touched: it is reported, counted in the quorum when it votes, and kept in the join list.
 
@@ -32,9 +32,10 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::memory::Memory;
 use crate::api::MAX_SIZE;
 use crate::api::v1::EtcdCluster;
-use crate::controller::etcd::{Etcd, EtcdError, Member, MemberStatus};
+use crate::controller::decide::members::{Member, MemberStatus};
 use crate::controller::render;
 
 /// The default of `--member-join-timeout`.
@@ -165,17 +166,6 @@ pub enum Step {
     ReplaceVolume {
         ordinal: i32,
     },
-}
-
-/// What the loop keeps between passes (in the members' ConfigMap): when each non-voter was
-/// first seen, when each learner was first seen started, and the ordinals whose volume is to
-/// be replaced (recorded before the member is removed, so a loop killed right after the
-/// removal still replaces the volume).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Memory {
-    pub joining: BTreeMap<u64, Timestamp>,
-    pub started: BTreeMap<u64, Timestamp>,
-    pub replacing: BTreeSet<i32>,
 }
 
 /// How long a member may take to start, and a started learner to catch up.
@@ -430,313 +420,9 @@ pub fn initial_cluster(ec: &EtcdCluster, members: &[Member]) -> String {
     render::cluster_list(entries.into_iter().map(|(_, n, url)| (n, url)))
 }
 
-/// What one pass found and did.
-#[derive(Debug)]
-pub struct Outcome {
-    /// The member list after the pass's call (`None`: no member answered, or the answer came
-    /// from another cluster).
-    pub members: Option<Vec<Member>>,
-    /// The ID of the cluster that answered.
-    pub cluster_id: Option<u64>,
-    pub health: BTreeMap<u64, MemberStatus>,
-    /// What to keep for the next pass (in the members' ConfigMap).
-    pub memory: Memory,
-    pub step: Step,
-    /// The call's error, if the step was a call and it failed.
-    pub failed: Option<EtcdError>,
-    /// Why the member list could not be read.
-    pub unreachable: Option<EtcdError>,
-    /// The member list came from a cluster whose ID is not the one recorded: nothing was done.
-    pub foreign: Option<String>,
-}
-
-/// What a pass starts from besides etcd.
-pub struct Inputs<'a> {
-    pub exits: &'a BTreeMap<i32, Exit>,
-    pub before: &'a Memory,
-    /// The cluster ID recorded when the loop first read this cluster's member list.
-    pub cluster_id: Option<u64>,
-    pub now: Timestamp,
-    pub timeouts: Timeouts,
-}
-
-/// Reads the member list and each started member's status, plans, and makes at most one call.
-/// `etcd.endpoints` are the members' client URLs by ordinal (a member of no ordinal is asked
-/// at its own client URL). Before a member is removed, `record` must keep the memory with its
-/// ordinal in `replacing` (an error there cancels the removal).
-pub async fn pass<R>(ec: &EtcdCluster, etcd: &Etcd<'_>, input: Inputs<'_>, record: R) -> Outcome
-where
-    R: AsyncFnOnce(&Memory) -> Result<(), String>,
-{
-    let Inputs {
-        exits,
-        before,
-        cluster_id,
-        now,
-        timeouts,
-    } = input;
-    let nothing = |step: Step| Outcome {
-        members: None,
-        cluster_id: None,
-        health: BTreeMap::new(),
-        memory: before.clone(),
-        step,
-        failed: None,
-        unreachable: None,
-        foreign: None,
-    };
-    let listed = match etcd.member_list().await {
-        Ok(found) => found,
-        Err(e) => {
-            return Outcome {
-                unreachable: Some(e.clone()),
-                ..nothing(Step::Wait(format!("no member answered member list: {e}")))
-            };
-        }
-    };
-    if let Some(want) = cluster_id.filter(|&c| c != 0 && listed.cluster_id != 0)
-        && want != listed.cluster_id
-    {
-        let why = format!(
-            "{} answered for etcd cluster {:x}, not {want:x} (the cluster this EtcdCluster formed): a former cluster's volumes? nothing is changed",
-            listed.endpoint, listed.cluster_id
-        );
-        return Outcome {
-            foreign: Some(why.clone()),
-            cluster_id: Some(listed.cluster_id),
-            ..nothing(Step::Wait(why))
-        };
-    }
-    let (endpoint, mut members) = (listed.endpoint, listed.members);
-    // Every started member's status, at once.
-    let asks = members.iter().filter(|m| m.started()).filter_map(|m| {
-        let url = client_url(ec, &etcd.endpoints, m)?;
-        Some(async move { (m.id, etcd.status(url).await) })
-    });
-    let health: BTreeMap<u64, MemberStatus> = futures_util::future::join_all(asks)
-        .await
-        .into_iter()
-        .filter_map(|(id, status)| Some((id, status.ok()?)))
-        .collect();
-    // The ordinals below the size that have no member, asked too: one that answers runs as a
-    // member the list no longer has (removed, and not yet stopped by its peers).
-    let taken: BTreeSet<i32> = members.iter().filter_map(|m| ordinal(ec, m)).collect();
-    let known: BTreeSet<u64> = members.iter().map(|m| m.id).collect();
-    let holes = (0..ec.spec.size)
-        .filter(|i| !taken.contains(i))
-        .filter_map(|i| Some((i, etcd.endpoints.get(i as usize)?)))
-        .map(|(i, url)| async move { (i, etcd.status(url).await) });
-    let removed_running: BTreeSet<i32> = futures_util::future::join_all(holes)
-        .await
-        .into_iter()
-        .filter_map(|(i, status)| {
-            let id = status.ok()?.header.member_id;
-            (id != 0 && !known.contains(&id)).then_some(i)
-        })
-        .collect();
-    let mut memory = Memory {
-        joining: joining_of(&members, &before.joining, now),
-        started: started_of(&members, &before.started, now),
-        replacing: before.replacing.clone(),
-    };
-    let mut step = plan(
-        ec,
-        &View {
-            members: &members,
-            health: &health,
-            exits,
-            removed_running: &removed_running,
-            memory: &memory,
-            now,
-            timeouts,
-        },
-    );
-    if let Step::Remove { ordinal, .. } = step {
-        memory.replacing.insert(ordinal);
-        if let Err(e) = record(&memory).await {
-            memory.replacing.remove(&ordinal);
-            step = Step::Wait(format!(
-                "{}-{ordinal} is not removed: its volume replacement could not be recorded: {e}",
-                ec.name_any()
-            ));
-        }
-    }
-    let result = match &step {
-        Step::AddLearner { ordinal } => etcd
-            .add_learner(&endpoint, &render::peer_url(ec, *ordinal))
-            .await
-            .map(|(_, after)| after),
-        Step::Promote { id, .. } => etcd.promote(&endpoint, *id).await,
-        Step::Remove { id, .. } => etcd.remove(&endpoint, *id).await,
-        Step::Steady | Step::Wait(_) | Step::ReplaceVolume { .. } => Ok(members.clone()),
-    };
-    let failed = match result {
-        Ok(after) => {
-            members = after;
-            memory.joining = joining_of(&members, &memory.joining, now);
-            memory.started = started_of(&members, &memory.started, now);
-            None
-        }
-        Err(e) => Some(e),
-    };
-    Outcome {
-        members: Some(members),
-        cluster_id: Some(listed.cluster_id),
-        health,
-        memory,
-        step,
-        failed,
-        unreachable: None,
-        foreign: None,
-    }
-}
-
-/// The ordinal whose claim and pod are to be deleted after this pass: a member just removed
-/// (its volume names a member that is no more), or a volume [`plan`] found to replace.
-pub fn volume_to_replace(outcome: &Outcome) -> Option<i32> {
-    match (&outcome.step, &outcome.failed) {
-        (Step::Remove { ordinal, .. }, None) | (Step::ReplaceVolume { ordinal }, _) => {
-            Some(*ordinal)
-        }
-        _ => None,
-    }
-}
-
-/// When each current non-voter was first seen: as before, or now.
-fn joining_of(
-    members: &[Member],
-    before: &BTreeMap<u64, Timestamp>,
-    now: Timestamp,
-) -> BTreeMap<u64, Timestamp> {
-    members
-        .iter()
-        .filter(|m| m.is_learner || !m.started())
-        .map(|m| (m.id, before.get(&m.id).copied().unwrap_or(now)))
-        .collect()
-}
-
-/// When each current started learner was first seen started: as before, or now.
-fn started_of(
-    members: &[Member],
-    before: &BTreeMap<u64, Timestamp>,
-    now: Timestamp,
-) -> BTreeMap<u64, Timestamp> {
-    members
-        .iter()
-        .filter(|m| m.is_learner && m.started())
-        .map(|m| (m.id, before.get(&m.id).copied().unwrap_or(now)))
-        .collect()
-}
-
-fn times_annotation(times: &BTreeMap<u64, Timestamp>) -> String {
-    times
-        .iter()
-        .map(|(id, at)| format!("{id:x}={at}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// A malformed entry of one of the loop's ConfigMap annotations.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("annotation {annotation}: entry {entry:?} is not {expected}; it is ignored")]
-pub struct BadEntry {
-    pub annotation: &'static str,
-    pub entry: String,
-    pub expected: &'static str,
-}
-
-fn parse_times(
-    annotation: &'static str,
-    text: &str,
-    bad: &mut Vec<BadEntry>,
-) -> BTreeMap<u64, Timestamp> {
-    let mut out = BTreeMap::new();
-    for kv in text.split(',').filter(|kv| !kv.trim().is_empty()) {
-        let parsed = kv
-            .split_once('=')
-            .and_then(|(id, at)| Some((u64::from_str_radix(id, 16).ok()?, at.parse().ok()?)));
-        match parsed {
-            Some((id, at)) => {
-                out.insert(id, at);
-            }
-            None => bad.push(BadEntry {
-                annotation,
-                entry: kv.to_owned(),
-                expected: "HEXID=RFC3339",
-            }),
-        }
-    }
-    out
-}
-
-impl Memory {
-    /// The ConfigMap annotations that keep it, always all three (empty or not), so that a
-    /// change to any is a change to apply.
-    pub fn annotations(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            (
-                render::JOINING_ANNOTATION.to_owned(),
-                times_annotation(&self.joining),
-            ),
-            (
-                render::STARTED_ANNOTATION.to_owned(),
-                times_annotation(&self.started),
-            ),
-            (
-                render::REPLACING_ANNOTATION.to_owned(),
-                self.replacing
-                    .iter()
-                    .map(i32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
-        ])
-    }
-
-    /// The memory kept in `annotations`, and the entries that could not be read (each an error
-    /// for the log and the status: a hand edit, or a newer loop's format).
-    pub fn parse(annotations: &BTreeMap<String, String>) -> (Memory, Vec<BadEntry>) {
-        let get = |k: &str| annotations.get(k).map(String::as_str).unwrap_or_default();
-        let mut bad = Vec::new();
-        let joining = parse_times(
-            render::JOINING_ANNOTATION,
-            get(render::JOINING_ANNOTATION),
-            &mut bad,
-        );
-        let started = parse_times(
-            render::STARTED_ANNOTATION,
-            get(render::STARTED_ANNOTATION),
-            &mut bad,
-        );
-        let mut replacing = BTreeSet::new();
-        for entry in get(render::REPLACING_ANNOTATION)
-            .split(',')
-            .filter(|e| !e.trim().is_empty())
-        {
-            match entry.parse::<i32>() {
-                Ok(i) if (0..MAX_SIZE).contains(&i) => {
-                    replacing.insert(i);
-                }
-                _ => bad.push(BadEntry {
-                    annotation: render::REPLACING_ANNOTATION,
-                    entry: entry.to_owned(),
-                    expected: "an ordinal",
-                }),
-            }
-        }
-        (
-            Memory {
-                joining,
-                started,
-                replacing,
-            },
-            bad,
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::memory::{joining_of, started_of};
     use super::*;
     use crate::controller::render::tests::cluster;
 
@@ -1239,28 +925,6 @@ mod tests {
             named,
             ["stray (abc)", "unstarted def (http://10.0.0.10:2380)"]
         );
-    }
-
-    #[test]
-    fn the_memory_round_trips_and_a_malformed_entry_is_an_error() {
-        let memory = Memory {
-            joining: BTreeMap::from([(0xabcu64, at(5)), (7, at(9))]),
-            started: BTreeMap::from([(7, at(11))]),
-            replacing: BTreeSet::from([1, 3]),
-        };
-        assert_eq!(Memory::parse(&memory.annotations()), (memory, vec![]));
-        assert_eq!(Memory::parse(&BTreeMap::new()), (Memory::default(), vec![]));
-        let mut hand = Memory::default().annotations();
-        hand.insert(render::REPLACING_ANNOTATION.to_owned(), "1,x,99".to_owned());
-        hand.insert(
-            render::JOINING_ANNOTATION.to_owned(),
-            "abc=yesterday".to_owned(),
-        );
-        let (read, bad) = Memory::parse(&hand);
-        assert_eq!(read.replacing, BTreeSet::from([1]));
-        let entries: Vec<&str> = bad.iter().map(|b| b.entry.as_str()).collect();
-        assert_eq!(entries, ["abc=yesterday", "x", "99"]);
-        assert!(bad[0].to_string().contains(render::JOINING_ANNOTATION));
     }
 
     /// A member of no ordinal (added by hand at another address) is reached at the client URL

@@ -1,7 +1,11 @@
 //! The pure decisions: plain functions over typed values (no kube client, no etcd call, no
 //! clock of their own), unit-tested without a network.
 
+pub mod backup;
 pub mod maintenance;
+pub mod members;
 pub mod membership;
+pub mod memory;
+pub mod observation;
 pub mod status;
 pub mod upgrade;

@@ -5,20 +5,13 @@
 //! leader election per upgrade, not one per member). A member that does not come back ready
 //! stops the upgrade where it is: nothing else restarts until it does.
 //!
-//! [`plan`] is that decision, a pure function; [`roll`] reads the pods and the StatefulSet's
-//! update revision, plans, and deletes the one pod.
+//! [`plan`] is that decision, a pure function; `pass::upgrade::roll` reads the pods and the
+//! StatefulSet's update revision, plans, and deletes the one pod.
 
-use std::sync::Arc;
-
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::DeleteParams;
 
 use crate::api::v1::EtcdCluster;
-use crate::controller::Error;
-use crate::controller::decide::status::Observation;
-use crate::controller::machinery::children::Children;
 
 /// The label the StatefulSet controller puts on each pod: the revision of the template it was
 /// made from.
@@ -141,7 +134,9 @@ pub fn pace(
     (spec.to_owned(), None)
 }
 
-fn member_pod(ec: &EtcdCluster, pod: &Pod) -> Option<MemberPod> {
+/// What [`plan`] reads of a member pod: its ordinal, revision, readiness, and whether it is
+/// being deleted (`None` for a pod of no ordinal).
+pub fn member_pod(ec: &EtcdCluster, pod: &Pod) -> Option<MemberPod> {
     let ordinal = pod
         .name_any()
         .strip_prefix(&format!("{}-", ec.name_any()))?
@@ -164,59 +159,6 @@ fn member_pod(ec: &EtcdCluster, pod: &Pod) -> Option<MemberPod> {
         ready,
         deleting: pod.metadata.deletion_timestamp.is_some(),
     })
-}
-
-/// One upgrade step for the StatefulSet `set` as it is after this pass's apply.
-pub(crate) async fn roll(
-    ec: &EtcdCluster,
-    kids: &Children<'_>,
-    set: &StatefulSet,
-    pods: &[Arc<Pod>],
-    health: Health,
-    seen: &mut Observation,
-) -> Result<(), Error> {
-    let Some(update) = set.status.as_ref().and_then(|s| s.update_revision.clone()) else {
-        return Ok(());
-    };
-    let pods: Vec<MemberPod> = pods.iter().filter_map(|p| member_pod(ec, p)).collect();
-    let name = ec.name_any();
-    match plan(&name, &pods, &update, health) {
-        Step::Done => Ok(()),
-        Step::Wait(why) => {
-            seen.activity = Some(crate::controller::decide::status::Activity::Upgrading);
-            seen.progress = Some(format!("upgrading to {}: {why}", ec.spec.version));
-            Ok(())
-        }
-        Step::Restart {
-            ordinal,
-            leader,
-            done,
-            of,
-        } => {
-            let pod = format!("{name}-{ordinal}");
-            let role = if leader {
-                "the leader, last"
-            } else {
-                "a follower"
-            };
-            match kids
-                .api::<Pod>()
-                .delete(&pod, &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(Error::kube("delete", "Pod", &pod, e)),
-            }
-            tracing::info!(cluster = %name, %pod, leader, "restarting a member on the new version");
-            seen.activity = Some(crate::controller::decide::status::Activity::Upgrading);
-            seen.progress = Some(format!(
-                "upgrading to {}: restarting {pod} ({role}); {done} of {of} members on it",
-                ec.spec.version
-            ));
-            Ok(())
-        }
-    }
 }
 
 #[cfg(test)]

@@ -21,8 +21,13 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::api::MANAGER;
 use crate::api::v1::EtcdCluster;
-use crate::controller::{Context, Error, MANAGER};
+use crate::controller::machinery::context::Context;
+use crate::controller::machinery::error::Error;
+
+/// Selects the children this loop made (the watches of owned objects use it).
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=etcd-webhook";
 
 /// How long a pass waits for the caches' first list before it fails (and backs off).
 const CACHE_WAIT: Duration = Duration::from_secs(30);

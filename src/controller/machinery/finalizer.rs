@@ -12,7 +12,17 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::api::v1::EtcdCluster;
-use crate::controller::{Error, FINALIZER, render};
+use crate::controller::machinery::error::Error;
+use crate::controller::render;
+
+pub const FINALIZER: &str = "etcd.example.com/finalizer";
+/// On the member claims and the backup claim while backups are on: a claim is never deleted
+/// (by the garbage collector after a foreground deletion, by a namespace deletion) before the
+/// cluster's final snapshot is taken or the user lets it go ([`RELEASE_ANNOTATION`]).
+pub const CLAIM_FINALIZER: &str = "etcd.example.com/final-snapshot";
+/// `"true"` on a cluster being deleted: let its claims and the cluster go without a final
+/// snapshot (when none can be taken, or the user does not want one).
+pub const RELEASE_ANNOTATION: &str = "etcd.example.com/release-volumes";
 
 pub(crate) fn has_finalizer(ec: &EtcdCluster) -> bool {
     ec.finalizers().iter().any(|f| f == FINALIZER)

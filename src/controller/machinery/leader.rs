@@ -60,11 +60,7 @@ async fn manager(
         .with_identity(&s.identity)
         .with_duration(s.duration_secs)
         .with_grace(s.grace_secs)
-        .with_field_manager(format!(
-            "{}-lease/{}",
-            crate::controller::MANAGER,
-            s.identity
-        ))
+        .with_field_manager(format!("{}-lease/{}", crate::api::MANAGER, s.identity))
         .build()
         .await
 }

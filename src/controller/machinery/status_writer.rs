@@ -7,9 +7,13 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use crate::api::MANAGER;
 use crate::api::v1::EtcdCluster;
-use crate::controller::decide::status::{self, Observation};
-use crate::controller::{Context, Error, MANAGER, now};
+use crate::controller::decide::observation::Observation;
+use crate::controller::decide::status::{self};
+use crate::controller::machinery::context::Context;
+use crate::controller::machinery::context::now;
+use crate::controller::machinery::error::Error;
 
 /// Writes the status through the status subresource, only when it differs from what the
 /// cluster shows. Right after a write the cached cluster may not show it yet (its watch event
@@ -74,7 +78,7 @@ fn count_leader_change(
     let counter = ctx
         .metrics
         .leader_changes
-        .get_or_create(&crate::controller::pass::backup::labels(ec));
+        .get_or_create(&crate::controller::machinery::series::labels(ec));
     if shown
         .and_then(|s| s.leader.as_ref())
         .is_some_and(|before| before != leader)

@@ -13,9 +13,11 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
+use crate::api::MANAGER;
 use crate::api::v1::EtcdCluster;
 use crate::controller::machinery::children::Children;
-use crate::controller::{Error, MANAGER, render};
+use crate::controller::machinery::error::Error;
+use crate::controller::render;
 
 /// On the members' ConfigMap: the digest of the cert-manager objects last applied.
 pub const CERTIFICATES_ANNOTATION: &str = "etcd.example.com/certificates";
@@ -40,7 +42,7 @@ fn check_due(ec: &EtcdCluster, kids: &Children<'_>) -> bool {
     let mut checked = kids.ctx.certificates_checked.lock().expect("not poisoned");
     let now = Instant::now();
     let last = *checked
-        .entry(crate::controller::key(ec))
+        .entry(crate::controller::machinery::context::key(ec))
         .or_insert_with(|| {
             let uid = ec.uid().unwrap_or_default();
             let spread = uid
@@ -52,7 +54,7 @@ fn check_due(ec: &EtcdCluster, kids: &Children<'_>) -> bool {
     if now.duration_since(last) < CHECK_EVERY {
         return false;
     }
-    checked.insert(crate::controller::key(ec), now);
+    checked.insert(crate::controller::machinery::context::key(ec), now);
     true
 }
 

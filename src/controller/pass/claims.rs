@@ -3,7 +3,7 @@
 //! control (the garbage collector after a foreground deletion of the cluster, a namespace
 //! deletion) removes a volume before the final snapshot is taken. The finalizer comes off when
 //! the snapshot is taken, when backups are turned off, before the loop itself replaces a lost
-//! member's volume, and when the user lets the claims go ([`crate::controller::RELEASE_ANNOTATION`]).
+//! member's volume, and when the user lets the claims go ([`crate::controller::machinery::finalizer::RELEASE_ANNOTATION`]).
 
 use std::sync::Arc;
 
@@ -14,8 +14,10 @@ use kube::api::{Patch, PatchParams};
 
 use crate::api::v1::EtcdCluster;
 use crate::controller::machinery::children::Children;
+use crate::controller::machinery::error::Error;
+use crate::controller::machinery::finalizer::CLAIM_FINALIZER;
 use crate::controller::machinery::finalizer::{add_finalizer_ops, remove_finalizer_ops};
-use crate::controller::{CLAIM_FINALIZER, Error, render};
+use crate::controller::render;
 
 /// Whether the cluster's claims are protected: backups are on to a destination the loop can
 /// serve (a final snapshot can be taken).

@@ -19,13 +19,15 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::api::v1::EtcdCluster;
-use crate::controller::decide::status::Observation;
+use crate::controller::decide::observation::Observation;
 use crate::controller::machinery::children::{Children, job_outcome, owned_by};
+use crate::controller::machinery::context::Context;
+use crate::controller::machinery::error::Error;
+use crate::controller::machinery::finalizer::CLAIM_FINALIZER;
+use crate::controller::machinery::finalizer::RELEASE_ANNOTATION;
 use crate::controller::machinery::finalizer::{has_finalizer, remove_finalizer};
 use crate::controller::machinery::status_writer::update_status;
-use crate::controller::{
-    CLAIM_FINALIZER, Context, Error, RELEASE_ANNOTATION, pass::backup, pass::claims, render,
-};
+use crate::controller::{pass::claims, render};
 
 /// How long a failed final-snapshot Job stays before a new one is started (its pods' logs stay
 /// readable meanwhile).
@@ -340,7 +342,7 @@ async fn finalized(
 ) -> Result<Action, Error> {
     remove_finalizer(clusters, ec).await?;
     ctx.finalizing(ec, false);
-    backup::forget(ec, ctx);
+    crate::controller::machinery::series::forget(ec, ctx);
     Ok(Action::await_change())
 }
 
@@ -383,7 +385,7 @@ mod tests {
         );
         ec.metadata.finalizers = Some(vec![
             FOREGROUND.to_owned(),
-            crate::controller::FINALIZER.to_owned(),
+            crate::controller::machinery::finalizer::FINALIZER.to_owned(),
         ]);
         assert!(
             members_going(&ec, Some(&set))

@@ -7,11 +7,13 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use crate::api::v1::EtcdCluster;
-use crate::controller::decide::status::{Activity, Observation};
+use crate::controller::decide::observation::{Activity, Observation};
 use crate::controller::machinery::children::{Applied, Children};
+use crate::controller::machinery::context::Context;
+use crate::controller::machinery::error::Error;
 use crate::controller::{
-    Context, Error, decide::upgrade, pass::backup, pass::certificates, pass::claims, pass::restore,
-    pass::scale, pass::storage, render,
+    decide::upgrade, pass::backup, pass::certificates, pass::claims, pass::restore, pass::scale,
+    pass::storage, render,
 };
 
 fn template_image(sts: &StatefulSet) -> Option<String> {
@@ -165,7 +167,7 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
         // A cluster re-created at once under the same name: the former one's member claims
         // are still being deleted. Acting now would take them for a former cluster's volumes
         // (and join it) or, for a restore, leave them unrestored; wait until they are gone.
-        seen.membership = Some(crate::controller::decide::status::Membership {
+        seen.membership = Some(crate::controller::decide::observation::Membership {
             note: Some(format!(
                 "the member claims {going} of a former cluster named {name} are being deleted; the members start once they are gone"
             )),
@@ -253,10 +255,11 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
                 leader: seen.leader,
             };
             let pods = scale::member_pods(ec, &kids).await?;
-            upgrade::roll(run, &kids, &set, &pods, health, &mut seen).await?;
+            crate::controller::pass::upgrade::roll(run, &kids, &set, &pods, health, &mut seen)
+                .await?;
         }
         if let Some(why) = held {
-            seen.activity = Some(crate::controller::decide::status::Activity::Upgrading);
+            seen.activity = Some(crate::controller::decide::observation::Activity::Upgrading);
             seen.progress
                 .get_or_insert_with(|| format!("upgrading to {}: {why}", ec.spec.version));
         }
@@ -265,7 +268,7 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
     kids.ensure(&render::pod_disruption_budget(ec, seen.voters))
         .await?;
     claims::tend(ec, &kids).await?;
-    crate::controller::decide::maintenance::tend(ec, &kids, &mut seen).await;
+    crate::controller::pass::maintenance::tend(ec, &kids, &mut seen).await;
 
     backup::schedule(ec, &kids, &mut seen).await?;
     backup::observe(ec, &kids, &mut seen).await?;

@@ -11,9 +11,11 @@ use kube::runtime::events::EventType;
 
 use crate::api::SnapshotSource;
 use crate::api::v1::EtcdCluster;
-use crate::controller::decide::status::{Observation, Restored, has_condition};
+use crate::controller::decide::observation::{Observation, Restored};
+use crate::controller::decide::status::has_condition;
 use crate::controller::machinery::children::{Children, job_outcome};
-use crate::controller::{Error, render};
+use crate::controller::machinery::error::Error;
+use crate::controller::render;
 
 /// Makes the claims and the restore Jobs; whether every member is restored (the StatefulSet
 /// may be made). A cluster without `spec.restore`, or one that formed, needs nothing.

@@ -12,12 +12,15 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use crate::api::v1::EtcdCluster;
-use crate::controller::decide::membership::{self, Exit, Inputs, Memory, Outcome, Removal, Step};
-use crate::controller::decide::status::{Activity, Membership, Observation};
+use crate::controller::decide::membership::{self, Exit, Removal, Step};
+use crate::controller::decide::memory::Memory;
+use crate::controller::decide::observation::{Activity, Membership, Observation};
+use crate::controller::etcd::membership::{Inputs, Outcome, pass, volume_to_replace};
 use crate::controller::etcd::{Etcd, EtcdError};
 use crate::controller::machinery::children::{Applied, Children};
+use crate::controller::machinery::error::Error;
 use crate::controller::machinery::finalizer::initial_size_recorded;
-use crate::controller::{Error, render};
+use crate::controller::render;
 
 /// The ordinal of a member pod `NAME-i` of `ec`.
 fn pod_ordinal(ec: &EtcdCluster, pod: &Pod) -> Option<i32> {
@@ -147,7 +150,7 @@ pub(crate) async fn converge(
             now: k8s_openapi::jiff::Timestamp::now(),
             timeouts: ctx.settings.member_timeouts,
         };
-        let outcome = membership::pass(ec, &etcd, input, record).await;
+        let outcome = pass(ec, &etcd, input, record).await;
         if let Some(e) = &outcome.unreachable {
             tracing::warn!(cluster = %ec.name_any(), error = %e, "no member answered member list");
             // With a client certificate the members may no longer take (renewed, a new CA):
@@ -214,7 +217,7 @@ pub(crate) async fn converge(
     }
     report(ec, kids, &outcome).await;
     let mut memory = outcome.memory.clone();
-    if let Some(ordinal) = membership::volume_to_replace(&outcome) {
+    if let Some(ordinal) = volume_to_replace(&outcome) {
         replace_volume(ec, kids, ordinal).await?;
         memory.replacing.remove(&ordinal);
     }
@@ -222,7 +225,7 @@ pub(crate) async fn converge(
         ec,
         &membership::initial_cluster(ec, members),
         "existing",
-        &memory,
+        memory.annotations(),
     ))
     .await?;
     label_voters(ec, kids, &pods, members).await?;
@@ -274,7 +277,7 @@ pub(crate) async fn converge(
         seen.settle = true;
     }
     seen.membership = Some(state);
-    seen.etcd = Some(crate::controller::decide::status::EtcdView {
+    seen.etcd = Some(crate::controller::decide::observation::EtcdView {
         members: members.clone(),
         health: outcome.health.clone(),
         steady: outcome.step == Step::Steady && outcome.failed.is_none(),
@@ -284,8 +287,8 @@ pub(crate) async fn converge(
 }
 
 fn count(
-    members: &[crate::controller::etcd::Member],
-    f: impl Fn(&crate::controller::etcd::Member) -> bool,
+    members: &[crate::controller::decide::members::Member],
+    f: impl Fn(&crate::controller::decide::members::Member) -> bool,
 ) -> i32 {
     members.iter().filter(|m| f(m)).count() as i32
 }
@@ -442,7 +445,7 @@ async fn label_voters(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     pods: &[std::sync::Arc<Pod>],
-    members: &[crate::controller::etcd::Member],
+    members: &[crate::controller::decide::members::Member],
 ) -> Result<(), Error> {
     let voters: BTreeSet<i32> = members
         .iter()
@@ -595,7 +598,7 @@ mod tests {
             &ec,
             "etcd-0=http://etcd-0.etcd.prod.svc:2380,etcd-1=http://etcd-1.etcd.prod.svc:2380,etcd-2=http://etcd-2.etcd.prod.svc:2380,stray=http://10.0.0.9:2380",
             "existing",
-            &Memory::default(),
+            render::no_memory(),
         );
         assert_eq!(listed_replicas(&ec, &listed), Some(3));
         let fresh = render::bootstrap_config(&ec, 5, false);

@@ -9,7 +9,8 @@ use serde_json::json;
 
 use crate::api::v1::EtcdCluster;
 use crate::controller::machinery::children::Children;
-use crate::controller::{Error, render};
+use crate::controller::machinery::error::Error;
+use crate::controller::render;
 
 /// Storage growth: volume claim templates are immutable, so grow each member's claim, then
 /// delete the StatefulSet leaving its pods (orphan); the next pass creates it with the new

@@ -201,16 +201,17 @@ pub(super) fn storage(size: &str) -> BTreeMap<String, Quantity> {
 /// each member pod (`envFrom`) when its container starts. A pod that joins reads the
 /// membership as it is when it starts; a member that has a data directory ignores both. So a
 /// scale-up changes this ConfigMap and never the pod template: no member restarts.
-/// `memory` is what the loop keeps between passes (`membership::Memory::annotations`), always
-/// written, empty or not, so that a change to any is a change to apply.
+/// `memory` is what the loop keeps between passes (the annotations of
+/// `decide::memory::Memory`), always written, empty or not, so that a change to any is a
+/// change to apply.
 pub fn members_config(
     ec: &EtcdCluster,
     initial_cluster: &str,
     state: &str,
-    memory: &crate::controller::decide::membership::Memory,
+    memory: BTreeMap<String, String>,
 ) -> ConfigMap {
     let mut metadata = meta(ec, members_config_name(ec), "member");
-    metadata.annotations = Some(memory.annotations());
+    metadata.annotations = Some(memory);
     ConfigMap {
         metadata,
         data: Some(BTreeMap::from([
@@ -230,7 +231,15 @@ pub fn members_config(
 /// forming a cluster of its own.
 pub fn bootstrap_config(ec: &EtcdCluster, size: i32, formed: bool) -> ConfigMap {
     let state = if formed { "existing" } else { "new" };
-    members_config(ec, &initial_cluster(ec, size), state, &Default::default())
+    members_config(ec, &initial_cluster(ec, size), state, no_memory())
+}
+
+/// The annotations of a loop that remembers nothing yet: each of them, empty.
+pub fn no_memory() -> BTreeMap<String, String> {
+    [JOINING_ANNOTATION, STARTED_ANNOTATION, REPLACING_ANNOTATION]
+        .into_iter()
+        .map(|k| (k.to_owned(), String::new()))
+        .collect()
 }
 
 pub fn members_config_name(ec: &EtcdCluster) -> String {

@@ -728,12 +728,17 @@ pub(crate) mod tests {
         assert_eq!(rebuilt["ETCD_INITIAL_CLUSTER_STATE"], "existing");
         assert_eq!(boot["ETCD_INITIAL_CLUSTER"].split(',').count(), 5);
         assert!(boot["ETCD_INITIAL_CLUSTER"].contains("etcd-4=http://etcd-4.etcd.prod.svc:2380"));
-        let memory = crate::controller::decide::membership::Memory {
+        let memory = crate::controller::decide::memory::Memory {
             joining: BTreeMap::from([(0x65, "2026-12-01T00:00:00Z".parse().unwrap())]),
             replacing: [1].into(),
             ..Default::default()
         };
-        let joined = members_config(&ec, "etcd-0=http://x:2380", "existing", &memory);
+        let joined = members_config(
+            &ec,
+            "etcd-0=http://x:2380",
+            "existing",
+            memory.annotations(),
+        );
         let notes = joined.metadata.annotations.unwrap();
         assert_eq!(notes[JOINING_ANNOTATION], "65=2026-12-01T00:00:00Z");
         assert_eq!(notes[REPLACING_ANNOTATION], "1");
@@ -1129,7 +1134,7 @@ pub(crate) mod tests {
             pod_disruption_budget(&ec, Some(3)).metadata,
             backup_cron_job(&ec, &BackupTarget::Volume, &opts).metadata,
             final_snapshot_job(&ec, &BackupTarget::Volume, &opts).metadata,
-            members_config(&ec, "", "new", &Default::default()).metadata,
+            members_config(&ec, "", "new", no_memory()).metadata,
         ];
         for m in metas {
             let refs = m.owner_references.unwrap();

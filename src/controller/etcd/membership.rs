@@ -1,0 +1,190 @@
+//! The membership pass, the I/O half of [`crate::controller::decide::membership`]: the member
+//! list and every started member's status read at once, the plan made from them, and at most
+//! one membership call.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::calls::Etcd;
+use super::error::EtcdError;
+use crate::api::v1::EtcdCluster;
+use crate::controller::decide::members::{Member, MemberStatus};
+use crate::controller::decide::membership::{
+    Exit, Step, Timeouts, View, client_url, ordinal, plan,
+};
+use crate::controller::decide::memory::{Memory, joining_of, started_of};
+use crate::controller::render;
+
+/// What one pass found and did.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The member list after the pass's call (`None`: no member answered, or the answer came
+    /// from another cluster).
+    pub members: Option<Vec<Member>>,
+    /// The ID of the cluster that answered.
+    pub cluster_id: Option<u64>,
+    pub health: BTreeMap<u64, MemberStatus>,
+    /// What to keep for the next pass (in the members' ConfigMap).
+    pub memory: Memory,
+    pub step: Step,
+    /// The call's error, if the step was a call and it failed.
+    pub failed: Option<EtcdError>,
+    /// Why the member list could not be read.
+    pub unreachable: Option<EtcdError>,
+    /// The member list came from a cluster whose ID is not the one recorded: nothing was done.
+    pub foreign: Option<String>,
+}
+
+/// What a pass starts from besides etcd.
+pub struct Inputs<'a> {
+    pub exits: &'a BTreeMap<i32, Exit>,
+    pub before: &'a Memory,
+    /// The cluster ID recorded when the loop first read this cluster's member list.
+    pub cluster_id: Option<u64>,
+    pub now: Timestamp,
+    pub timeouts: Timeouts,
+}
+
+/// Reads the member list and each started member's status, plans, and makes at most one call.
+/// `etcd.endpoints` are the members' client URLs by ordinal (a member of no ordinal is asked
+/// at its own client URL). Before a member is removed, `record` must keep the memory with its
+/// ordinal in `replacing` (an error there cancels the removal).
+pub async fn pass<R>(ec: &EtcdCluster, etcd: &Etcd<'_>, input: Inputs<'_>, record: R) -> Outcome
+where
+    R: AsyncFnOnce(&Memory) -> Result<(), String>,
+{
+    let Inputs {
+        exits,
+        before,
+        cluster_id,
+        now,
+        timeouts,
+    } = input;
+    let nothing = |step: Step| Outcome {
+        members: None,
+        cluster_id: None,
+        health: BTreeMap::new(),
+        memory: before.clone(),
+        step,
+        failed: None,
+        unreachable: None,
+        foreign: None,
+    };
+    let listed = match etcd.member_list().await {
+        Ok(found) => found,
+        Err(e) => {
+            return Outcome {
+                unreachable: Some(e.clone()),
+                ..nothing(Step::Wait(format!("no member answered member list: {e}")))
+            };
+        }
+    };
+    if let Some(want) = cluster_id.filter(|&c| c != 0 && listed.cluster_id != 0)
+        && want != listed.cluster_id
+    {
+        let why = format!(
+            "{} answered for etcd cluster {:x}, not {want:x} (the cluster this EtcdCluster formed): a former cluster's volumes? nothing is changed",
+            listed.endpoint, listed.cluster_id
+        );
+        return Outcome {
+            foreign: Some(why.clone()),
+            cluster_id: Some(listed.cluster_id),
+            ..nothing(Step::Wait(why))
+        };
+    }
+    let (endpoint, mut members) = (listed.endpoint, listed.members);
+    // Every started member's status, at once.
+    let asks = members.iter().filter(|m| m.started()).filter_map(|m| {
+        let url = client_url(ec, &etcd.endpoints, m)?;
+        Some(async move { (m.id, etcd.status(url).await) })
+    });
+    let health: BTreeMap<u64, MemberStatus> = futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .filter_map(|(id, status)| Some((id, status.ok()?)))
+        .collect();
+    // The ordinals below the size that have no member, asked too: one that answers runs as a
+    // member the list no longer has (removed, and not yet stopped by its peers).
+    let taken: BTreeSet<i32> = members.iter().filter_map(|m| ordinal(ec, m)).collect();
+    let known: BTreeSet<u64> = members.iter().map(|m| m.id).collect();
+    let holes = (0..ec.spec.size)
+        .filter(|i| !taken.contains(i))
+        .filter_map(|i| Some((i, etcd.endpoints.get(i as usize)?)))
+        .map(|(i, url)| async move { (i, etcd.status(url).await) });
+    let removed_running: BTreeSet<i32> = futures_util::future::join_all(holes)
+        .await
+        .into_iter()
+        .filter_map(|(i, status)| {
+            let id = status.ok()?.header.member_id;
+            (id != 0 && !known.contains(&id)).then_some(i)
+        })
+        .collect();
+    let mut memory = Memory {
+        joining: joining_of(&members, &before.joining, now),
+        started: started_of(&members, &before.started, now),
+        replacing: before.replacing.clone(),
+    };
+    let mut step = plan(
+        ec,
+        &View {
+            members: &members,
+            health: &health,
+            exits,
+            removed_running: &removed_running,
+            memory: &memory,
+            now,
+            timeouts,
+        },
+    );
+    if let Step::Remove { ordinal, .. } = step {
+        memory.replacing.insert(ordinal);
+        if let Err(e) = record(&memory).await {
+            memory.replacing.remove(&ordinal);
+            step = Step::Wait(format!(
+                "{}-{ordinal} is not removed: its volume replacement could not be recorded: {e}",
+                ec.name_any()
+            ));
+        }
+    }
+    let result = match &step {
+        Step::AddLearner { ordinal } => etcd
+            .add_learner(&endpoint, &render::peer_url(ec, *ordinal))
+            .await
+            .map(|(_, after)| after),
+        Step::Promote { id, .. } => etcd.promote(&endpoint, *id).await,
+        Step::Remove { id, .. } => etcd.remove(&endpoint, *id).await,
+        Step::Steady | Step::Wait(_) | Step::ReplaceVolume { .. } => Ok(members.clone()),
+    };
+    let failed = match result {
+        Ok(after) => {
+            members = after;
+            memory.joining = joining_of(&members, &memory.joining, now);
+            memory.started = started_of(&members, &memory.started, now);
+            None
+        }
+        Err(e) => Some(e),
+    };
+    Outcome {
+        members: Some(members),
+        cluster_id: Some(listed.cluster_id),
+        health,
+        memory,
+        step,
+        failed,
+        unreachable: None,
+        foreign: None,
+    }
+}
+
+/// The ordinal whose claim and pod are to be deleted after this pass: a member just removed
+/// (its volume names a member that is no more), or a volume [`plan`] found to replace.
+pub fn volume_to_replace(outcome: &Outcome) -> Option<i32> {
+    match (&outcome.step, &outcome.failed) {
+        (Step::Remove { ordinal, .. }, None) | (Step::ReplaceVolume { ordinal }, _) => {
+            Some(*ordinal)
+        }
+        _ => None,
+    }
+}
