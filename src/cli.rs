@@ -306,7 +306,7 @@ pub struct ServeArgs {
     /// has it, not after the kubelet's next sync of a mounted Secret. Needs get, list and watch
     /// on that Secret (the Role etcd-webhook-cert-secret).
     #[arg(long, env = "ETCD_WEBHOOK_CERT_SECRET", conflicts_with = "cert_dir")]
-    pub cert_secret: Option<crate::tls::secret::SecretRef>,
+    pub cert_secret: Option<crate::tls::source::SecretRef>,
     /// Largest AdmissionReview body accepted (/mutate, /validate); larger ones get 413.
     #[arg(long, env = "ETCD_WEBHOOK_MAX_BODY_BYTES", default_value_t = crate::webhook::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
-use crate::tls::watch::CertSource;
+use crate::tls::source::CertSource;
 use crate::tls::{self, CertStore};
 
 /// The embedded default: a development CA and serving pair for localhost under ./certs/dev,

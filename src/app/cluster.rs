@@ -65,8 +65,8 @@ async fn config(
 /// The Kubernetes client `--cert-secret` reads through, and the Secret with its namespace
 /// filled in (the pod's, else the kubeconfig context's).
 pub(super) async fn cert_secret_client(
-    secret: tls::secret::SecretRef,
-) -> Result<(tls::secret::SecretRef, kube::Client), Error> {
+    secret: tls::source::SecretRef,
+) -> Result<(tls::source::SecretRef, kube::Client), Error> {
     let config = config(ControllerMode::On, "--cert-secret", "--cert-secret")
         .await?
         .expect("`on` has a config or an error");

@@ -22,7 +22,8 @@ use crate::health::{self, Readiness};
 use crate::listen::Listeners;
 use crate::metrics::Metrics;
 use crate::tls::client_auth::ReloadingVerifier;
-use crate::tls::watch::{CertSource, Reloader, WatchOptions};
+use crate::tls::source::CertSource;
+use crate::tls::watch::{Reloader, WatchOptions};
 use crate::tls::{self, CertError, CertStore};
 use crate::{server, webhook};
 

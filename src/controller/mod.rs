@@ -32,9 +32,8 @@ pub mod render;
 mod run;
 
 pub use crate::api::MANAGER;
-pub use machinery::children::{
-    Applied, Cached, Caches, Child, MANAGED_SELECTOR, includes, slim_meta,
-};
+pub use machinery::caches::{Cached, Caches, Child, slim_meta};
+pub use machinery::children::{Applied, MANAGED_SELECTOR, includes};
 pub use machinery::context::{Context, EVENT_NOTE_MAX, cut_note};
 pub use machinery::error::Error;
 pub use machinery::finalizer::{CLAIM_FINALIZER, FINALIZER, RELEASE_ANNOTATION};

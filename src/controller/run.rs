@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::v1::EtcdCluster;
 use crate::controller::etcd::{Gateway, Transport};
+use crate::controller::machinery::caches::{Cached, Caches, Child, slim_meta};
 use crate::controller::machinery::children::MANAGED_SELECTOR;
-use crate::controller::machinery::children::{Cached, Caches, Child, slim_meta};
 use crate::controller::machinery::context::Context;
 use crate::controller::machinery::settings::Settings;
 use crate::controller::machinery::turns::Turns;

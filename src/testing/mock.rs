@@ -15,7 +15,8 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::Value;
 
-use super::fake_api::{FakeCore, group_of, parse, patch_type, selected, status};
+use super::api_rules::{group_of, parse, patch_type, selected, status};
+use super::fake_api::FakeCore;
 
 /// One request the fake answered.
 #[derive(Clone, Debug)]

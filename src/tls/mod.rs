@@ -6,6 +6,7 @@ pub mod client_auth;
 pub mod dev;
 pub mod resolver;
 pub mod secret;
+pub mod source;
 pub mod watch;
 
 use std::path::{Path, PathBuf};

@@ -6,8 +6,6 @@
 //! minute and a half). A deleted Secret, a broken pair or a failing watch leave the last good
 //! pair serving, and say so in the log and the metrics.
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -17,61 +15,9 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio_util::sync::CancellationToken;
 
+use super::source::SecretRef;
 use super::watch::Reloader;
 use super::{CERT_FILE, CertError, KEY_FILE};
-use crate::api::dns1123;
-
-/// `NAMESPACE/NAME`, or `NAME` in the pod's own namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecretRef {
-    /// None: the pod's namespace, filled in by [`SecretRef::in_namespace`].
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl SecretRef {
-    /// This reference with `default` as its namespace when it names none.
-    pub fn in_namespace(self, default: impl FnOnce() -> String) -> SecretRef {
-        let namespace = Some(self.namespace.unwrap_or_else(default));
-        SecretRef { namespace, ..self }
-    }
-}
-
-impl fmt::Display for SecretRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{ns}/{}", self.name),
-            None => f.write_str(&self.name),
-        }
-    }
-}
-
-impl FromStr for SecretRef {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (namespace, name) = match s.split_once('/') {
-            Some((ns, name)) => (Some(ns), name),
-            None => (None, s),
-        };
-        if let Some(ns) = namespace
-            && !dns1123(ns, true)
-        {
-            return Err(format!(
-                "{s:?}: {ns:?} is not a namespace name (lowercase letters, digits and '-'); write NAMESPACE/NAME or NAME"
-            ));
-        }
-        if !dns1123(name, false) {
-            return Err(format!(
-                "{s:?}: {name:?} is not a Secret name (lowercase letters, digits, '-' and '.'); write NAMESPACE/NAME or NAME"
-            ));
-        }
-        Ok(SecretRef {
-            namespace: namespace.map(str::to_owned),
-            name: name.to_owned(),
-        })
-    }
-}
 
 /// `tls.crt` and `tls.key` of a Secret, or why they cannot be had.
 pub fn pair_of(secret: &Secret, origin: &SecretRef) -> Result<(Vec<u8>, Vec<u8>), CertError> {

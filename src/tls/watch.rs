@@ -14,27 +14,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::client_auth::ReloadingVerifier;
+use super::source::CertSource;
 use super::{CertError, CertStore, parse_pair, read_pair_bytes};
-
-/// Where the serving pair comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CertSource {
-    /// A directory holding `tls.crt` and `tls.key` (the mounted Secret), followed here.
-    Dir(PathBuf),
-    /// A Secret read through the API (`--cert-secret`), followed by [`super::secret::run`];
-    /// this module then follows only the client CA and the expiry.
-    Secret(super::secret::SecretRef),
-}
-
-impl CertSource {
-    /// Where the pair is, as errors and logs name it (`/etc/certs`, `secret etcd-system/tls`).
-    pub fn origin(&self) -> PathBuf {
-        match self {
-            CertSource::Dir(dir) => dir.clone(),
-            CertSource::Secret(s) => PathBuf::from(format!("secret {s}")),
-        }
-    }
-}
 
 /// How the pair and the client CA are followed.
 #[derive(Clone, Debug)]

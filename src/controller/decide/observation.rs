@@ -1,5 +1,5 @@
 //! What a reconcile pass saw and did, as far as the status is concerned: the input of
-//! [`super::status::desired`].
+//! `status::desired`.
 
 use crate::controller::decide::members::{Member, MemberStatus};
 

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 
-use super::children::{self, Caches, Child};
+use super::caches::{self, Caches, Child};
 use super::error::Error;
 use super::settings::{CLIENT_SECRET_REFRESH, CLIENT_SECRET_REREAD, Settings};
 use crate::api::MANAGER;
@@ -166,11 +166,7 @@ impl Context {
                 <Secret as Child>::cache(&self.caches).wait_until_ready(),
             )
             .is_some_and(|r| r.is_ok());
-            if listed
-                && let Some(s) = children::Children::of(ec, self)
-                    .read::<Secret>(&name)
-                    .await?
-            {
+            if listed && let Some(s) = caches::get(Secret::cache(&self.caches), &ns, &name)? {
                 return Ok(Some(s));
             }
         }

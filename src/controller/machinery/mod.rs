@@ -1,6 +1,7 @@
 //! The loop's machinery: the shared context, the caches of owned objects, turns, request
 //! limits, the leader Lease, the finalizer and the status writes.
 
+pub(crate) mod caches;
 pub(crate) mod children;
 pub(crate) mod context;
 pub(crate) mod error;

@@ -120,7 +120,7 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
     }
     certificates::ensure(ec, &kids).await?;
     if crate::api::tls_on(&ec.spec) {
-        let pods = scale::member_pods(ec, &kids).await?;
+        let pods = crate::controller::pass::members::member_pods(ec, &kids).await?;
         seen.trust = certificates::trust(ec, &kids, &pods).await?;
     }
 
@@ -163,7 +163,9 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             let ready = seen.ready;
             members = scale::converge(ec, &kids, replicas, ready, &mut seen).await?;
         }
-    } else if let Some(going) = scale::claims_being_deleted(ec, &kids).await? {
+    } else if let Some(going) =
+        crate::controller::pass::members::claims_being_deleted(ec, &kids).await?
+    {
         // A cluster re-created at once under the same name: the former one's member claims
         // are still being deleted. Acting now would take them for a former cluster's volumes
         // (and join it) or, for a restore, leave them unrestored; wait until they are gone.
@@ -177,7 +179,7 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
         members = 0;
         apply_set = false;
     } else if restore::prepare(ec, &kids, &mut seen).await? {
-        members = scale::bootstrap(ec, &kids).await?;
+        members = crate::controller::pass::members::bootstrap(ec, &kids).await?;
     } else {
         // Restoring: no StatefulSet until every member's data is in place.
         members = 0;
@@ -254,7 +256,7 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
                     .is_some_and(|m| m.converged(ec.spec.size) && m.healthy_voters == m.voters),
                 leader: seen.leader,
             };
-            let pods = scale::member_pods(ec, &kids).await?;
+            let pods = crate::controller::pass::members::member_pods(ec, &kids).await?;
             crate::controller::pass::upgrade::roll(run, &kids, &set, &pods, health, &mut seen)
                 .await?;
         }

@@ -7,6 +7,7 @@ pub(crate) mod claims;
 pub(crate) mod deletion;
 pub(crate) mod live;
 pub(crate) mod maintenance;
+pub(crate) mod members;
 pub(crate) mod reconcile;
 pub(crate) mod restore;
 pub(crate) mod scale;

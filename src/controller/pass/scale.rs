@@ -3,57 +3,28 @@
 //! ConfigMap (before the StatefulSet grows), the voters' pod label, Events and what the status
 //! says about the members.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use super::members::{
+    any_running, joins_former, label_voters, member_pods, pod_ordinal, recorded_cluster_id,
+    replace_volume,
+};
 use crate::api::v1::EtcdCluster;
 use crate::controller::decide::membership::{self, Exit, Removal, Step};
 use crate::controller::decide::memory::Memory;
 use crate::controller::decide::observation::{Activity, Membership, Observation};
 use crate::controller::etcd::membership::{Inputs, Outcome, pass, volume_to_replace};
 use crate::controller::etcd::{Etcd, EtcdError};
-use crate::controller::machinery::children::{Applied, Children};
+use crate::controller::machinery::children::Children;
 use crate::controller::machinery::error::Error;
 use crate::controller::machinery::finalizer::initial_size_recorded;
 use crate::controller::render;
-
-/// The ordinal of a member pod `NAME-i` of `ec`.
-fn pod_ordinal(ec: &EtcdCluster, pod: &Pod) -> Option<i32> {
-    pod.name_any()
-        .strip_prefix(&format!("{}-", ec.name_any()))?
-        .parse()
-        .ok()
-}
-
-/// The member pods of `ec` from the pods cache.
-pub(crate) async fn member_pods(
-    ec: &EtcdCluster,
-    kids: &Children<'_>,
-) -> Result<Vec<std::sync::Arc<Pod>>, Error> {
-    let selector = render::member_selector(ec);
-    Ok(kids
-        .pods()
-        .await?
-        .into_iter()
-        .filter(|p| p.namespace() == ec.namespace())
-        .filter(|p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
-        .collect())
-}
-
-/// Whether some member pod's etcd container is running now (ready or not), as the kubelet
-/// reports it.
-pub(crate) fn any_running(pods: &[std::sync::Arc<Pod>]) -> bool {
-    pods.iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
-        .flatten()
-        .any(|c| c.name == "etcd" && c.state.as_ref().is_some_and(|s| s.running.is_some()))
-}
 
 /// How each member pod's etcd container last ended (its current state if it is terminated,
 /// else its last state), by ordinal. A pod being deleted is left out: what it says is about a
@@ -81,13 +52,6 @@ fn exits(ec: &EtcdCluster, pods: &[std::sync::Arc<Pod>]) -> BTreeMap<i32, Exit> 
             Some((pod_ordinal(ec, p)?, exit))
         })
         .collect()
-}
-
-/// The etcd cluster ID the loop recorded on the EtcdCluster.
-fn recorded_cluster_id(ec: &EtcdCluster) -> Option<u64> {
-    ec.annotations()
-        .get(render::CLUSTER_ID_ANNOTATION)
-        .and_then(|id| u64::from_str_radix(id, 16).ok())
 }
 
 /// One membership pass for a cluster whose StatefulSet exists; returns the pods the
@@ -410,198 +374,5 @@ fn step_member(ec: &EtcdCluster, step: &Step) -> String {
         | Step::Remove { ordinal, .. }
         | Step::ReplaceVolume { ordinal } => format!("{}-{ordinal}", ec.name_any()),
         Step::Steady | Step::Wait(_) => ec.name_any(),
-    }
-}
-
-/// A member removed for its lost volume starts again on a new, empty one: its claim and pod
-/// are deleted and the StatefulSet makes both anew (the old volume holds a data directory that
-/// names the removed member, which etcd would refuse).
-async fn replace_volume(ec: &EtcdCluster, kids: &Children<'_>, ordinal: i32) -> Result<(), Error> {
-    let claim = render::member_claim(ec, ordinal);
-    let pod = format!("{}-{ordinal}", ec.name_any());
-    // The claim goes now, snapshot or not: its data is lost already.
-    crate::controller::pass::claims::release_one(kids, &claim).await?;
-    let params = kube::api::DeleteParams::background();
-    for result in [
-        kids.api::<PersistentVolumeClaim>()
-            .delete(&claim, &params)
-            .await
-            .map(|_| ()),
-        kids.api::<Pod>().delete(&pod, &params).await.map(|_| ()),
-    ] {
-        match result {
-            Ok(()) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::kube("delete", "member volume", &claim, e)),
-        }
-    }
-    tracing::info!(cluster = %ec.name_any(), %claim, %pod, "replaced a lost member volume");
-    Ok(())
-}
-
-/// Sets [`render::VOTER_LABEL`] on the pods of voters and takes it off the others, so the
-/// client Service never sends a client to a learner.
-async fn label_voters(
-    ec: &EtcdCluster,
-    kids: &Children<'_>,
-    pods: &[std::sync::Arc<Pod>],
-    members: &[crate::controller::decide::members::Member],
-) -> Result<(), Error> {
-    let voters: BTreeSet<i32> = members
-        .iter()
-        .filter(|m| !m.is_learner && m.started())
-        .filter_map(|m| membership::ordinal(ec, m))
-        .collect();
-    for pod in pods {
-        let Some(i) = pod_ordinal(ec, pod) else {
-            continue;
-        };
-        let has = pod.labels().get(render::VOTER_LABEL).map(String::as_str) == Some("true");
-        let want = voters.contains(&i);
-        if has == want {
-            continue;
-        }
-        let value = if want { json!("true") } else { json!(null) };
-        let patch = json!({"metadata": {"labels": {render::VOTER_LABEL: value}}});
-        let name = pod.name_any();
-        kids.api::<Pod>()
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| Error::kube("label", "Pod", &name, e))?;
-    }
-    Ok(())
-}
-
-/// The members' ConfigMap of a cluster whose StatefulSet is about to be created, and the pods
-/// that StatefulSet runs: a new cluster bootstraps with `spec.size` members; one whose
-/// StatefulSet is made again (after a storage growth) runs the members its ConfigMap lists,
-/// never more (a growth under way goes on one learner at a time).
-///
-/// A cluster with no recorded cluster ID whose member claims are already there (a former
-/// cluster's volumes under the same name) joins too (`existing`): the members with data come
-/// back as the former cluster, and a member on an empty volume can only join it, never form a
-/// second cluster beside it (with `new`, the empty ones would form one of their own as soon as
-/// they are a quorum of `spec.size`: a cluster re-created larger on old claims).
-pub(crate) async fn bootstrap(ec: &EtcdCluster, kids: &Children<'_>) -> Result<i32, Error> {
-    // A restored cluster's claims are its own (made for the restore): not a former cluster's.
-    let former = match recorded_cluster_id(ec) {
-        Some(_) => None,
-        None if ec.spec.restore.is_some() => None,
-        None => Some(former_claims(ec, kids).await?),
-    };
-    let joins = former.as_ref().is_none_or(|f| !f.is_empty());
-    let (applied, config) = kids
-        .ensure_created(&render::bootstrap_config(ec, ec.spec.size, joins))
-        .await?;
-    if let Some(former) = former.filter(|f| !f.is_empty())
-        && applied == Applied::Created
-    {
-        let why = format!(
-            "volumes of a former cluster named {} are here ({}): its members start from them and the others join it; no new cluster is formed while they exist (to start empty, delete this EtcdCluster and the claims {}, then create it again)",
-            ec.name_any(),
-            former.join(", "),
-            former.join(" ")
-        );
-        tracing::warn!(cluster = %ec.name_any(), "{why}");
-        kids.ctx
-            .event(ec, EventType::Warning, "FormerVolumes", why)
-            .await;
-    }
-    Ok(listed_replicas(ec, &config).unwrap_or(ec.spec.size))
-}
-
-/// Whether the members' ConfigMap makes them join (`existing`) a cluster the loop never saw
-/// answer: one created over a former cluster's volumes.
-fn joins_former(config: Option<&ConfigMap>) -> bool {
-    config
-        .and_then(|c| c.data.as_ref())
-        .and_then(|d| d.get("ETCD_INITIAL_CLUSTER_STATE"))
-        .is_some_and(|s| s == "existing")
-}
-
-/// The member claims (ordinals below `spec.size`) in the claims cache that are being deleted
-/// (a former cluster's, going with it), joined for a message; `None` when there are none.
-pub(crate) async fn claims_being_deleted(
-    ec: &EtcdCluster,
-    kids: &Children<'_>,
-) -> Result<Option<String>, Error> {
-    let going: Vec<String> = cached_member_claims(ec, kids)
-        .await?
-        .into_iter()
-        .filter(|c| c.metadata.deletion_timestamp.is_some())
-        .map(|c| c.name_any())
-        .collect();
-    Ok((!going.is_empty()).then(|| going.join(", ")))
-}
-
-/// The member claims (ordinals below `spec.size`) already in the claims cache.
-async fn former_claims(ec: &EtcdCluster, kids: &Children<'_>) -> Result<Vec<String>, Error> {
-    Ok(cached_member_claims(ec, kids)
-        .await?
-        .into_iter()
-        .map(|c| c.name_any())
-        .collect())
-}
-
-/// The member claims (ordinals below `spec.size`) in the claims cache, in ordinal order.
-async fn cached_member_claims(
-    ec: &EtcdCluster,
-    kids: &Children<'_>,
-) -> Result<Vec<std::sync::Arc<PersistentVolumeClaim>>, Error> {
-    let mut found = Vec::new();
-    for i in 0..ec.spec.size {
-        if let Some(c) = kids
-            .read::<PersistentVolumeClaim>(&render::member_claim(ec, i))
-            .await?
-        {
-            found.push(c);
-        }
-    }
-    Ok(found)
-}
-
-/// The pods a StatefulSet runs for the members a joined (`existing`) ConfigMap lists: up to the
-/// highest ordinal below `spec.size`.
-fn listed_replicas(ec: &EtcdCluster, config: &ConfigMap) -> Option<i32> {
-    let data = config.data.as_ref()?;
-    if data.get("ETCD_INITIAL_CLUSTER_STATE").map(String::as_str) != Some("existing") {
-        return None;
-    }
-    let prefix = format!("{}-", ec.name_any());
-    data.get("ETCD_INITIAL_CLUSTER")?
-        .split(',')
-        .filter_map(|entry| {
-            entry
-                .split_once('=')?
-                .0
-                .strip_prefix(&prefix)?
-                .parse::<i32>()
-                .ok()
-        })
-        .filter(|&i| i < ec.spec.size)
-        .max()
-        .map(|i| i + 1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::controller::render::tests::cluster;
-
-    /// A StatefulSet made again after a storage growth runs the members the ConfigMap lists,
-    /// never `spec.size` (a growth under way goes on one learner at a time); a new cluster's
-    /// ConfigMap (`new`) says nothing of the kind.
-    #[test]
-    fn a_remade_stateful_set_runs_the_listed_members_only() {
-        let ec = cluster("etcd", 5, None);
-        let listed = render::members_config(
-            &ec,
-            "etcd-0=http://etcd-0.etcd.prod.svc:2380,etcd-1=http://etcd-1.etcd.prod.svc:2380,etcd-2=http://etcd-2.etcd.prod.svc:2380,stray=http://10.0.0.9:2380",
-            "existing",
-            render::no_memory(),
-        );
-        assert_eq!(listed_replicas(&ec, &listed), Some(3));
-        let fresh = render::bootstrap_config(&ec, 5, false);
-        assert_eq!(listed_replicas(&ec, &fresh), None);
     }
 }

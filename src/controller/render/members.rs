@@ -9,9 +9,9 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Affinity, ConfigMap, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource, EnvVar,
-    HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm,
-    PodAntiAffinity, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, TCPSocketAction,
-    TopologySpreadConstraint, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSpec,
+    PodTemplateSpec, ResourceRequirements, TopologySpreadConstraint, VolumeMount,
+    VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -20,86 +20,6 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::*;
-
-/// etcd's `/health` with the NOSPACE alarm left out of its verdict (every v3.5 release takes
-/// `exclude`).
-const HEALTH_WITHOUT_NOSPACE: &str = "/health?exclude=NOSPACE";
-
-/// How often the kubelet asks a member whether it is alive.
-const LIVENESS_PERIOD: i32 = 10;
-
-fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
-    Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.to_owned()),
-            port: IntOrString::String("metrics".to_owned()),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        timeout_seconds: Some(5),
-        failure_threshold: Some(failures),
-        ..Default::default()
-    }
-}
-
-/// The member's readiness and liveness probes for its etcd release. Ready needs a quorum;
-/// alive never does, so losing the quorum restarts no member; and neither fails on a NOSPACE
-/// alarm, so a full database leaves every member serving reads and the loop's recovery
-/// (compaction, defragmentation, disarm) reachable:
-/// - from v3.5.11, `/readyz` (which also fails on a learner, and ignores NOSPACE) and `/livez`;
-/// - from v3.5.3, `/health?exclude=NOSPACE` and `/health?exclude=NOSPACE&serializable=true`
-///   (`/health` fails on any alarm before v3.5.11; `serializable` is answered locally from
-///   v3.5.3 on, etcd-io/etcd#13706), as kubeadm probes those releases;
-/// - before v3.5.3 every health endpoint needs a leader, so liveness only checks that the
-///   metrics port accepts connections; readiness asks `/health?exclude=NOSPACE` too, but
-///   those releases spend the exclusion on the first member's alarm (etcdhttp `checkHealth`
-///   deletes it from the set), so with several members' alarms raised they are not ready: the
-///   loop asks etcd whenever a member runs, ready or not, so the recovery still happens.
-///
-/// A defragmentation blocks every endpoint of its member (v3.6: `/livez`, `/readyz` and the
-/// status; benches/defrag.py), so liveness tolerates the longest one the loop may start: the
-/// whole quota at [`crate::api::DEFRAG_BYTES_PER_SECOND`], in failures of its 10 s period (at
-/// least 6). Readiness fails meanwhile, which takes the member out of the client Service.
-pub fn probes(version: &str, quota: i64) -> (Probe, Probe) {
-    let at_least =
-        |minor: u64, patch: u64| crate::api::EtcdVersion::at_least(version, 3, minor, patch);
-    let longest = crate::api::defrag_time(u64::try_from(quota).unwrap_or(0));
-    let failures = i32::try_from(longest.as_secs().div_ceil(LIVENESS_PERIOD as u64) + 1)
-        .unwrap_or(i32::MAX)
-        .max(6);
-    let alive = |probe: Probe| Probe {
-        initial_delay_seconds: Some(15),
-        failure_threshold: Some(failures),
-        ..probe
-    };
-    if at_least(5, 11) {
-        (
-            health_probe("/readyz", 5, 3),
-            alive(health_probe("/livez", LIVENESS_PERIOD, 6)),
-        )
-    } else if at_least(5, 3) {
-        (
-            health_probe(HEALTH_WITHOUT_NOSPACE, 5, 3),
-            alive(health_probe(
-                &format!("{HEALTH_WITHOUT_NOSPACE}&serializable=true"),
-                LIVENESS_PERIOD,
-                6,
-            )),
-        )
-    } else {
-        let tcp = Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::String("metrics".to_owned()),
-                ..Default::default()
-            }),
-            period_seconds: Some(LIVENESS_PERIOD),
-            timeout_seconds: Some(5),
-            failure_threshold: Some(6),
-            ..Default::default()
-        };
-        (health_probe(HEALTH_WITHOUT_NOSPACE, 5, 3), alive(tcp))
-    }
-}
 
 /// What `kubectl exec NAME-0 -- etcdctl ...` needs, set in the member's container (the etcd
 /// image ships etcdctl on its PATH, and etcdctl reads `ETCDCTL_*`; etcd itself reads only
@@ -244,87 +164,6 @@ pub fn no_memory() -> BTreeMap<String, String> {
 
 pub fn members_config_name(ec: &EtcdCluster) -> String {
     format!("{}-members", ec.name_any())
-}
-
-/// StatefulSet `NAME` running `replicas` members (fewer than `spec.size` while the cluster
-/// grows one learner at a time). The membership reaches the pods through
-/// [`members_config`], so the template is the same at every size. Pods start in parallel: a
-/// member only becomes ready with a quorum, so ordered start would wait forever for the
-/// second pod. The container's termination message is the tail of its log
-/// (`FallbackToLogsOnError`): that is how the loop sees a member that lost its volume.
-/// The members' quota flag, up to its value.
-const QUOTA_FLAG: &str = "--quota-backend-bytes=";
-
-/// The quota `set`'s members run with, from its template.
-pub fn template_quota(set: &StatefulSet) -> Option<i64> {
-    set.spec
-        .as_ref()?
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .first()?
-        .args
-        .as_ref()?
-        .iter()
-        .find_map(|a| a.strip_prefix(QUOTA_FLAG)?.parse().ok())
-}
-
-/// A quota is never lowered under a database already near it: a cluster made when the quota
-/// was a larger share of the volume keeps the quota it runs with (`running`) while its largest
-/// member's database (from `status.members`) is above 3/4 of the new one, which it would fill
-/// at once (NOSPACE, every write refused). Returns the quota kept, if any; `desired` has it.
-pub fn keep_running_quota(
-    ec: &EtcdCluster,
-    running: Option<i64>,
-    desired: &mut StatefulSet,
-) -> Option<i64> {
-    let running = running?;
-    let want = template_quota(desired)?;
-    let largest = ec
-        .status
-        .as_ref()?
-        .members
-        .as_ref()?
-        .iter()
-        .filter_map(|m| m.db_size)
-        .max()?;
-    if running <= want || largest <= want / 4 * 3 {
-        return None;
-    }
-    set_quota(desired, running)
-}
-
-/// A quota is never raised before the volumes have grown: while a member's claim reports less
-/// capacity than the spec asks (an expansion still under way, one waiting for the pod's
-/// restart, or refused by the storage), `desired`'s quota is at most what a volume of the
-/// smallest capacity holds ([`crate::api::quota_of_volume`]; an explicit `quotaBackendBytes`
-/// too). `smallest`: the least `status.capacity` of the member claims, in bytes. Returns the
-/// quota set, if lowered.
-pub fn hold_quota_until_grown(smallest: Option<i128>, desired: &mut StatefulSet) -> Option<i64> {
-    let gib = i64::try_from(smallest? >> 30).ok()?;
-    let ceiling = crate::api::quota_of_volume(&crate::api::quantity::canonical_gib(gib));
-    if ceiling >= template_quota(desired)? {
-        return None;
-    }
-    set_quota(desired, ceiling)
-}
-
-/// Sets the quota flag of `desired`'s etcd container to `quota`.
-fn set_quota(desired: &mut StatefulSet, quota: i64) -> Option<i64> {
-    let args = desired
-        .spec
-        .as_mut()?
-        .template
-        .spec
-        .as_mut()?
-        .containers
-        .first_mut()?
-        .args
-        .as_mut()?;
-    let arg = args.iter_mut().find(|a| a.starts_with(QUOTA_FLAG))?;
-    *arg = format!("{QUOTA_FLAG}{quota}");
-    Some(quota)
 }
 
 pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> StatefulSet {

@@ -7,11 +7,17 @@
 mod backup;
 mod members;
 mod network;
+mod probes;
+mod quota;
+mod restore;
 mod tls;
 
 pub use backup::*;
 pub use members::*;
 pub use network::*;
+pub use probes::*;
+pub use quota::*;
+pub use restore::*;
 pub use tls::*;
 
 use std::collections::BTreeMap;

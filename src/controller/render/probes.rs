@@ -1,0 +1,86 @@
+//! The members' liveness and readiness probes, per release: which endpoint each release
+//! answers without counting the NOSPACE alarm, and how long liveness waits out a
+//! defragmentation of the whole quota.
+
+use k8s_openapi::api::core::v1::{HTTPGetAction, Probe, TCPSocketAction};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// etcd's `/health` with the NOSPACE alarm left out of its verdict (every v3.5 release takes
+/// `exclude`).
+const HEALTH_WITHOUT_NOSPACE: &str = "/health?exclude=NOSPACE";
+
+/// How often the kubelet asks a member whether it is alive.
+const LIVENESS_PERIOD: i32 = 10;
+
+fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("metrics".to_owned()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
+/// The member's readiness and liveness probes for its etcd release. Ready needs a quorum;
+/// alive never does, so losing the quorum restarts no member; and neither fails on a NOSPACE
+/// alarm, so a full database leaves every member serving reads and the loop's recovery
+/// (compaction, defragmentation, disarm) reachable:
+/// - from v3.5.11, `/readyz` (which also fails on a learner, and ignores NOSPACE) and `/livez`;
+/// - from v3.5.3, `/health?exclude=NOSPACE` and `/health?exclude=NOSPACE&serializable=true`
+///   (`/health` fails on any alarm before v3.5.11; `serializable` is answered locally from
+///   v3.5.3 on, etcd-io/etcd#13706), as kubeadm probes those releases;
+/// - before v3.5.3 every health endpoint needs a leader, so liveness only checks that the
+///   metrics port accepts connections; readiness asks `/health?exclude=NOSPACE` too, but
+///   those releases spend the exclusion on the first member's alarm (etcdhttp `checkHealth`
+///   deletes it from the set), so with several members' alarms raised they are not ready: the
+///   loop asks etcd whenever a member runs, ready or not, so the recovery still happens.
+///
+/// A defragmentation blocks every endpoint of its member (v3.6: `/livez`, `/readyz` and the
+/// status; benches/defrag.py), so liveness tolerates the longest one the loop may start: the
+/// whole quota at [`crate::api::DEFRAG_BYTES_PER_SECOND`], in failures of its 10 s period (at
+/// least 6). Readiness fails meanwhile, which takes the member out of the client Service.
+pub fn probes(version: &str, quota: i64) -> (Probe, Probe) {
+    let at_least =
+        |minor: u64, patch: u64| crate::api::EtcdVersion::at_least(version, 3, minor, patch);
+    let longest = crate::api::defrag_time(u64::try_from(quota).unwrap_or(0));
+    let failures = i32::try_from(longest.as_secs().div_ceil(LIVENESS_PERIOD as u64) + 1)
+        .unwrap_or(i32::MAX)
+        .max(6);
+    let alive = |probe: Probe| Probe {
+        initial_delay_seconds: Some(15),
+        failure_threshold: Some(failures),
+        ..probe
+    };
+    if at_least(5, 11) {
+        (
+            health_probe("/readyz", 5, 3),
+            alive(health_probe("/livez", LIVENESS_PERIOD, 6)),
+        )
+    } else if at_least(5, 3) {
+        (
+            health_probe(HEALTH_WITHOUT_NOSPACE, 5, 3),
+            alive(health_probe(
+                &format!("{HEALTH_WITHOUT_NOSPACE}&serializable=true"),
+                LIVENESS_PERIOD,
+                6,
+            )),
+        )
+    } else {
+        let tcp = Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::String("metrics".to_owned()),
+                ..Default::default()
+            }),
+            period_seconds: Some(LIVENESS_PERIOD),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(6),
+            ..Default::default()
+        };
+        (health_probe(HEALTH_WITHOUT_NOSPACE, 5, 3), alive(tcp))
+    }
+}

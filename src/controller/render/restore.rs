@@ -1,0 +1,241 @@
+//! A cluster made from a snapshot: each member's claim made ahead, and the restore Job that
+//! fetches the snapshot, checks it and writes the member's data directory with etcdutl.
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EnvFromSource, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, PodSpec,
+    PodTemplateSpec, SecretEnvSource, Volume, VolumeMount,
+};
+use kube::ResourceExt;
+
+use super::members::claim_spec;
+use super::*;
+use crate::api::SnapshotSource;
+
+/// The folder a restore Job mounts the claim of a `pvc://` snapshot at (read-only).
+pub const RESTORE_SOURCE_MOUNT: &str = "/source";
+
+/// Member `ordinal`'s claim `data-NAME-<ordinal>` as the StatefulSet's claim template makes it,
+/// made ahead by the loop for a restore (the StatefulSet then uses it).
+pub fn member_claim_object(ec: &EtcdCluster, ordinal: i32) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: meta(ec, member_claim(ec, ordinal), "member"),
+        spec: Some(claim_spec(ec)),
+        ..Default::default()
+    }
+}
+
+/// How far a restore moves the revision on (etcdutl `--bump-revision`, with `--mark-compacted`):
+/// past any revision the former cluster's clients can have seen, so a watcher that resumes
+/// from one is told its revision is compacted and lists anew (the Kubernetes restore guide's
+/// advice), instead of missing events or seeing revisions go back.
+pub const RESTORE_REVISION_BUMP: u64 = 1_000_000_000;
+
+/// `--bump-revision` and `--mark-compacted` for an etcdutl that has them (v3.5.10 and later).
+fn revision_bump(version: &str) -> Vec<String> {
+    if crate::api::EtcdVersion::at_least(version, 3, 5, 10) {
+        vec![
+            format!("--bump-revision={RESTORE_REVISION_BUMP}"),
+            "--mark-compacted".to_owned(),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Job `NAME-restore-<ordinal>`: member `ordinal`'s data directory made from a snapshot, on the
+/// member's own claim (`data-NAME-<ordinal>`, which the StatefulSet then adopts), before the
+/// member first starts. An init container of `--backup-image` fetches the snapshot and checks
+/// it (etcd's integrity hash, and `sha256` when given: a corrupt snapshot fails the Job and no
+/// data directory is made); then `etcdutl snapshot restore` from the member's own etcd image
+/// writes the data directory with the member's name, the cluster's initial members and a
+/// token of its own (`NAME.NS.<uid>`: new member and cluster IDs, unlike any former cluster
+/// under this name; every key and the snapshot's revision) beside the member's
+/// (`data.restoring`), and `place-restored` moves it in once whole: a killed attempt's copy is
+/// cleared by the next one's fetch, never taken for data. Both commands run unconditionally
+/// (the etcd image has no shell): the loop runs these Jobs once, for the members a cluster
+/// starts with, never for a learner added later. A `pvc://` snapshot's claim is mounted
+/// read-only at [`RESTORE_SOURCE_MOUNT`]; the loop runs those Jobs one at a time, since a
+/// ReadWriteOnce claim attaches to one node at a time.
+pub fn restore_job(
+    ec: &EtcdCluster,
+    ordinal: i32,
+    source: SnapshotSource<'_>,
+    sha256: Option<&str>,
+    opts: &RenderOptions,
+) -> Job {
+    let name = ec.name_any();
+    let member = format!("{name}-{ordinal}");
+    let restore_dir = "/restore";
+    let snapshot = format!("{restore_dir}/snapshot.db");
+    // A claim is mounted read-only and its file read like any other (the same checks).
+    let (from, source_volume) = match source {
+        SnapshotSource::S3(uri) => (uri.to_owned(), None),
+        SnapshotSource::Claim { claim, file } => (
+            format!("{RESTORE_SOURCE_MOUNT}/{file}"),
+            Some(Volume {
+                name: "source".to_owned(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.to_owned(),
+                    read_only: Some(true),
+                }),
+                ..Default::default()
+            }),
+        ),
+    };
+    let mut fetch_mounts = vec![];
+    if source_volume.is_some() {
+        fetch_mounts.push(VolumeMount {
+            name: "source".to_owned(),
+            mount_path: RESTORE_SOURCE_MOUNT.to_owned(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    // etcdutl writes beside the data directory; `place-restored` moves it in once whole, so a
+    // killed attempt leaves nothing the next one (or the member) would take for data.
+    let restoring = format!("{DATA_DIR}{RESTORING_SUFFIX}");
+    let mut fetch_args = vec![
+        "fetch-snapshot".to_owned(),
+        format!("--from={from}"),
+        format!("--out={snapshot}"),
+        "--report=/dev/termination-log".to_owned(),
+        format!("--clear={restoring}"),
+    ];
+    if let Some(sum) = sha256 {
+        fetch_args.push(format!("--sha256={sum}"));
+    }
+    let scratch = VolumeMount {
+        name: "restore".to_owned(),
+        mount_path: restore_dir.to_owned(),
+        ..Default::default()
+    };
+    let data = VolumeMount {
+        name: "data".to_owned(),
+        mount_path: DATA_MOUNT.to_owned(),
+        ..Default::default()
+    };
+    let fetch = Container {
+        name: "fetch".to_owned(),
+        image: Some(opts.backup_image.clone()),
+        command: Some(vec!["/etcd-webhook".to_owned()]),
+        args: Some(fetch_args),
+        env_from: matches!(source, SnapshotSource::S3(_)).then(|| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource {
+                    name: format!("{name}-backup-credentials"),
+                    optional: Some(true),
+                }),
+                ..Default::default()
+            }]
+        }),
+        volume_mounts: Some(
+            fetch_mounts
+                .into_iter()
+                .chain([scratch.clone(), data.clone()])
+                .collect(),
+        ),
+        security_context: Some(restricted_container()),
+        termination_message_policy: Some("File".to_owned()),
+        ..Default::default()
+    };
+    let restore = Container {
+        name: "restore".to_owned(),
+        image: Some(super::members::etcd_image(ec, opts)),
+        command: Some(vec!["/usr/local/bin/etcdutl".to_owned()]),
+        args: Some(
+            vec![
+                "snapshot".to_owned(),
+                "restore".to_owned(),
+                snapshot,
+                format!("--name={member}"),
+                format!("--initial-cluster={}", initial_cluster(ec, ec.spec.size)),
+                // Its own token: a cluster ID no former cluster under this name had.
+                format!(
+                    "--initial-cluster-token={}.{}",
+                    cluster_token(ec),
+                    ec.metadata.uid.as_deref().unwrap_or("restored")
+                ),
+                format!("--initial-advertise-peer-urls={}", peer_url(ec, ordinal)),
+                format!("--data-dir={restoring}"),
+            ]
+            .into_iter()
+            .chain(revision_bump(&ec.spec.version))
+            .collect(),
+        ),
+        volume_mounts: Some(vec![scratch, data.clone()]),
+        security_context: Some(restricted_container()),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        ..Default::default()
+    };
+    let place = Container {
+        name: "place".to_owned(),
+        image: Some(opts.backup_image.clone()),
+        command: Some(vec!["/etcd-webhook".to_owned()]),
+        args: Some(vec![
+            "place-restored".to_owned(),
+            format!("--from={restoring}"),
+            format!("--to={DATA_DIR}"),
+            format!(
+                "--restore-id={}",
+                ec.metadata.uid.as_deref().unwrap_or("restored")
+            ),
+            "--report=/dev/termination-log".to_owned(),
+        ]),
+        volume_mounts: Some(vec![data]),
+        security_context: Some(restricted_container()),
+        termination_message_policy: Some("File".to_owned()),
+        ..Default::default()
+    };
+    let mut restore_pods = labels(ec, "restore");
+    restore_pods.remove("app.kubernetes.io/managed-by");
+    let (restore_affinity, restore_spread) = super::members::placement(restore_pods);
+    Job {
+        metadata: meta(ec, format!("{name}-restore-{ordinal}"), "restore"),
+        spec: Some(JobSpec {
+            backoff_limit: Some(2),
+            active_deadline_seconds: Some(3600),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(ec, "restore")),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    affinity: Some(restore_affinity),
+                    topology_spread_constraints: Some(restore_spread),
+                    init_containers: Some(vec![fetch, restore]),
+                    containers: vec![place],
+                    volumes: Some(
+                        [
+                            Volume {
+                                name: "restore".to_owned(),
+                                empty_dir: Some(Default::default()),
+                                ..Default::default()
+                            },
+                            Volume {
+                                name: "data".to_owned(),
+                                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                    claim_name: member_claim(ec, ordinal),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            },
+                        ]
+                        .into_iter()
+                        .chain(source_volume)
+                        .collect(),
+                    ),
+                    restart_policy: Some("Never".to_owned()),
+                    security_context: Some(restricted_pod()),
+                    service_account_name: opts.backup_service_account.clone(),
+                    image_pull_secrets: pull_secrets(opts),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
