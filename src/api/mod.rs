@@ -4,10 +4,12 @@
 pub mod cel;
 pub mod convert;
 pub mod defaults;
+mod definition;
 pub mod etcd_version;
 mod field;
 pub mod quantity;
 pub mod schema;
+mod space;
 pub mod strict;
 pub mod v1;
 pub mod v1alpha1;
@@ -15,11 +17,6 @@ pub mod v1beta1;
 
 use std::fmt;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceConversion, CustomResourceDefinition, ServiceReference, WebhookClientConfig,
-    WebhookConversion,
-};
-use kube::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -68,21 +65,6 @@ pub fn storage_class_error(name: &str) -> Option<&'static str> {
         "must be a StorageClass name: lower-case letters, digits, '-' and '.', starting and \
          ending with a letter or digit",
     )
-}
-
-/// The pace the loop counts on for a defragmentation (etcd copies the data in use into a new
-/// file): well under the slowest measured (benches/defrag.py, docs/benchmarks.md: 77 to 175
-/// MiB/s here). It sizes the defragmentation's call timeout, the hold of every other
-/// maintenance while one may still run, and the members' liveness probes, which a
-/// defragmentation blocks for its whole length on v3.6.
-pub const DEFRAG_BYTES_PER_SECOND: u64 = 32 << 20;
-/// The call timeout every defragmentation gets on top of its size.
-pub const DEFRAG_BASE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// How long a defragmentation of `bytes` in use may take: [`DEFRAG_BASE`] plus the bytes at
-/// [`DEFRAG_BYTES_PER_SECOND`].
-pub fn defrag_time(bytes: u64) -> std::time::Duration {
-    DEFRAG_BASE + std::time::Duration::from_secs(bytes.div_ceil(DEFRAG_BYTES_PER_SECOND))
 }
 
 /// Whether a cluster takes snapshots: backups are on to a destination they can be filed in.
@@ -195,60 +177,14 @@ pub fn tls_on(spec: &v1::EtcdClusterSpec) -> bool {
     spec.tls.as_ref().is_some_and(|t| t.enabled != Some(false))
 }
 
-/// The smallest backend quota `spec.maintenance.quotaBackendBytes` may set (16 MiB).
-pub const QUOTA_MIN_BYTES: i64 = 16 << 20;
-/// The largest backend quota, set or derived: etcd's recommended maximum (8 GiB).
-pub const QUOTA_MAX_BYTES: i64 = 8 << 30;
-/// etcd's WAL segment size: the unit of a member's WAL budget.
-pub const WAL_SEGMENT_BYTES: i64 = 64 << 20;
-/// `--max-wals`, rendered on every release (etcd's default, said explicitly so the budget
-/// below holds whatever a release's default becomes).
-pub const MAX_WALS: i64 = 5;
-/// `--max-snapshots` and `--snapshot-count` on 3.5 (3.6's defaults, where the flags are
-/// deprecated; 3.5 kept 100,000 entries between snapshots): how many entries the WAL holds
-/// before a snapshot lets older segments go.
-pub const MAX_SNAPSHOTS: i64 = 5;
-pub const SNAPSHOT_COUNT: i64 = 10_000;
-/// The room a member's volume keeps for the WAL: the segments kept plus the one written.
-pub const WAL_BUDGET_BYTES: i64 = (MAX_WALS + 1) * WAL_SEGMENT_BYTES;
-/// History kept by auto compaction when `autoCompactionRetention` is unset.
-pub const AUTO_COMPACTION_RETENTION: &str = "1h";
-/// `defragThresholdPercent` when unset.
-pub const DEFRAG_THRESHOLD_PERCENT: i32 = 50;
-/// The least space a defragmentation must give back to be worth blocking a member for.
-pub const DEFRAG_MIN_FREE_BYTES: i64 = 1 << 20;
-
-/// The most a member's backend may hold: `quotaBackendBytes`, or [`quota_of_volume`].
-pub fn quota_backend_bytes(spec: &v1::EtcdClusterSpec) -> i64 {
-    if let Some(q) = spec
-        .maintenance
-        .as_ref()
-        .and_then(|m| m.quota_backend_bytes)
-    {
-        return q;
-    }
-    quota_of_volume(&spec.storage_size)
-}
-
-/// The largest quota a volume of `storage_size` (whole GiB) holds safely: half of what the
-/// WAL budget leaves, so the copy a defragmentation writes beside the database fits too
-/// (without it, NOSPACE on a database of live data can never be recovered), at most 8 GiB
-/// and at least 16 MiB, rounded down to the MiB. 1Gi: 320 MiB, 2Gi: 832 MiB, 10Gi: 4.8 GiB.
-pub fn quota_of_volume(storage_size: &str) -> i64 {
-    let volume = storage_size
-        .parse::<StorageSize>()
-        .map(|s| s.gib().saturating_mul(1 << 30))
-        .unwrap_or(i64::MAX);
-    let half = volume.saturating_sub(WAL_BUDGET_BYTES) / 2;
-    (half & !((1 << 20) - 1)).clamp(QUOTA_MIN_BYTES, QUOTA_MAX_BYTES)
-}
-
 /// The most members a cluster may have (every version's schema and the rules).
 pub const MAX_SIZE: i32 = 7;
 
+pub use definition::{crd, crd_document, crd_in_namespace, crd_yaml};
 pub use etcd_version::EtcdVersion;
 pub use field::Field;
 pub use quantity::StorageSize;
+pub use space::*;
 
 /// Annotation that carries, on an older version, the v1 fields that version cannot express.
 pub const CONVERSION_ANNOTATION: &str = "etcd.example.com/conversion-data";
@@ -388,83 +324,4 @@ pub(crate) fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::
             }
         }
     })
-}
-
-/// The CRD for all three versions, v1 stored, with the conversion webhook stanza (no caBundle:
-/// cert-manager's cainjector fills it in).
-pub fn crd() -> CustomResourceDefinition {
-    let mut crd = kube::core::crd::merge_crds(
-        vec![
-            v1alpha1::EtcdCluster::crd(),
-            v1beta1::EtcdCluster::crd(),
-            v1::EtcdCluster::crd(),
-        ],
-        "v1",
-    )
-    .expect("the three versions share group, kind and scope");
-    // merge_crds appends the other versions in reverse; list them oldest first for readers.
-    crd.spec
-        .versions
-        .sort_by_key(|v| Version::from_version(&v.name));
-    cel::apply(&mut crd);
-    crd.metadata.annotations = Some(
-        [(
-            "cert-manager.io/inject-ca-from".to_owned(),
-            format!("{WEBHOOK_NAMESPACE}/{SERVING_CERTIFICATE}"),
-        )]
-        .into(),
-    );
-    crd.spec.conversion = Some(CustomResourceConversion {
-        strategy: "Webhook".to_owned(),
-        webhook: Some(WebhookConversion {
-            conversion_review_versions: vec!["v1".to_owned()],
-            client_config: Some(WebhookClientConfig {
-                service: Some(ServiceReference {
-                    name: WEBHOOK_SERVICE.to_owned(),
-                    namespace: WEBHOOK_NAMESPACE.to_owned(),
-                    path: Some(CONVERT_PATH.to_owned()),
-                    port: Some(443),
-                }),
-                ca_bundle: None,
-                url: None,
-            }),
-        }),
-    });
-    crd
-}
-
-/// `crd` for an install in `namespace`: the conversion webhook's Service and cert-manager's
-/// `inject-ca-from` point there instead of [`WEBHOOK_NAMESPACE`].
-pub fn crd_in_namespace(
-    mut crd: CustomResourceDefinition,
-    namespace: &str,
-) -> CustomResourceDefinition {
-    if let Some(annotations) = crd.metadata.annotations.as_mut() {
-        annotations.insert(
-            "cert-manager.io/inject-ca-from".to_owned(),
-            format!("{namespace}/{SERVING_CERTIFICATE}"),
-        );
-    }
-    if let Some(service) = crd
-        .spec
-        .conversion
-        .as_mut()
-        .and_then(|c| c.webhook.as_mut())
-        .and_then(|w| w.client_config.as_mut())
-        .and_then(|c| c.service.as_mut())
-    {
-        service.namespace = namespace.to_owned();
-    }
-    crd
-}
-
-/// The CRD as the YAML document that `etcd-webhook crd` prints and `config/` holds.
-pub fn crd_yaml() -> String {
-    crd_document(&crd(), "etcd-webhook crd")
-}
-
-/// A CRD as a YAML document headed by the command that printed it.
-pub fn crd_document(crd: &CustomResourceDefinition, command: &str) -> String {
-    let yaml = serde_yaml_ng::to_string(crd).expect("a CRD serializes");
-    format!("# Generated by `{command}`; do not edit.\n---\n{yaml}")
 }

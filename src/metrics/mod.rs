@@ -1,6 +1,5 @@
 //! Prometheus metrics, served on the health port's `/metrics` (OpenMetrics text).
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -8,114 +7,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::tls::{self, CertInfo};
+mod families;
+mod labels;
+mod report;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    pub result: &'static str,
-}
+pub use labels::*;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AdmissionLabels {
-    pub endpoint: &'static str,
-    pub operation: &'static str,
-    pub version: &'static str,
-    pub result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EndpointLabel {
-    pub endpoint: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StatusLabel {
-    pub status: u16,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ObjectLabel {
-    /// `kind/name`, e.g. `validatingwebhookconfiguration/etcd-webhook-validating`.
-    pub object: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ClusterLabels {
-    pub namespace: String,
-    pub name: String,
-}
-
-/// One member of a cluster.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MemberLabels {
-    pub namespace: String,
-    pub name: String,
-    pub member: String,
-}
-
-/// A cluster's members in one state (`leader`, `follower`, `learner`, `unhealthy`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MemberStateLabels {
-    pub namespace: String,
-    pub name: String,
-    pub state: String,
-}
-
-/// One answer of the API server to the loop's client: the verb (`WATCH` for a watch) and the
-/// HTTP code (`error` when no answer came).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KubeRequestLabels {
-    pub verb: &'static str,
-    pub code: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ConversionLabels {
-    pub from: &'static str,
-    pub to: &'static str,
-}
-
-/// Latency buckets that resolve sub-millisecond answers: 50us .. 10s (the apiserver gives a
-/// webhook call 5 s, the `timeoutSeconds` of both configurations, and the alert on p99 needs
-/// buckets past it).
-const LATENCY_BUCKETS: [f64; 17] = [
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0,
-];
-
-fn latency_histogram() -> Histogram {
-    Histogram::new(LATENCY_BUCKETS)
-}
-
-fn size_histogram() -> Histogram {
-    // 256 B .. 16 MiB
-    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-        256.0, 4.0, 9,
-    ))
-}
-
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CertLabels {
-    pub serial: String,
-    pub subject: String,
-}
-
-const PREFIX: &str = "etcd_webhook";
-
-/// Registers one family and notes its name and type (the exposition leaves a family out until
-/// it has a sample, so [`Metrics::series_names`] cannot be read from it).
-fn register(
-    registry: &mut Registry,
-    families: &mut Vec<(String, MetricType)>,
-    name: &str,
-    help: &str,
-    metric: impl prometheus_client::registry::Metric,
-) {
-    families.push((format!("{PREFIX}_{name}"), metric.metric_type()));
-    registry.register(name, help, metric);
-}
+use families::{HistogramFamily, PREFIX, latency_histogram, register, size_histogram};
 
 /// Every metric the server keeps.
 pub struct Metrics {
@@ -528,49 +426,5 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
         out
-    }
-}
-
-impl tls::Report for Metrics {
-    fn cert_loaded(&self, info: &CertInfo) {
-        self.cert_not_after.set(info.not_after);
-        self.cert_info.clear();
-        self.cert_info
-            .get_or_create(&CertLabels {
-                serial: info.serial.clone(),
-                subject: info.subject.clone(),
-            })
-            .set(1);
-        self.cert_reloads
-            .get_or_create(&ResultLabel { result: "success" })
-            .inc();
-        self.cert_last_reload.set(tls::now());
-        self.cert_files_rejected.set(0);
-    }
-
-    fn cert_rejected(&self) {
-        self.cert_reloads
-            .get_or_create(&ResultLabel { result: "failure" })
-            .inc();
-        self.cert_files_rejected.set(1);
-    }
-
-    fn client_ca_reloaded(&self, ok: bool) {
-        let result = if ok { "success" } else { "failure" };
-        self.client_ca_reloads
-            .get_or_create(&ResultLabel { result })
-            .inc();
-    }
-
-    fn secret_watch_failing(&self, failing: bool) {
-        self.cert_secret_watch_failing.set(i64::from(failing));
-    }
-
-    fn cabundle_mismatch(&self, object: &str, mismatch: bool) {
-        self.cabundle_mismatch
-            .get_or_create(&ObjectLabel {
-                object: object.to_owned(),
-            })
-            .set(i64::from(mismatch));
     }
 }

@@ -1,0 +1,88 @@
+//! What the backup, restore and final-snapshot Jobs run: `backup`, `fetch-snapshot`,
+//! `place-restored`.
+
+use clap::{Args, ValueEnum};
+
+use super::parse::parse_endpoint;
+
+#[derive(Debug, Args)]
+pub struct PlaceArgs {
+    /// The data directory etcdutl wrote.
+    #[arg(long)]
+    pub from: std::path::PathBuf,
+    /// Where the member reads it; must not exist yet, unless this restore placed it.
+    #[arg(long)]
+    pub to: std::path::PathBuf,
+    /// What names this restore (the loop gives the cluster's UID): written beside `--to`
+    /// before the move, so that a retry knows a data directory there is its own.
+    #[arg(long)]
+    pub restore_id: String,
+    /// Also write the JSON report here (the container's termination message path).
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct FetchArgs {
+    /// The snapshot: `s3://bucket/prefix/NS/NAME-<UID>-snapshot-<time>.db` (what
+    /// `status.backup.last.uri` says) or an absolute file path.
+    #[arg(long)]
+    pub from: String,
+    /// The SHA-256 (hex) the file must have, e.g. from the source cluster's
+    /// status.backup.last.sha256.
+    #[arg(long)]
+    pub sha256: Option<String>,
+    /// Where to write it.
+    #[arg(long)]
+    pub out: std::path::PathBuf,
+    /// Also write the JSON report here (the container's termination message path).
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
+    /// A directory to delete first if it is there: what a killed attempt of the same restore
+    /// left half written (the restore Job's `data.restoring`).
+    #[arg(long)]
+    pub clear: Option<std::path::PathBuf>,
+}
+
+/// What a snapshot is taken for: the schedule (`STEM-snapshot-<time>.db`, pruned by
+/// retention), or the cluster's deletion (`STEM-final-<time>.db`, never pruned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SnapshotKind {
+    Scheduled,
+    Final,
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// The stem of the snapshot names (`STEM-snapshot-<time>.db`; retention prunes only names
+    /// with it): the loop gives `NAME-<first 8 characters of the cluster's UID>`.
+    #[arg(long)]
+    pub cluster: String,
+    /// Client URLs to ask for the member list (comma-separated), e.g. the client Service's:
+    /// `http://HOST:2379`, or `https://` for a TLS cluster (with `--tls-dir`).
+    #[arg(long, value_delimiter = ',', required = true, value_parser = parse_endpoint)]
+    pub endpoints: Vec<String>,
+    /// `s3://bucket/prefix` (credentials and endpoint from the AWS_* variables) or a folder.
+    #[arg(long)]
+    pub destination: String,
+    /// `scheduled` (named STEM-snapshot-<UTC time>.db, counted in --retention) or `final`
+    /// (STEM-final-<UTC time>.db, the deletion's snapshot, never pruned); STEM is --cluster.
+    #[arg(long, value_enum, default_value_t = SnapshotKind::Scheduled)]
+    pub kind: SnapshotKind,
+    /// Scheduled snapshots kept (the newest; the one just taken always is).
+    #[arg(long, default_value_t = 7)]
+    pub retention: u32,
+    /// Where the snapshot is written before it is filed.
+    #[arg(long, default_value = "/work")]
+    pub work_dir: std::path::PathBuf,
+    /// Also write the JSON report here (the container's termination message path).
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
+    /// Seconds for each etcd call (the snapshot stream itself has no limit).
+    #[arg(long, default_value_t = 10)]
+    pub timeout_seconds: u64,
+    /// A TLS cluster's client certificate: a folder with `ca.crt`, `tls.crt` and `tls.key`
+    /// (the Secret `NAME-client-tls` mounted); the members are checked against `ca.crt` only.
+    #[arg(long)]
+    pub tls_dir: Option<std::path::PathBuf>,
+}
