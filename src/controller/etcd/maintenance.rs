@@ -1,6 +1,7 @@
 //! The upkeep's calls: carries out a [`Plan`] of `decide::maintenance` (compaction,
 //! defragmentations one member at a time with every gate checked again before each, the
-//! disarm), waiting for the long calls outside the pass's turn (`machinery::turns::outside`).
+//! disarm). `pass::maintenance` runs it outside the pass's turn: its calls wait on etcd for
+//! seconds to minutes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -82,13 +83,9 @@ pub async fn run(
             .find(|t| t.leader)
             .map_or(first.as_str(), |t| t.endpoint.as_str());
         let largest = order.iter().map(|t| t.db_size).max().unwrap_or_default();
-        // Long waits on etcd leave the pass's turn to other clusters (`turns::outside`).
-        match crate::controller::machinery::turns::outside(etcd.compact(
-            leader,
-            revision,
-            crate::api::defrag_time(largest),
-        ))
-        .await
+        match etcd
+            .compact(leader, revision, crate::api::defrag_time(largest))
+            .await
         {
             Ok(fresh) => fresh_compaction = fresh,
             Err(e) => {
@@ -129,10 +126,7 @@ pub async fn run(
         let in_use = health.get(&target.id).map_or(before, |s| s.db_size_in_use);
         let within = crate::api::defrag_time(in_use.max(before / 2));
         let started = Instant::now();
-        if let Err(e) =
-            crate::controller::machinery::turns::outside(etcd.defragment(&target.endpoint, within))
-                .await
-        {
+        if let Err(e) = etcd.defragment(&target.endpoint, within).await {
             if matches!(e, EtcdError::Unreachable { .. }) {
                 // etcd goes on with it without us: nothing else starts until it may be done.
                 done.unfinished = Some((target.name.clone(), within));

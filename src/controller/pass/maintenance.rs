@@ -10,6 +10,7 @@ use crate::controller::decide::members::Member;
 use crate::controller::etcd::Etcd;
 use crate::controller::etcd::maintenance::{Done, run};
 use crate::controller::machinery::series::{MEMBER_STATES, labels};
+use crate::controller::machinery::turns::outside;
 
 /// The per-cluster and per-member gauges from what the membership pass read.
 fn export(
@@ -159,7 +160,10 @@ async fn tend_view(
         transport: transport.as_ref(),
         endpoints: endpoints.clone(),
     };
-    let done = run(&etcd, &view.members, planned, &rules, &endpoint).await;
+    // A defragmentation or a physical compaction waits on etcd for seconds to minutes: the
+    // pass leaves its turn to other clusters meanwhile (no other pass of this cluster runs:
+    // kube-runtime runs one at a time).
+    let done = outside(run(&etcd, &view.members, planned, &rules, &endpoint)).await;
     if let Some((member, within)) = &done.unfinished {
         tracing::warn!(cluster = %ec.name_any(), %member, within = ?within, "a defragmentation gave no answer in time; no other maintenance starts while etcd may go on with it");
         ctx.defragmenting
