@@ -870,6 +870,21 @@ async fn version_upgrade_rolls_the_template_and_records_an_event() {
     );
 }
 
+/// Member pod `etcd-i` of the StatefulSet's `revision`, ready or not, as the kubelet reports it.
+fn member_pod_at(api: &FakeApi, i: usize, revision: &str, ready: bool) {
+    api.insert(
+        &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook",
+                "controller-revision-hash": revision}},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+        }),
+    );
+}
+
 /// A version change restarts one member at a time (OnDelete: the loop deletes the pod), the
 /// followers first and the leader last, each only while every member pod is ready; the
 /// Progressing condition names the member being restarted.
@@ -880,19 +895,7 @@ async fn an_upgrade_restarts_followers_first_and_the_leader_last_one_at_a_time()
         api.get(STS).unwrap()["spec"]["updateStrategy"]["type"],
         "OnDelete"
     );
-    let pod = |i: usize, revision: &str, ready: bool| {
-        api.insert(
-            &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
-                    "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
-                    "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook",
-                    "controller-revision-hash": revision}},
-                "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
-            }),
-        );
-    };
+    let pod = |i: usize, revision: &str, ready: bool| member_pod_at(&api, i, revision, ready);
     for i in 0..3 {
         pod(i, "r1", true);
     }
@@ -3020,17 +3023,7 @@ async fn no_defragmentation_while_an_upgrade_restarts_a_member() {
     let etcd = etcd_of(&ctx);
     for i in 0..3 {
         etcd.set_db(&format!("etcd-{i}"), 200 << 20, 40 << 20, 40 << 20);
-        api.insert(
-            &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
-                    "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
-                    "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook",
-                    "controller-revision-hash": "r1"}},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-            }),
-        );
+        member_pod_at(&api, i as usize, "r1", true);
     }
     api.set(EC, "/spec/version", json!("v3.5.11"));
     api.set(

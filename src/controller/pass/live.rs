@@ -17,15 +17,7 @@ use crate::controller::{
 };
 
 fn template_image(sts: &StatefulSet) -> Option<String> {
-    sts.spec
-        .as_ref()?
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .first()?
-        .image
-        .clone()
+    render::template_member(sts)?.image.clone()
 }
 
 fn template_storage_gib(sts: &StatefulSet) -> Option<i64> {

@@ -16,17 +16,22 @@ pub(super) const QUOTA_FLAG: &str = "--quota-backend-bytes=";
 
 /// The quota `set`'s members run with, from its template.
 pub fn template_quota(set: &StatefulSet) -> Option<i64> {
+    template_member(set)?
+        .args
+        .as_ref()?
+        .iter()
+        .find_map(|a| a.strip_prefix(QUOTA_FLAG)?.parse().ok())
+}
+
+/// The etcd container of `set`'s pod template.
+pub fn template_member(set: &StatefulSet) -> Option<&k8s_openapi::api::core::v1::Container> {
     set.spec
         .as_ref()?
         .template
         .spec
         .as_ref()?
         .containers
-        .first()?
-        .args
-        .as_ref()?
-        .iter()
-        .find_map(|a| a.strip_prefix(QUOTA_FLAG)?.parse().ok())
+        .first()
 }
 
 /// A quota is never lowered under a database already near it: a cluster made when the quota
