@@ -30,10 +30,19 @@ const SECRET_KEY: &str = "backup-test-secret";
 const BUCKET: &str = "backups";
 
 fn cluster(name: &str, destination: Option<&str>, retention: i32) -> EtcdCluster {
+    cluster_on(name, destination, retention, Release::V3_6_4)
+}
+
+fn cluster_on(
+    name: &str,
+    destination: Option<&str>,
+    retention: i32,
+    release: Release,
+) -> EtcdCluster {
     serde_json::from_value(json!({
         "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
         "metadata": {"name": name, "namespace": NAMESPACE, "uid": "6a3c1f9e-0000-4000-8000-00000000b4c7"},
-        "spec": {"size": 3, "version": "v3.6.4", "storageSize": "1Gi",
+        "spec": {"size": 3, "version": release.version(), "storageSize": "1Gi",
             "backup": {"enabled": true, "schedule": "0 * * * *", "retention": retention,
                 "destination": destination}},
     }))
@@ -108,7 +117,9 @@ impl Setup {
             .map(|i| format!("{name}-{i}"))
             .chain([format!("{name}-job")])
             .collect();
-        let mut net = Net::new(NAMESPACE, &name, &names, Release::V3_6_4);
+        let release = Release::of_image(&format!(":{}", ec.spec.version))
+            .expect("a release the harness runs");
+        let mut net = Net::new(NAMESPACE, &name, &names, release);
         if let Some(ca) = ca {
             net.secrets = ca.issue(&ec, net.tmp.path(), "");
         }
@@ -248,7 +259,7 @@ impl Setup {
     }
 
     /// Runs `container` (a Job's) once in the job namespace as `/etcd-webhook`, or as `etcdutl`
-    /// from the control-plane binary, with the folders `mounts` in place of its mount paths:
+    /// of the release its image names, with the folders `mounts` in place of its mount paths:
     /// (exit code, termination message, stderr).
     fn run_container(
         &self,
@@ -259,7 +270,13 @@ impl Setup {
         let command = container.command.clone().unwrap_or_default();
         let (program, before): (PathBuf, Vec<&str>) = match command[0].as_str() {
             "/etcd-webhook" => (env!("CARGO_BIN_EXE_etcd-webhook").into(), vec![]),
-            "/usr/local/bin/etcdutl" => (common::control_plane(), vec!["etcdutl"]),
+            // The etcdutl of the release the Job's image names (the member image).
+            "/usr/local/bin/etcdutl" => container
+                .image
+                .as_deref()
+                .and_then(Release::of_image)
+                .expect("an etcd image of a release the harness runs")
+                .etcdutl(),
             other => panic!("no program for {other}"),
         };
         let args: Vec<String> = container
@@ -648,7 +665,26 @@ fn member_ids(net: &Net, via: usize) -> (u64, Vec<(String, u64, bool)>) {
 /// file left for etcdutl).
 #[test]
 fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
-    let mut src = Setup::new("src", Some("s3://backups/src"), 3);
+    snapshot_restore("src", "dst", Release::V3_6_4);
+}
+
+/// The same on etcd v3.7.4: its snapshot, restored by v3.7.4's etcdutl.
+#[test]
+fn etcd_3_7_a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
+    snapshot_restore("src37", "dst37", Release::V3_7_4);
+}
+
+fn snapshot_restore(src_name: &str, dst_name: &str, release: Release) {
+    let mut src = Setup::of(
+        cluster_on(
+            src_name,
+            Some(&format!("s3://backups/{src_name}")),
+            3,
+            release,
+        ),
+        true,
+        None,
+    );
     let keys = write_keys(&src.net, 1000);
     let (src_cluster, src_members) = member_ids(&src.net, 0);
     let (code, report, stderr) = src.run_job(false, ACCESS_KEY);
@@ -659,7 +695,16 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
     src.stop_s3();
 
     // The new cluster: its net, the bucket's bolt file carried over, its S3 server.
-    let mut dst = Setup::with("dst", Some("s3://backups/dst"), 3, false);
+    let mut dst = Setup::of(
+        cluster_on(
+            dst_name,
+            Some(&format!("s3://backups/{dst_name}")),
+            3,
+            release,
+        ),
+        false,
+        None,
+    );
     std::fs::copy(&src.s3_data, &dst.s3_data).unwrap();
     drop(src);
     dst.start_s3();
@@ -670,7 +715,7 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
             assert_eq!(
                 dst.net.get(i, key).as_deref(),
                 Some(format!("value of {key}").as_str()),
-                "{key} through dst-{i}"
+                "{key} through {dst_name}-{i}"
             );
         }
     }
@@ -719,7 +764,8 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
     let (cluster, members) = member_ids(&dst.net, 1);
     assert_ne!(cluster, src_cluster, "a new cluster ID");
     let names: Vec<&str> = members.iter().map(|(n, ..)| n.as_str()).collect();
-    assert_eq!(names, ["dst-0", "dst-1", "dst-2"]);
+    let want: Vec<String> = (0..3).map(|i| format!("{dst_name}-{i}")).collect();
+    assert_eq!(names, want);
     assert!(members.iter().all(|(_, _, learner)| !learner), "3 voters");
     for (_, id, _) in &members {
         assert!(
@@ -728,7 +774,8 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
         );
     }
     eprintln!(
-        "restore of 1,000 keys ({} bytes, revision {revision}): fetched and restored on 3 members in {restored_in:?}, all ready {ready_in:?} after the start",
+        "restore of 1,000 keys on {} ({} bytes, revision {revision}): fetched and restored on 3 members in {restored_in:?}, all ready {ready_in:?} after the start",
+        release.version(),
         report["size"]
     );
 
@@ -738,8 +785,9 @@ fn a_snapshot_restores_into_a_new_cluster_with_every_key_and_its_revision() {
     bad[4096 + 100] ^= 0x01;
     let bad_file = dst.net.tmp.path().join("bad.db");
     std::fs::write(&bad_file, &bad).unwrap();
-    dst.s3_put("dst/bad.db", &bad_file);
-    let bad_uri = SnapshotSource::parse("s3://backups/dst/bad.db").unwrap();
+    dst.s3_put(&format!("{dst_name}/bad.db"), &bad_file);
+    let bad_uri = format!("s3://backups/{dst_name}/bad.db");
+    let bad_uri = SnapshotSource::parse(&bad_uri).unwrap();
     let job = render::restore_job(&dst.ec, 0, bad_uri, None, &opts);
     let pod = job.spec.unwrap().template.spec.unwrap();
     let scratch = dst.net.tmp.path().join("restore-bad");

@@ -109,14 +109,36 @@ fn fresh(size: i32, release: Release) -> Net {
 
 #[test]
 fn fresh_clusters_of_one_three_and_five_form_from_the_rendering() {
+    fresh_clusters(Release::V3_6_4);
+}
+
+#[test]
+fn etcd_3_7_clusters_of_one_three_and_five_form_from_the_rendering() {
+    fresh_clusters(Release::V3_7_4);
+}
+
+fn fresh_clusters(release: Release) {
     for size in [1, 3, 5] {
         let started = Instant::now();
-        drop(fresh(size, Release::V3_6_4));
+        drop(fresh(size, release));
         eprintln!(
-            "fresh cluster of {size}: formed and checked in {:?}",
+            "fresh {} cluster of {size}: formed and checked in {:?}",
+            release.version(),
             started.elapsed()
         );
     }
+}
+
+/// The harness runs exactly the releases the loop's table says the tests run: each admitted
+/// line's oldest patch and its newest tested one.
+#[test]
+fn the_harness_runs_every_tested_release_and_no_other() {
+    let harness: Vec<&str> = Release::ALL.iter().map(|r| r.version()).collect();
+    let tested: Vec<String> = etcd_webhook::api::EtcdVersion::tested()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(harness, tested);
 }
 
 /// From v3.5.11 a started learner is never ready (`/readyz`'s linearizable read is refused to
@@ -126,7 +148,7 @@ fn fresh_clusters_of_one_three_and_five_form_from_the_rendering() {
 /// learner: there the Service keeps selecting the voter label the loop sets.
 #[test]
 fn a_learner_is_alive_but_never_ready() {
-    for release in [Release::V3_6_4, Release::V3_5_35, Release::V3_5_1] {
+    for release in Release::ALL {
         let name = format!(
             "lrn{}",
             release.version().replace('.', "").trim_start_matches('v')
@@ -744,7 +766,16 @@ fn grow_with_writes(net: &mut Net, lp: &mut Loop, size: i32, strays: usize) -> u
 
 #[test]
 fn scaling_one_to_three_to_five_adds_learners_restarts_nothing_and_fails_no_write() {
-    let (mut net, mut lp) = formed("grow", 1, 5, Release::V3_6_4);
+    scaling("grow", Release::V3_6_4);
+}
+
+#[test]
+fn etcd_3_7_scales_one_to_three_to_five_by_learners_and_fails_no_write() {
+    scaling("grow37", Release::V3_7_4);
+}
+
+fn scaling(name: &str, release: Release) {
+    let (mut net, mut lp) = formed(name, 1, 5, release);
     assert_eq!(
         grow_with_writes(&mut net, &mut lp, 3, 0),
         0,
@@ -1458,22 +1489,35 @@ fn server_version(net: &Net, i: usize) -> Option<String> {
     )
 }
 
-/// A rolling upgrade the way etcd's guide wants it, v3.5.35 (the newest v3.5 patch, built from
-/// Go modules) to v3.6.4, with a client writing every 20 ms through any member that answers:
-/// one member at a time, followers first and the leader last, each only when every voter is
-/// healthy and the one before is ready again. 0 failed writes, every key there, every member
-/// on v3.6.4, and the cluster version moves to 3.6 at the end.
+/// A rolling upgrade the way etcd's guide wants it, v3.5.36 (the newest v3.5 patch) to v3.6.4,
+/// with a client writing every 20 ms through any member that answers: one member at a time,
+/// followers first and the leader last, each only when every voter is healthy and the one
+/// before is ready again. 0 failed writes, every key there, every member on v3.6.4, and the
+/// cluster version moves to 3.6 at the end.
 #[test]
 fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write() {
-    let (mut net, mut lp) = formed("upgrade", 3, 3, Release::V3_5_35);
+    rolling_upgrade("upgrade", Release::V3_5_36, Release::V3_6_4, "3.6.0");
+}
+
+/// The same from v3.6.17 (the newest v3.6 patch; etcd goes to v3.7 from v3.6.11) to v3.7.4.
+#[test]
+fn a_rolling_upgrade_from_3_6_to_3_7_restarts_the_leader_last_and_fails_no_write() {
+    rolling_upgrade("upgrade37", Release::V3_6_17, Release::V3_7_4, "3.7.0");
+}
+
+fn rolling_upgrade(name: &str, from: Release, to: Release, cluster_version: &str) {
+    let bare = |r: Release| r.version().trim_start_matches('v').to_owned();
+    let started = Instant::now();
+    let (mut net, mut lp) = formed(name, 3, 3, from);
     for i in 0..3 {
-        assert_eq!(server_version(&net, i).as_deref(), Some("3.5.35"));
+        assert_eq!(server_version(&net, i), Some(bare(from)));
     }
     let writing = Arc::new(AtomicBool::new(true));
     let addrs: Vec<String> = net.pods.iter().map(|p| p.addr.clone()).collect();
     let writes = writer_any(net.controller_ns.clone(), addrs, writing.clone());
     std::thread::sleep(Duration::from_millis(500));
-    lp.ec.spec.version = Release::V3_6_4.version().to_owned();
+    let upgrading = Instant::now();
+    lp.ec.spec.version = to.version().to_owned();
     lp.container = member_container(&lp.ec);
     let mut restarts = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -1484,7 +1528,7 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
             upgrade::Step::Restart {
                 ordinal, leader, ..
             } => {
-                eprintln!("upgrade: restarting upgrade-{ordinal} (leader: {leader})");
+                eprintln!("upgrade: restarting {name}-{ordinal} (leader: {leader})");
                 restarts.push((ordinal, leader));
             }
             upgrade::Step::Wait(_) => {}
@@ -1497,6 +1541,7 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
         std::thread::sleep(Duration::from_millis(300));
     }
     lp.settle(&mut net, Duration::from_secs(60));
+    let took = upgrading.elapsed();
     let keys = writes_end(&net, &writing, writes, 50, "the upgrade");
     assert_eq!(restarts.len(), 3, "each member once: {restarts:?}");
     let ordinals: BTreeSet<i32> = restarts.iter().map(|(i, _)| *i).collect();
@@ -1506,9 +1551,9 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
         "followers first, the leader last: {restarts:?}"
     );
     for i in 0..3 {
-        assert_eq!(server_version(&net, i).as_deref(), Some("3.6.4"), "{i}");
+        assert_eq!(server_version(&net, i), Some(bare(to)), "{i}");
     }
-    // The leader moves the cluster version once every member runs 3.6.
+    // The leader moves the cluster version once every member runs the new minor.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (_, body) = net.http(
@@ -1518,38 +1563,41 @@ fn a_rolling_upgrade_from_3_5_to_3_6_restarts_the_leader_last_and_fails_no_write
             None,
         );
         let cluster: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        if cluster["etcdcluster"] == "3.6.0" {
+        if cluster["etcdcluster"] == cluster_version {
             break;
         }
         assert!(Instant::now() < deadline, "cluster version still {body}");
         std::thread::sleep(Duration::from_millis(500));
     }
     eprintln!(
-        "upgrade v3.5.35 -> v3.6.4: restarts {restarts:?}; {} writes, 0 failed",
-        keys.len()
+        "upgrade {} -> {}: restarts {restarts:?}; {} writes, 0 failed; rolled in {took:?} ({:?} with the cluster's start)",
+        from.version(),
+        to.version(),
+        keys.len(),
+        started.elapsed()
     );
 }
 
-/// Quick edits v3.5.1 -> v3.5.35 -> v3.6.4, the second while the roll to v3.5.35 has restarted
+/// Quick edits v3.5.1 -> v3.5.36 -> v3.6.4, the second while the roll to v3.5.36 has restarted
 /// one member (etcd-io/etcd#19557's shape: 3.6 refuses a cluster whose 3.5 learner promotions
 /// were not persisted). The loop's pacing, fed the releases the members themselves report
-/// (`maintenance/status`), keeps rendering v3.5.35 until every member runs it and is healthy:
+/// (`maintenance/status`), keeps rendering v3.5.36 until every member runs it and is healthy:
 /// no member goes from 3.5.1 straight onto 3.6; at the end every member runs 3.6.4 and no
 /// write failed.
 #[test]
-fn quick_edits_3_5_1_to_3_5_35_to_3_6_never_restart_a_3_5_1_member_onto_3_6() {
+fn quick_edits_3_5_1_to_3_5_36_to_3_6_never_restart_a_3_5_1_member_onto_3_6() {
     let (mut net, mut lp) = formed("paced", 3, 3, Release::V3_5_1);
     let writing = Arc::new(AtomicBool::new(true));
     let addrs: Vec<String> = net.pods.iter().map(|p| p.addr.clone()).collect();
     let writes = writer_any(net.controller_ns.clone(), addrs, writing.clone());
-    lp.ec.spec.version = Release::V3_5_35.version().to_owned();
+    lp.ec.spec.version = Release::V3_5_36.version().to_owned();
     lp.container = member_container(&lp.ec);
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let outcome = lp.pass(&mut net);
         let step = lp.upgrade(&mut net, &outcome);
         if let upgrade::Step::Restart { ordinal, .. } = step {
-            eprintln!("paced: upgrade-{ordinal} 3.5.1 -> v3.5.35 before the second edit");
+            eprintln!("paced: upgrade-{ordinal} 3.5.1 -> v3.5.36 before the second edit");
             break;
         }
         assert!(
@@ -1560,7 +1608,7 @@ fn quick_edits_3_5_1_to_3_5_35_to_3_6_never_restart_a_3_5_1_member_onto_3_6() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    // The second edit, one member on 3.5.35.
+    // The second edit, one member on 3.5.36.
     lp.ec.spec.version = Release::V3_6_4.version().to_owned();
     let mut restarts = Vec::new();
     let mut held_for = 0;
@@ -1587,7 +1635,7 @@ fn quick_edits_3_5_1_to_3_5_35_to_3_6_never_restart_a_3_5_1_member_onto_3_6() {
                 let from = before[ordinal as usize].clone();
                 eprintln!("paced: upgrade-{ordinal} {from} -> {version}");
                 assert!(
-                    !(from.starts_with("3.5.") && from != "3.5.35" && version.starts_with("v3.6")),
+                    !(from.starts_with("3.5.") && from != "3.5.36" && version.starts_with("v3.6")),
                     "a 3.5.1 member restarted onto 3.6: {from} -> {version}"
                 );
                 restarts.push((ordinal, from, version));
@@ -1607,8 +1655,8 @@ fn quick_edits_3_5_1_to_3_5_35_to_3_6_never_restart_a_3_5_1_member_onto_3_6() {
     assert!(
         restarts
             .iter()
-            .any(|(_, from, to)| from == "3.5.1" && to == "v3.5.35"),
-        "a member left on 3.5.1 went to 3.5.35 after the edit to 3.6.4: {restarts:?}"
+            .any(|(_, from, to)| from == "3.5.1" && to == "v3.5.36"),
+        "a member left on 3.5.1 went to 3.5.36 after the edit to 3.6.4: {restarts:?}"
     );
     assert_eq!(
         restarts.iter().filter(|(_, _, to)| to == "v3.6.4").count(),
@@ -1619,7 +1667,7 @@ fn quick_edits_3_5_1_to_3_5_35_to_3_6_never_restart_a_3_5_1_member_onto_3_6() {
         assert_eq!(server_version(&net, i).as_deref(), Some("3.6.4"), "{i}");
     }
     eprintln!(
-        "paced upgrade v3.5.1 -> v3.5.35 -> v3.6.4: {restarts:?}; held {held_for} passes; {} writes, 0 failed",
+        "paced upgrade v3.5.1 -> v3.5.36 -> v3.6.4: {restarts:?}; held {held_for} passes; {} writes, 0 failed",
         keys.len()
     );
 }
@@ -1708,7 +1756,16 @@ fn leader_of(net: &Net) -> usize {
 /// each database falls by what the Events say. With one voter of three down, nothing starts.
 #[test]
 fn a_fragmented_cluster_is_defragmented_leader_last_with_no_failed_write() {
-    let (mut net, mut lp) = formed("frag", 3, 3, Release::V3_6_4);
+    defragmentation("frag", Release::V3_6_4);
+}
+
+#[test]
+fn etcd_3_7_a_fragmented_cluster_is_defragmented_leader_last_with_no_failed_write() {
+    defragmentation("frag37", Release::V3_7_4);
+}
+
+fn defragmentation(name: &str, release: Release) {
+    let (mut net, mut lp) = formed(name, 3, 3, release);
     for k in 0..192 {
         put_big(&net, 0, &format!("/big/{k}"), 64, b'f').unwrap();
     }
@@ -1762,7 +1819,7 @@ fn a_fragmented_cluster_is_defragmented_leader_last_with_no_failed_write() {
     );
     assert_eq!(
         plan,
-        Plan::Wait("voter frag-2 does not serve".to_owned()),
+        Plan::Wait(format!("voter {name}-2 does not serve")),
         "{plan:?}"
     );
     lp.settle(&mut net, Duration::from_secs(60));
@@ -1808,6 +1865,11 @@ fn nospace_is_recovered_by_compaction_defragmentation_and_a_disarm() {
 #[test]
 fn etcd_3_5_1_recovers_from_nospace_too() {
     nospace_recovery("nospace35", Release::V3_5_1);
+}
+
+#[test]
+fn etcd_3_7_recovers_from_nospace_too() {
+    nospace_recovery("nospace37", Release::V3_7_4);
 }
 
 fn nospace_recovery(name: &str, release: Release) {
@@ -2006,11 +2068,20 @@ fn served_name(net: &Net, i: usize) -> String {
 /// restarts.
 #[test]
 fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no_failed_write() {
-    let mut ec = cluster("tls", 1, Release::V3_6_4);
+    tls_cluster("tls", Release::V3_6_4);
+}
+
+#[test]
+fn etcd_3_7_tls_cluster_grows_through_client_certificates_and_renews_its_leaves() {
+    tls_cluster("tls37", Release::V3_7_4);
+}
+
+fn tls_cluster(name: &str, release: Release) {
+    let mut ec = cluster(name, 1, release);
     ec.spec.tls = Some(etcd_webhook::api::v1::Tls::default());
     let ca = TestCa::new("tls-ca");
     let (mut net, mut lp) = formed_with(ec, 3, Some(&ca));
-    assert!(net.endpoints()[0].starts_with("https://tls-0.tls.prod.svc:2379"));
+    assert!(net.endpoints()[0].starts_with(&format!("https://{name}-0.{name}.prod.svc:2379")));
     assert_eq!(
         grow_with_writes(&mut net, &mut lp, 3, 0),
         0,
@@ -2092,7 +2163,9 @@ fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no
             .arg(dir.join("tls.crt"))
             .arg("--key")
             .arg(dir.join("tls.key"))
-            .arg(format!("https://tls-0.tls.{NAMESPACE}.svc:2380/members"))
+            .arg(format!(
+                "https://{name}-0.{name}.{NAMESPACE}.svc:2380/members"
+            ))
             .output()
             .unwrap();
         let code = out.status.code().unwrap_or(-1);
@@ -2129,12 +2202,14 @@ fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no
     // `kubectl exec tls-N -- etcdctl member list -w table`, as README says, with nothing but
     // the container's own environment: every member lists the three started voters.
     for i in 0..3 {
-        etcdctl_lists_the_members(&net, &lp.container, i, &["tls-0", "tls-1", "tls-2"]);
+        let names: Vec<String> = (0..3).map(|m| format!("{name}-{m}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        etcdctl_lists_the_members(&net, &lp.container, i, &names);
     }
 
     // Every leaf renewed (new keys, the same CA) with writes through every member.
     let before: Vec<u32> = net.pods.iter().map(|p| p.starts).collect();
-    assert_eq!(served_name(&net, 0), "tls-server");
+    assert_eq!(served_name(&net, 0), format!("{name}-server"));
     let writing = Arc::new(AtomicBool::new(true));
     let writes = tls_writer(&net, &writing);
     std::thread::sleep(Duration::from_millis(500));
@@ -2164,13 +2239,15 @@ fn a_tls_cluster_grows_through_client_certificates_and_renews_its_leaves_with_no
     );
     let keys = writes_end(&net, &writing, writes, 20, "the renewal of every leaf");
     assert_eq!(
-        seen, ["tls-server-renewed"; 3],
+        seen,
+        vec![format!("{name}-server-renewed"); 3],
         "the renewed certificate is served"
     );
     let after: Vec<u32> = net.pods.iter().map(|p| p.starts).collect();
     assert_eq!(before, after, "a member restarted");
     eprintln!(
-        "TLS: grown 1 -> 3 with calls {:?}; every leaf renewed with {} writes and 0 failed, the renewed server certificate served by all 3 members {served_after:?} after the files changed",
+        "TLS {}: grown 1 -> 3 with calls {:?}; every leaf renewed with {} writes and 0 failed, the renewed server certificate served by all 3 members {served_after:?} after the files changed",
+        release.version(),
         lp.calls,
         keys.len()
     );

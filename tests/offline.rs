@@ -134,7 +134,7 @@ fn review_samples_and_multi_document_input() {
     );
     assert_eq!(code(&out), 0);
     let patched: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
-    assert_eq!(patched["spec"]["version"], "v3.6.4");
+    assert_eq!(patched["spec"]["version"], "v3.7.4");
     assert_eq!(patched["spec"]["storageSize"], "10Gi");
 }
 
@@ -520,7 +520,7 @@ fn render_refuses_denied_and_foreign_manifests() {
     );
     assert_eq!(code(&out), 0);
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("image: mirror.local/etcd-io/etcd:v3.6.4")
+        String::from_utf8_lossy(&out.stdout).contains("image: mirror.local/etcd-io/etcd:v3.7.4")
     );
 }
 

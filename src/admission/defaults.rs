@@ -242,7 +242,7 @@ mod tests {
         assert_eq!(spec, serde_json::to_value(typed).unwrap());
         assert_eq!(
             spec,
-            json!({"size": 3, "version": "v3.6.4", "storageSize": "10Gi",
+            json!({"size": 3, "version": "v3.7.4", "storageSize": "10Gi",
                    "backup": {"enabled": false, "schedule": "0 */6 * * *", "retention": 7}})
         );
 
@@ -262,7 +262,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec, serde_json::to_value(typed).unwrap());
-        assert_eq!(spec["etcdVersion"], "3.6.4");
+        assert_eq!(spec["etcdVersion"], "3.7.4");
         assert_eq!(spec["storageSizeGi"], 10);
     }
 
@@ -299,7 +299,7 @@ mod tests {
         let ops = serde_json::to_value(&p).unwrap();
         assert_eq!(
             ops,
-            json!([{"op": "add", "path": "/spec/version", "value": "v3.6.4"}])
+            json!([{"op": "add", "path": "/spec/version", "value": "v3.7.4"}])
         );
         // A spec that is not an object gets nothing.
         assert!(
@@ -314,7 +314,7 @@ mod tests {
         );
         assert_eq!(spec["size"], "three");
         assert_eq!(spec["storageClass"], "gold");
-        assert_eq!(spec["version"], "v3.6.4");
+        assert_eq!(spec["version"], "v3.7.4");
     }
 
     #[test]
@@ -328,7 +328,7 @@ mod tests {
         );
         assert_eq!(
             serde_json::to_value(&p).unwrap(),
-            json!([{"op": "replace", "path": "/spec/version", "value": "v3.6.4"}])
+            json!([{"op": "replace", "path": "/spec/version", "value": "v3.7.4"}])
         );
     }
 

@@ -1,7 +1,8 @@
 //! The rules that hold without the webhook: `x-kubernetes-validations` (CEL) in the generated
 //! CRD for the webhook's rules (`admission::validate`) that CEL can say on one field: the size is odd, the size and the
 //! storage never shrink, the storage class never changes, the release is one the loop runs,
-//! and v3.5 -> v3.6 only from v3.5.26 (the facts from `api::etcd_version`). The apiserver checks them on every
+//! and the next minor only from the patch etcd's upgrade guide asks for (the facts from
+//! `api::etcd_version::RELEASES`). The apiserver checks them on every
 //! write before any validating webhook is called, so they hold with `failurePolicy: Ignore`, while
 //! the webhook is down and before it is installed. They use the webhook's own words, so a user
 //! sees the same message whichever of the two refuses; the end-to-end test
@@ -51,29 +52,40 @@ fn below(n: u64) -> String {
     format!("0*({})", alternatives.join("|"))
 }
 
-/// The version rules: a well-formed release outside the supported minors is refused (a
-/// malformed one is the schema pattern's), and so is a step to the next minor from a patch
-/// below the one etcd's upgrade guide asks for.
+/// The version rules: a well-formed release the loop does not run (another minor, or a patch
+/// below its line's oldest) is refused (a malformed one is the schema pattern's), and so is a
+/// step to the next minor from a patch below the one etcd's upgrade guide asks for.
 fn version_rules(version: Version) -> Vec<ValidationRule> {
-    use super::etcd_version::{EtcdVersion, MIN_PATCH_BEFORE_NEXT_MINOR, SUPPORTED_MINORS};
+    use super::etcd_version::{EtcdVersion, RELEASES};
     let v = match version {
         Version::V1Alpha1 => "",
         Version::V1Beta1 | Version::V1 => "v",
     };
-    let minors = SUPPORTED_MINORS
-        .map(|m| m.to_string())
-        .collect::<Vec<_>>()
-        .join("|");
-    let unsupported = EtcdVersion::unsupported();
+    let lines: Vec<String> = RELEASES
+        .iter()
+        .map(|l| {
+            format!(
+                "(self.matches('^{v}0*3[.]0*{}[.][0-9]+$') && !self.matches('^{v}0*3[.]0*{}[.]{}$'))",
+                l.minor,
+                l.minor,
+                below(l.oldest)
+            )
+        })
+        .collect();
     let mut out = vec![ValidationRule {
         rule: format!(
-            "!self.matches('^{v}[0-9]+[.][0-9]+[.][0-9]+$') || self.matches('^{v}0*3[.]0*({minors})[.][0-9]+$')"
+            "!self.matches('^{v}[0-9]+[.][0-9]+[.][0-9]+$') || {}",
+            lines.join(" || ")
         ),
-        message: Some(unsupported),
+        message: Some(EtcdVersion::unsupported()),
         reason: Some(INVALID.to_owned()),
         ..ValidationRule::default()
     }];
-    for (minor, min) in MIN_PATCH_BEFORE_NEXT_MINOR {
+    for line in RELEASES {
+        let Some(min) = line.before_next else {
+            continue;
+        };
+        let minor = line.minor;
         // Inside a single-quoted CEL string, a quote is escaped.
         let words =
             EtcdVersion::too_early_for_next_minor("%s", "%s", minor, min).replace('\'', "\\'");
@@ -276,7 +288,8 @@ mod tests {
             assert_eq!(at(Field::Size), 2, "{version}");
             assert_eq!(at(Field::StorageSize), 1, "{version}");
             assert_eq!(at(Field::StorageClass), 1, "{version}");
-            assert_eq!(at(Field::Version), 2, "{version}");
+            // The release is admitted, and a rule per line with a next minor.
+            assert_eq!(at(Field::Version), 3, "{version}");
             // The storage class's presence; in v1 also spec.restore and spec.tls, set at
             // creation only.
             let spec_rules = if version == Version::V1 { 3 } else { 1 };

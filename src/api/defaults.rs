@@ -4,10 +4,8 @@
 //! up in the generated CRD schema (`default:`) and in what `/mutate` fills in.
 
 /// etcd release used when `spec.version` is missing (v1, v1beta1): the newest release the
-/// tests run (tests/members.rs, tests/backups.rs: v3.6.4). Not v3.5.10, the default before:
-/// its `/health` fails on NOSPACE, it is below the v3.5.26 floor for v3.6, and its learner
-/// promotions are not persisted (etcd-io/etcd#19557).
-pub const VERSION: &str = "v3.6.4";
+/// tests run (`api::etcd_version::RELEASES`; a unit test holds the two equal).
+pub const VERSION: &str = "v3.7.4";
 /// Volume size used when none is given.
 pub const STORAGE_SIZE: &str = "10Gi";
 /// The same size in whole GiB (v1alpha1 `storageSizeGi`).

@@ -47,32 +47,118 @@ impl fmt::Display for EtcdVersion {
     }
 }
 
-/// The etcd minor releases (3.x) the loop runs members of: the ones its membership is proven
-/// against on real etcd in tests/members.rs (v3.5.1 and v3.6.4). v3.4 and older lack what the
-/// loop relies on (v3.4 is past its support; v3.3 serves only `/v3beta` and has no learners;
-/// v3.2 has no `--listen-metrics-urls`; a linearizable `member list` exists from v3.5.0).
-pub const SUPPORTED_MINORS: std::ops::RangeInclusive<u64> = 5..=6;
+/// One minor line of etcd releases the loop runs: the oldest patch it admits and the newest its
+/// tests run (the tests run both: tests/members.rs, tests/backups.rs and the e2e suite), and the
+/// patch etcd's upgrade guide asks every member to run before the next minor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Line {
+    pub minor: u64,
+    pub oldest: u64,
+    pub newest_tested: u64,
+    pub before_next: Option<u64>,
+}
 
-/// etcd's v3.5 -> v3.6 upgrade guide: every member must run v3.5.26 or later first (earlier
-/// patches fail the upgrade, e.g. with "too many learner members").
-pub const MIN_PATCH_BEFORE_NEXT_MINOR: [(u64, u64); 1] = [(5, 26)];
+/// The etcd releases the loop admits (every v3 patch of a line from its `oldest` on) and the
+/// tests run (`oldest` and `newest_tested` of each line), one row per minor. Older lines lack
+/// what the loop relies on (v3.4 is past its support; v3.3 serves only `/v3beta` and has no
+/// learners; v3.2 has no `--listen-metrics-urls`; a linearizable `member list` exists from
+/// v3.5.0). Within a line:
+/// - v3.5 from v3.5.1 (the oldest 3.5 the tests run; v3.5.0 is not run);
+/// - v3.6 from v3.6.4 (v3.6.0 to v3.6.3 are not run);
+/// - v3.7 from v3.7.4 (v3.7.0 to v3.7.3 are not run; v3.7.4 is also the first 3.7 patch whose
+///   start-up reads every WAL entry a member that once ran v3.5 may still hold).
+///
+/// Before the next minor: v3.5 -> v3.6 from v3.5.32 and v3.6 -> v3.7 from v3.6.11 (etcd's
+/// upgrade guides; earlier patches fail the upgrade, e.g. with "too many learner members",
+/// etcd-io/etcd#19557).
+pub const RELEASES: [Line; 3] = [
+    Line {
+        minor: 5,
+        oldest: 1,
+        newest_tested: 36,
+        before_next: Some(32),
+    },
+    Line {
+        minor: 6,
+        oldest: 4,
+        newest_tested: 17,
+        before_next: Some(11),
+    },
+    Line {
+        minor: 7,
+        oldest: 4,
+        newest_tested: 4,
+        before_next: None,
+    },
+];
+
+impl Line {
+    /// `v3.<minor>.<patch>`.
+    pub fn release(&self, patch: u64) -> EtcdVersion {
+        EtcdVersion {
+            major: 3,
+            minor: self.minor,
+            patch,
+        }
+    }
+}
 
 impl EtcdVersion {
+    /// The releases the tests run: each line's oldest admitted patch and its newest tested one.
+    pub fn tested() -> Vec<EtcdVersion> {
+        let mut out: Vec<EtcdVersion> = RELEASES
+            .iter()
+            .flat_map(|l| [l.release(l.oldest), l.release(l.newest_tested)])
+            .collect();
+        out.dedup();
+        out
+    }
+
+    /// The newest release the tests run (the default `spec.version`).
+    pub fn newest_tested() -> EtcdVersion {
+        let l = RELEASES[RELEASES.len() - 1];
+        l.release(l.newest_tested)
+    }
+
+    /// The line of this release, if the loop runs that minor.
+    pub fn line(&self) -> Option<&'static Line> {
+        RELEASES
+            .iter()
+            .find(|l| self.major == 3 && l.minor == self.minor)
+    }
+
     /// Whether the loop runs members of this release; the reason if not (a sentence that
     /// completes "spec.version: Invalid value: ...: ").
     pub fn supported(&self) -> Result<(), String> {
-        if self.major == 3 && SUPPORTED_MINORS.contains(&self.minor) {
-            return Ok(());
+        match self.line() {
+            Some(l) if self.patch >= l.oldest => Ok(()),
+            _ => Err(Self::unsupported()),
         }
-        Err(Self::unsupported())
+    }
+
+    /// A warning for a release the loop admits but its tests do not run: a patch newer than
+    /// the newest tested one of its line.
+    pub fn untested(&self) -> Option<String> {
+        let l = self.line()?;
+        (self.patch > l.newest_tested).then(|| {
+            format!(
+                "{self} is newer than the newest v3.{} patch this operator's tests run ({}): etcd keeps its API and flags within a minor, but nothing here has run it",
+                l.minor,
+                l.release(l.newest_tested)
+            )
+        })
     }
 
     /// Why a release the loop does not run is refused (the CRD's CEL rule says the same).
     pub fn unsupported() -> String {
+        let lines: Vec<String> = RELEASES
+            .iter()
+            .map(|l| format!("{} or a later v3.{} patch", l.release(l.oldest), l.minor))
+            .collect();
+        let (last, rest) = lines.split_last().expect("a release line");
         format!(
-            "must be a v3.{}.x or v3.{}.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)",
-            SUPPORTED_MINORS.start(),
-            SUPPORTED_MINORS.end()
+            "must be {}, or {last}: the etcd releases this operator runs and tests (v3.4 and older lack learners, the v3 member API or the metrics listener it uses)",
+            rest.join(", ")
         )
     }
 
@@ -108,9 +194,7 @@ impl EtcdVersion {
             ));
         }
         if Some(to.minor) == self.minor.checked_add(1)
-            && let Some(&(_, min)) = MIN_PATCH_BEFORE_NEXT_MINOR
-                .iter()
-                .find(|(minor, _)| self.major == 3 && *minor == self.minor)
+            && let Some(min) = self.line().and_then(|l| l.before_next)
             && self.patch < min
         {
             return Err(Self::too_early_for_next_minor(
@@ -159,23 +243,43 @@ mod tests {
 
     #[test]
     fn supported_releases_and_the_upgrades_etcd_allows() {
-        for ok in ["v3.5.0", "v3.5.1", "v3.5.26", "v3.6.0", "v3.6.4"] {
+        for ok in [
+            "v3.5.1", "v3.5.32", "v3.5.36", "v3.6.4", "v3.6.17", "v3.6.40", "v3.7.4",
+        ] {
             assert!(v(ok).supported().is_ok(), "{ok}");
         }
-        for bad in ["v3.3.27", "v3.4.30", "v3.7.0", "v2.3.8", "v4.0.0"] {
+        for bad in [
+            "v3.3.27", "v3.4.30", "v3.5.0", "v3.6.0", "v3.6.3", "v3.7.0", "v3.7.3", "v3.8.0",
+            "v2.3.8", "v4.0.0",
+        ] {
             let why = v(bad).supported().unwrap_err();
-            assert!(why.contains("v3.5.x or v3.6.x"), "{bad}: {why}");
+            assert!(
+                why.contains("v3.5.1 or a later v3.5 patch, v3.6.4 or a later v3.6 patch, or v3.7.4 or a later v3.7 patch"),
+                "{bad}: {why}"
+            );
         }
-        assert!(v("v3.5.26").upgrade_to(&v("v3.6.4")).is_ok());
+        assert_eq!(v("v3.6.17").untested(), None);
+        let newer = v("v3.6.18").untested().unwrap();
+        assert!(
+            newer.contains("newest v3.6 patch this operator's tests run (v3.6.17)"),
+            "{newer}"
+        );
+        assert!(v("v3.5.32").upgrade_to(&v("v3.6.4")).is_ok());
+        assert!(v("v3.6.11").upgrade_to(&v("v3.7.4")).is_ok());
         // The largest numbers a version may spell do not overflow.
         let max = format!("v3.{}.0", u64::MAX);
         assert!(v(&max).upgrade_to(&v("v3.5.0")).is_err());
         assert!(v("v3.5.0").upgrade_to(&v(&max)).is_err());
-        assert!(v("v3.5.1").upgrade_to(&v("v3.5.26")).is_ok());
-        assert!(v("v3.6.0").upgrade_to(&v("v3.6.4")).is_ok());
-        let early = v("v3.5.1").upgrade_to(&v("v3.6.4")).unwrap_err();
+        assert!(v("v3.5.1").upgrade_to(&v("v3.5.36")).is_ok());
+        assert!(v("v3.6.4").upgrade_to(&v("v3.6.17")).is_ok());
+        let early = v("v3.5.26").upgrade_to(&v("v3.6.4")).unwrap_err();
         assert!(
-            early.contains("v3.5.26 or later") && early.contains("newest v3.5 patch"),
+            early.contains("v3.5.32 or later") && early.contains("newest v3.5 patch"),
+            "{early}"
+        );
+        let early = v("v3.6.4").upgrade_to(&v("v3.7.4")).unwrap_err();
+        assert!(
+            early.contains("v3.6.11 or later") && early.contains("newest v3.6 patch"),
             "{early}"
         );
         assert!(
@@ -184,11 +288,66 @@ mod tests {
                 .unwrap_err()
                 .contains("downgrade")
         );
-        assert!(
-            v("v3.4.30")
-                .upgrade_to(&v("v3.6.4"))
-                .unwrap_err()
-                .contains("one minor release at a time")
+        for skip in [("v3.4.30", "v3.6.4"), ("v3.5.36", "v3.7.4")] {
+            assert!(
+                v(skip.0)
+                    .upgrade_to(&v(skip.1))
+                    .unwrap_err()
+                    .contains("one minor release at a time"),
+                "{skip:?}"
+            );
+        }
+    }
+
+    /// The releases the tests run: each line's oldest admitted and newest tested patch; the
+    /// newest of all is the default.
+    #[test]
+    fn the_tested_releases_are_each_lines_ends_and_the_newest_is_the_default() {
+        let tested: Vec<String> = EtcdVersion::tested()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(tested, ["v3.5.1", "v3.5.36", "v3.6.4", "v3.6.17", "v3.7.4"]);
+        assert_eq!(
+            EtcdVersion::newest_tested().to_string(),
+            crate::api::defaults::VERSION
         );
+        for l in RELEASES {
+            assert!(l.oldest <= l.newest_tested, "{l:?}");
+            assert!(l.before_next.is_none_or(|b| b <= l.newest_tested), "{l:?}");
+        }
+    }
+
+    /// docs/versions.md's table "etcd releases" says what this one says.
+    #[test]
+    fn the_docs_table_is_this_table() {
+        let doc = include_str!("../../docs/versions.md");
+        let section = doc
+            .split("## etcd releases")
+            .nth(1)
+            .expect("docs/versions.md has a section \"etcd releases\"");
+        let rows: Vec<Vec<String>> = section
+            .lines()
+            .filter(|l| l.starts_with("| v3."))
+            .map(|l| {
+                l.split('|')
+                    .map(|c| c.trim().to_owned())
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .collect();
+        let want: Vec<Vec<String>> = RELEASES
+            .iter()
+            .map(|l| {
+                vec![
+                    format!("v3.{}", l.minor),
+                    l.release(l.oldest).to_string(),
+                    l.release(l.newest_tested).to_string(),
+                    l.before_next
+                        .map_or("—".to_owned(), |b| l.release(b).to_string()),
+                ]
+            })
+            .collect();
+        assert_eq!(rows, want);
     }
 }

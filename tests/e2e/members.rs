@@ -517,7 +517,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     let ec = json!({
         "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
         "metadata": {"name": NAME, "namespace": NS},
-        "spec": {"size": 1, "version": "v3.5.35", "storageClass": "standard", "storageSize": "1Gi"},
+        "spec": {"size": 1, "version": "v3.5.36", "storageClass": "standard", "storageSize": "1Gi"},
     });
     ok(
         cp.kubectl_output(&["create", "-f", "-"], Some(&ec.to_string())),
@@ -885,7 +885,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         "    member 2 removed by hand: back on a fresh volume, Running with 5 voters after {back:.1} s (new Events about it: {how:?})"
     );
 
-    // The upgrade v3.5.35 -> v3.6.4 (OnDelete, the loop restarts the members: followers
+    // The upgrade v3.5.36 -> v3.6.4 (OnDelete, the loop restarts the members: followers
     // first, the leader last), with a client writing through any member.
     let addrs: Vec<String> = net
         .lock()
@@ -961,7 +961,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         }
     }
     eprintln!(
-        "    upgrade v3.5.35 -> v3.6.4 through the apiserver in {upgraded:.1} s: {} writes through any member, 0 failed; the status said {said:?}",
+        "    upgrade v3.5.36 -> v3.6.4 through the apiserver in {upgraded:.1} s: {} writes through any member, 0 failed; the status said {said:?}",
         written.len()
     );
 

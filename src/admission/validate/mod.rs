@@ -384,14 +384,14 @@ mod tests {
     /// (labels, the finalizer's removal during deletion), and is named in a warning; a changed
     /// field is judged in full, and the update rules still apply.
     /// Upgrade rules judged from what the members run (`status.members[].version`): a spec
-    /// moved v3.5.10 -> v3.5.26 whose members still run v3.5.10 cannot go on to v3.6.4 yet
+    /// moved v3.5.10 -> v3.5.32 whose members still run v3.5.10 cannot go on to v3.6.4 yet
     /// (etcd-io/etcd#19557), may go back to v3.5.10, and goes on once every member runs
-    /// v3.5.26.
+    /// v3.5.32.
     #[test]
     fn upgrades_are_judged_from_the_lowest_release_the_members_run() {
         let stored = |running: &[&str]| {
             let mut o = v1(
-                json!({"size": 3, "version": "v3.5.26", "storageClass": "standard", "storageSize": "10Gi"}),
+                json!({"size": 3, "version": "v3.5.32", "storageClass": "standard", "storageSize": "10Gi"}),
             );
             o["status"] = json!({"members": running.iter().enumerate().map(|(i, v)| json!({
                 "name": format!("etcd-{i}"), "id": format!("{i:x}"), "role": "Follower",
@@ -403,7 +403,7 @@ mod tests {
                 json!({"size": 3, "version": version, "storageClass": "standard", "storageSize": "10Gi"}),
             )
         };
-        let mid_roll = stored(&["3.5.26", "3.5.10", "3.5.26"]);
+        let mid_roll = stored(&["3.5.32", "3.5.10", "3.5.32"]);
         let verdict = validate(
             Version::V1,
             Operation::Update,
@@ -413,7 +413,7 @@ mod tests {
         assert_eq!(
             messages(&verdict),
             [
-                "spec.version: Forbidden: cannot upgrade from v3.5.10 to v3.6.4: etcd's v3.5 -> v3.6 upgrade needs every member on v3.5.26 or later first; upgrade to the newest v3.5 patch, then to v3.6.4 (member etcd-1 still runs v3.5.10: the roll to v3.5.26 has not finished)"
+                "spec.version: Forbidden: cannot upgrade from v3.5.10 to v3.6.4: etcd's v3.5 -> v3.6 upgrade needs every member on v3.5.32 or later first; upgrade to the newest v3.5 patch, then to v3.6.4 (member etcd-1 still runs v3.5.10: the roll to v3.5.32 has not finished)"
             ]
         );
         let back = validate(
@@ -444,7 +444,7 @@ mod tests {
             Some(&mid_roll),
         );
         assert!(patch.allowed(), "{}", patch.message());
-        let done = stored(&["3.5.26", "3.5.26", "3.5.26"]);
+        let done = stored(&["3.5.32", "3.5.32", "3.5.32"]);
         let verdict = validate(Version::V1, Operation::Update, &to("v3.6.4"), Some(&done));
         assert!(verdict.allowed(), "{}", verdict.message());
     }
@@ -691,7 +691,7 @@ mod tests {
         assert_eq!(
             m,
             [
-                r#"spec.version: Invalid value: "v4.0.0": must be a v3.5.x or v3.6.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)"#
+                r#"spec.version: Invalid value: "v4.0.0": must be v3.5.1 or a later v3.5 patch, v3.6.4 or a later v3.6 patch, or v3.7.4 or a later v3.7 patch: the etcd releases this operator runs and tests (v3.4 and older lack learners, the v3 member API or the metrics listener it uses)"#
             ]
         );
         let m = messages(&create(
@@ -1050,26 +1050,44 @@ mod tests {
         let at = |v: &str| v1(json!({"size": 3, "version": v}));
         assert!(update(Version::V1, &at("v3.5.1"), &at("v3.5.10")).allowed());
         assert!(update(Version::V1, &at("v3.5.10"), &at("v3.5.10")).allowed());
-        assert!(update(Version::V1, &at("v3.5.26"), &at("v3.6.4")).allowed());
+        assert!(update(Version::V1, &at("v3.5.32"), &at("v3.6.4")).allowed());
         // A cluster admitted on v3.4 before the range narrowed may move up: the range is
         // ratcheted like every rule (the old value is not judged again), the step is checked.
-        assert!(update(Version::V1, &at("v3.4.9"), &at("v3.5.0")).allowed());
+        assert!(update(Version::V1, &at("v3.4.9"), &at("v3.5.1")).allowed());
+        // The same for a patch below its line's oldest: it may move to an admitted one.
+        assert!(update(Version::V1, &at("v3.6.2"), &at("v3.6.4")).allowed());
+        assert!(!update(Version::V1, &at("v3.6.2"), &at("v3.6.3")).allowed());
+        // A patch newer than the newest tested: admitted, with a warning.
+        let newer = update(Version::V1, &at("v3.6.17"), &at("v3.6.30"));
+        assert!(newer.allowed());
+        assert!(
+            newer.warnings.iter().any(|w| w.starts_with("spec.version: v3.6.30 is newer than the newest v3.6 patch")),
+            "{:?}",
+            newer.warnings
+        );
         assert_eq!(
-            messages(&update(Version::V1, &at("v3.4.1"), &at("v3.6.0"))),
+            messages(&update(Version::V1, &at("v3.6.4"), &at("v3.7.4"))),
             [
-                "spec.version: Forbidden: cannot upgrade from v3.4.1 to v3.6.0: etcd upgrades one minor release at a time; go to v3.5.x first"
+                "spec.version: Forbidden: cannot upgrade from v3.6.4 to v3.7.4: etcd's v3.6 -> v3.7 upgrade needs every member on v3.6.11 or later first; upgrade to the newest v3.6 patch, then to v3.7.4"
+            ]
+        );
+        assert!(update(Version::V1, &at("v3.6.11"), &at("v3.7.4")).allowed());
+        assert_eq!(
+            messages(&update(Version::V1, &at("v3.4.1"), &at("v3.6.4"))),
+            [
+                "spec.version: Forbidden: cannot upgrade from v3.4.1 to v3.6.4: etcd upgrades one minor release at a time; go to v3.5.x first"
             ]
         );
         assert_eq!(
             messages(&update(Version::V1, &at("v3.5.1"), &at("v3.6.4"))),
             [
-                "spec.version: Forbidden: cannot upgrade from v3.5.1 to v3.6.4: etcd's v3.5 -> v3.6 upgrade needs every member on v3.5.26 or later first; upgrade to the newest v3.5 patch, then to v3.6.4"
+                "spec.version: Forbidden: cannot upgrade from v3.5.1 to v3.6.4: etcd's v3.5 -> v3.6 upgrade needs every member on v3.5.32 or later first; upgrade to the newest v3.5 patch, then to v3.6.4"
             ]
         );
         assert_eq!(
             messages(&create(Version::V1, &at("v3.3.27"))),
             [
-                r#"spec.version: Invalid value: "v3.3.27": must be a v3.5.x or v3.6.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)"#
+                r#"spec.version: Invalid value: "v3.3.27": must be v3.5.1 or a later v3.5 patch, v3.6.4 or a later v3.6 patch, or v3.7.4 or a later v3.7 patch: the etcd releases this operator runs and tests (v3.4 and older lack learners, the v3 member API or the metrics listener it uses)"#
             ]
         );
         assert_eq!(

@@ -93,6 +93,9 @@ pub(super) fn check_spec(ctx: &Ctx, spec: &v1::EtcdClusterSpec, out: &mut Verdic
             if let Err(why) = v.supported() {
                 out.violations
                     .push(ctx.invalid(Field::Version, spec.version.clone(), why));
+            } else if let Some(newer) = v.untested() {
+                out.warnings
+                    .push(format!("{}: {newer}", ctx.path(Field::Version)));
             }
         }
     }

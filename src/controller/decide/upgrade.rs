@@ -88,7 +88,7 @@ pub fn plan(name: &str, pods: &[MemberPod], update: &str, health: Health) -> Ste
 /// The release the members are rendered with this pass: `spec.version`, unless going there
 /// from what they run now would skip a step etcd needs (etcd-io/etcd#19557: 3.5 learner
 /// promotions before 3.5.20 are not persisted, and 3.6 refuses such a cluster). A spec edited
-/// on (3.5.10 -> 3.5.26 -> 3.6.4) while the first roll is under way would otherwise restart
+/// on (3.5.10 -> 3.5.32 -> 3.6.4) while the first roll is under way would otherwise restart
 /// the members still on 3.5.10 straight onto 3.6. So the next minor is rendered only when
 /// every member has reported a release from which etcd goes there (the minimum patch) and is
 /// healthy on it; until then the template keeps the release it has (`template`), and the
@@ -116,7 +116,7 @@ pub fn pace(
         ));
     }
     for (version, healthy) in running {
-        // etcd says `3.5.26`; the spec `v3.5.26`.
+        // etcd says `3.5.32`; the spec `v3.5.32`.
         let Ok(v) = format!("v{}", version.trim_start_matches('v')).parse::<EtcdVersion>() else {
             return hold(format!(
                 "{target} waits until every member has reported the release it runs (one has not answered)"
@@ -165,38 +165,38 @@ pub fn member_pod(ec: &EtcdCluster, pod: &Pod) -> Option<MemberPod> {
 mod tests {
     use super::*;
 
-    /// 3.5.10 -> 3.5.26 -> 3.6.4 edited in quick succession: the template stays on 3.5.26
-    /// until every member reports 3.5.26 and is healthy there; then 3.6.4 is rendered. Within
+    /// 3.5.10 -> 3.5.32 -> 3.6.4 edited in quick succession: the template stays on 3.5.32
+    /// until every member reports 3.5.32 and is healthy there; then 3.6.4 is rendered. Within
     /// a minor, and for a new cluster, the spec is rendered as written.
     #[test]
     fn the_next_minor_waits_for_every_member_on_the_minimum_patch() {
         let spec = "v3.6.4";
-        let held = Some("v3.5.26");
+        let held = Some("v3.5.32");
         let (v, why) = pace(
             spec,
             held,
-            &[("3.5.26", true), ("3.5.10", true), ("3.5.26", true)],
+            &[("3.5.32", true), ("3.5.10", true), ("3.5.32", true)],
         );
-        assert_eq!(v, "v3.5.26");
+        assert_eq!(v, "v3.5.32");
         assert!(why.unwrap().contains("v3.5.10"), "names the reason");
         let (v, why) = pace(
             spec,
             held,
-            &[("v3.5.26", true), ("", false), ("v3.5.26", true)],
+            &[("v3.5.32", true), ("", false), ("v3.5.32", true)],
         );
-        assert_eq!((v.as_str(), why.is_some()), ("v3.5.26", true));
-        let (v, why) = pace(spec, held, &[("v3.5.26", true), ("v3.5.26", false)]);
-        assert_eq!((v.as_str(), why.is_some()), ("v3.5.26", true));
-        assert_eq!(pace(spec, held, &[]).0, "v3.5.26");
-        let all = [("v3.5.26", true), ("v3.5.26", true), ("v3.5.26", true)];
+        assert_eq!((v.as_str(), why.is_some()), ("v3.5.32", true));
+        let (v, why) = pace(spec, held, &[("v3.5.32", true), ("v3.5.32", false)]);
+        assert_eq!((v.as_str(), why.is_some()), ("v3.5.32", true));
+        assert_eq!(pace(spec, held, &[]).0, "v3.5.32");
+        let all = [("v3.5.32", true), ("v3.5.32", true), ("v3.5.32", true)];
         assert_eq!(pace(spec, held, &all), (spec.to_owned(), None));
         // Within a minor, a new cluster, a spec back on the template's release.
         assert_eq!(
-            pace("v3.5.26", Some("v3.5.10"), &[("v3.5.10", true)]).1,
+            pace("v3.5.32", Some("v3.5.10"), &[("v3.5.10", true)]).1,
             None
         );
         assert_eq!(pace(spec, None, &[]), (spec.to_owned(), None));
-        assert_eq!(pace("v3.5.26", Some("v3.6.4"), &[]).1, None);
+        assert_eq!(pace("v3.5.32", Some("v3.6.4"), &[]).1, None);
     }
 
     fn pods(revisions: &[&str]) -> Vec<MemberPod> {

@@ -1201,6 +1201,40 @@ pub(crate) mod tests {
         );
     }
 
+    /// Every release the tests run is rendered only flags it takes: no `--experimental-*` flag
+    /// (v3.7 removed them all and exits with code 2 on one; v3.6 deprecated them), no v2 flag
+    /// (gone in v3.6), `--snapshot-count` and `--max-snapshots` on v3.5 only (deprecated since
+    /// v3.6), and the same TLS and listener flags on every release (tests/members.rs runs each).
+    #[test]
+    fn every_tested_release_is_rendered_only_flags_it_takes() {
+        for release in crate::api::EtcdVersion::tested() {
+            for tls in [false, true] {
+                let mut ec = cluster("etcd", 3, None);
+                ec.spec.version = release.to_string();
+                if tls {
+                    ec.spec.tls = Some(crate::api::v1::Tls::default());
+                }
+                let set = stateful_set(&ec, 3, &RenderOptions::default());
+                let args = template_member(&set).unwrap().args.clone().unwrap();
+                for a in &args {
+                    assert!(
+                        !a.starts_with("--experimental-") && !a.contains("enable-v2"),
+                        "{release}: {a}"
+                    );
+                }
+                let on_35 = release.minor == 5;
+                for flag in ["--snapshot-count=", "--max-snapshots="] {
+                    assert_eq!(
+                        args.iter().any(|a| a.starts_with(flag)),
+                        on_35,
+                        "{release}: {flag} in {args:?}"
+                    );
+                }
+                assert!(args.contains(&"--max-wals=5".to_owned()), "{release}");
+            }
+        }
+    }
+
     /// A cluster whose database is already near the new, smaller quota keeps the quota it runs
     /// with (lowering it would raise NOSPACE at once); one with a small database takes the
     /// new one, and a kept quota is never raised.

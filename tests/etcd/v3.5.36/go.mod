@@ -1,8 +1,12 @@
-module github.com/etcd-webhook/etcd-webhook/tests/etcd35
+module github.com/etcd-webhook/etcd-webhook/tests/etcd/v3_5_36
 
 go 1.26.0
 
-require go.etcd.io/etcd/server/v3 v3.5.35
+require (
+	github.com/spf13/cobra v1.10.1
+	go.etcd.io/etcd/etcdutl/v3 v3.5.36
+	go.etcd.io/etcd/server/v3 v3.5.36
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -24,29 +28,30 @@ require (
 	github.com/grpc-ecosystem/go-grpc-prometheus v1.2.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway v1.16.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
-	github.com/inconshreveable/mousetrap v1.0.0 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jonboulle/clockwork v0.2.2 // indirect
 	github.com/json-iterator/go v1.1.11 // indirect
+	github.com/mattn/go-runewidth v0.0.9 // indirect
 	github.com/matttproud/golang_protobuf_extensions v1.0.1 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.1 // indirect
+	github.com/olekukonko/tablewriter v0.0.5 // indirect
 	github.com/prometheus/client_golang v1.11.1 // indirect
 	github.com/prometheus/client_model v0.2.0 // indirect
 	github.com/prometheus/common v0.26.0 // indirect
 	github.com/prometheus/procfs v0.6.0 // indirect
 	github.com/sirupsen/logrus v1.9.3 // indirect
 	github.com/soheilhy/cmux v0.1.5 // indirect
-	github.com/spf13/cobra v1.1.3 // indirect
-	github.com/spf13/pflag v1.0.5 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
 	github.com/tmc/grpc-websocket-proxy v0.0.0-20201229170055-e5319fda7802 // indirect
 	github.com/xiang90/probing v0.0.0-20190116061207-43a291ad63a2 // indirect
 	go.etcd.io/bbolt v1.3.12 // indirect
-	go.etcd.io/etcd/api/v3 v3.5.35 // indirect
-	go.etcd.io/etcd/client/pkg/v3 v3.5.35 // indirect
-	go.etcd.io/etcd/client/v2 v2.305.35 // indirect
-	go.etcd.io/etcd/client/v3 v3.5.35 // indirect
-	go.etcd.io/etcd/pkg/v3 v3.5.35 // indirect
-	go.etcd.io/etcd/raft/v3 v3.5.35 // indirect
+	go.etcd.io/etcd/api/v3 v3.5.36 // indirect
+	go.etcd.io/etcd/client/pkg/v3 v3.5.36 // indirect
+	go.etcd.io/etcd/client/v2 v2.305.36 // indirect
+	go.etcd.io/etcd/client/v3 v3.5.36 // indirect
+	go.etcd.io/etcd/pkg/v3 v3.5.36 // indirect
+	go.etcd.io/etcd/raft/v3 v3.5.36 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.46.0 // indirect
 	go.opentelemetry.io/otel v1.45.0 // indirect
