@@ -351,7 +351,7 @@ pub fn denials_reach_the_user(env: &Env) {
             new: cluster(
                 "v1alpha1",
                 "early-alpha",
-                json!({"replicas": 3, "etcdVersion": "3.6.0", "storageSizeGi": 10}),
+                json!({"replicas": 3, "etcdVersion": "3.6.4", "storageSizeGi": 10}),
             ),
             cel: true,
         },
