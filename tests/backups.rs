@@ -53,7 +53,6 @@ fn cluster_on(
 fn member_container(ec: &EtcdCluster) -> Container {
     render::stateful_set(ec, 3, &RenderOptions::default())
         .spec
-        .unwrap()
         .template
         .spec
         .unwrap()
@@ -75,7 +74,6 @@ fn job_container(ec: &EtcdCluster, final_job: bool) -> Container {
     } else {
         render::backup_cron_job(ec, &target, &opts)
             .spec
-            .unwrap()
             .job_template
             .spec
             .unwrap()

@@ -124,7 +124,7 @@ fn value_sets() -> Vec<String> {
 /// The `serve` arguments of the install's Deployment.
 fn serve_args(install: &Install) -> Vec<String> {
     let d: Deployment = install.one("Deployment");
-    d.spec.unwrap().template.spec.unwrap().containers[0]
+    d.spec.template.spec.unwrap().containers[0]
         .args
         .clone()
         .unwrap()
@@ -169,7 +169,7 @@ fn check_deployment(
     let n = &install.name;
     let ns = NS;
     let deploy: Deployment = install.one("Deployment");
-    let spec = deploy.spec.as_ref().unwrap();
+    let spec = deploy.spec;
     assert!(spec.replicas.unwrap() >= 2, "{n}: at least 2 replicas");
     let pod = spec.template.spec.as_ref().unwrap();
     let psc = pod.security_context.as_ref().unwrap();
@@ -1030,7 +1030,7 @@ fn helm_template_default_and_value_sets() {
                 Some("Ignore")
             );
             let d: Deployment = install.one("Deployment");
-            let spec = d.spec.unwrap();
+            let spec = d.spec;
             assert_eq!(spec.replicas, Some(3));
             // The user's constraint keeps its own labelSelector (one key, no duplicate).
             let tsc = spec
@@ -1407,7 +1407,7 @@ fn kustomize_edit_set_image_reaches_every_job() {
         docs: documents(&rendered),
     };
     let deploy: Deployment = install.one("Deployment");
-    let template = deploy.spec.unwrap().template;
+    let template = deploy.spec.template;
     let args = serve_args(&install);
     assert!(
         arg(&args, "--backup-image").is_none(),
@@ -1448,15 +1448,7 @@ fn kustomize_edit_set_image_reaches_every_job() {
             .collect()
     };
     let cron = controller::render::backup_cron_job(&ec, &target, &opts);
-    let cron_pod = cron
-        .spec
-        .unwrap()
-        .job_template
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap();
+    let cron_pod = cron.spec.job_template.spec.unwrap().template.spec.unwrap();
     let final_job = controller::render::final_snapshot_job(&ec, &target, &opts);
     let final_pod = final_job.spec.unwrap().template.spec.unwrap();
     let restore = controller::render::restore_job(

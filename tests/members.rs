@@ -57,7 +57,7 @@ fn cluster(name: &str, size: i32, release: Release) -> EtcdCluster {
 /// The etcd container of the rendered StatefulSet of `ec` (the same at every size).
 fn member_container(ec: &EtcdCluster) -> Container {
     let sts = render::stateful_set(ec, ec.spec.size, &RenderOptions::default());
-    let pod = sts.spec.unwrap().template.spec.unwrap();
+    let pod = sts.spec.template.spec.unwrap();
     assert_eq!(
         pod.security_context.as_ref().unwrap().run_as_user,
         Some(65532)
@@ -391,7 +391,8 @@ impl Loop {
             ready: BTreeMap::new(),
             grace: render::stateful_set(&ec, 1, &RenderOptions::default())
                 .spec
-                .and_then(|s| s.template.spec)
+                .template
+                .spec
                 .and_then(|p| p.termination_grace_period_seconds)
                 .unwrap_or(30),
             ec,
@@ -713,7 +714,6 @@ fn grow_with_writes(net: &mut Net, lp: &mut Loop, size: i32, strays: usize) -> u
     let before: Vec<u32> = net.pods.iter().map(|p| p.starts).collect();
     let template = render::stateful_set(&lp.ec, lp.replicas, &RenderOptions::default())
         .spec
-        .unwrap()
         .template;
     lp.ec.spec.size = size;
     let writing = Arc::new(AtomicBool::new(true));
@@ -736,7 +736,6 @@ fn grow_with_writes(net: &mut Net, lp: &mut Loop, size: i32, strays: usize) -> u
     }
     let after = render::stateful_set(&lp.ec, lp.replicas, &RenderOptions::default())
         .spec
-        .unwrap()
         .template;
     assert_eq!(template, after, "the pod template changed");
     let names: Vec<(String, bool)> = (0..size)

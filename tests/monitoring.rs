@@ -214,7 +214,7 @@ fn the_chart_and_config_ship_the_tested_alerts_and_dashboard() {
         3,
         &Default::default(),
     );
-    let template = members.spec.unwrap().template;
+    let template = members.spec.template;
     let pod_labels = serde_json::to_value(template.metadata.unwrap().labels.unwrap()).unwrap();
     let pod_ports: Vec<String> = template.spec.unwrap().containers[0]
         .ports

@@ -338,7 +338,7 @@ async fn status_is_patched_only_when_it_changes() {
 /// The member args of the StatefulSet as the fake holds it.
 fn member_args(api: &FakeApi) -> (i32, Vec<String>) {
     let sts: StatefulSet = serde_json::from_value(api.get(STS).unwrap()).unwrap();
-    let spec = sts.spec.unwrap();
+    let spec = sts.spec;
     let args = spec.template.spec.unwrap().containers[0]
         .args
         .clone()
@@ -1306,7 +1306,6 @@ async fn an_on_demand_backup_from_the_cronjob_is_recorded_like_a_scheduled_one()
     let cron: CronJob = serde_json::from_value(api.get(CRON).expect("the CronJob")).unwrap();
     let labels = cron
         .spec
-        .unwrap()
         .job_template
         .spec
         .unwrap()

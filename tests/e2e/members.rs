@@ -932,7 +932,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
                 cluster_json(&cp)["status"],
                 String::from_utf8_lossy(&pods.stdout),
                 set.status,
-                set.spec.and_then(|s| s.update_strategy)
+                set.spec.update_strategy
             );
         }
     }

@@ -23,7 +23,6 @@ fn template_image(sts: &StatefulSet) -> Option<String> {
 fn template_storage_gib(sts: &StatefulSet) -> Option<i64> {
     let q = sts
         .spec
-        .as_ref()?
         .volume_claim_templates
         .as_ref()?
         .first()?
@@ -125,7 +124,7 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
             .as_ref()
             .and_then(|s| s.ready_replicas)
             .unwrap_or(0);
-        let replicas = current.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+        let replicas = current.spec.replicas.unwrap_or(0);
         if replicas > ec.spec.size && current.metadata.deletion_timestamp.is_none() {
             return Err(Error::InvalidSpec(format!(
                 "spec.size {} is below the {replicas} members running; members are never removed (set spec.size back to {replicas})",

@@ -214,7 +214,7 @@ pub fn backup_cron_job(ec: &EtcdCluster, target: &BackupTarget, opts: &RenderOpt
         });
     CronJob {
         metadata: meta(ec, format!("{}-backup", ec.name_any()), "backup"),
-        spec: Some(CronJobSpec {
+        spec: CronJobSpec {
             schedule: backup.schedule,
             concurrency_policy: Some("Forbid".to_owned()),
             successful_jobs_history_limit: Some(3),
@@ -238,7 +238,7 @@ pub fn backup_cron_job(ec: &EtcdCluster, target: &BackupTarget, opts: &RenderOpt
                 }),
             },
             ..Default::default()
-        }),
+        },
         ..Default::default()
     }
 }

@@ -253,7 +253,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
     };
     StatefulSet {
         metadata: meta(ec, name.clone(), "member"),
-        spec: Some(StatefulSetSpec {
+        spec: StatefulSetSpec {
             replicas: Some(replicas),
             service_name: Some(name),
             pod_management_policy: Some("Parallel".to_owned()),
@@ -304,7 +304,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
                 },
             ),
             ..Default::default()
-        }),
+        },
         ..Default::default()
     }
 }

@@ -562,7 +562,7 @@ pub(crate) mod tests {
         let mut ec = cluster("etcd", 3, Some(backup(None)));
         ec.spec.tls = Some(Tls::default());
         let sts = stateful_set(&ec, 3, &RenderOptions::default());
-        let pod = sts.spec.unwrap().template.spec.unwrap();
+        let pod = sts.spec.template.spec.unwrap();
         let args = pod.containers[0].args.clone().unwrap();
         let urls: Vec<&String> = args.iter().filter(|a| a.contains("://")).collect();
         assert_eq!(urls.len(), 5, "{urls:?}");
@@ -699,13 +699,13 @@ pub(crate) mod tests {
     fn the_template_is_the_same_at_every_size_and_the_membership_comes_from_the_config_map() {
         let ec = cluster("etcd", 5, None);
         let opts = RenderOptions::default();
-        let template = |n| stateful_set(&ec, n, &opts).spec.unwrap().template;
+        let template = |n| stateful_set(&ec, n, &opts).spec.template;
         assert_eq!(
             template(3),
             template(5),
             "a scale-up must not roll the members"
         );
-        assert_eq!(stateful_set(&ec, 4, &opts).spec.unwrap().replicas, Some(4));
+        assert_eq!(stateful_set(&ec, 4, &opts).spec.replicas, Some(4));
         let pod = template(3).spec.unwrap();
         let etcd = &pod.containers[0];
         assert!(
@@ -825,7 +825,7 @@ pub(crate) mod tests {
             member_cpu: "500m".to_owned(),
             ..Default::default()
         };
-        let spec = stateful_set(&ec, 3, &opts).spec.unwrap();
+        let spec = stateful_set(&ec, 3, &opts).spec;
         let retention = spec.persistent_volume_claim_retention_policy.unwrap();
         assert_eq!(retention.when_deleted.as_deref(), Some("Delete"));
         let pod = spec.template.spec.unwrap();
@@ -879,12 +879,7 @@ pub(crate) mod tests {
                 name: "mirror".to_owned(),
             },
         ]);
-        let members = stateful_set(&ec, 3, &opts)
-            .spec
-            .unwrap()
-            .template
-            .spec
-            .unwrap();
+        let members = stateful_set(&ec, 3, &opts).spec.template.spec.unwrap();
         assert_eq!(members.image_pull_secrets, want);
         assert_eq!(
             members.service_account_name, None,
@@ -893,7 +888,6 @@ pub(crate) mod tests {
         let jobs = [
             backup_cron_job(&ec, &target, &opts)
                 .spec
-                .unwrap()
                 .job_template
                 .spec
                 .unwrap()
@@ -933,7 +927,6 @@ pub(crate) mod tests {
         let env = |ec: &EtcdCluster| -> BTreeMap<String, String> {
             stateful_set(ec, 3, &RenderOptions::default())
                 .spec
-                .unwrap()
                 .template
                 .spec
                 .unwrap()
@@ -1017,7 +1010,6 @@ pub(crate) mod tests {
             let target = backup_target(ec).unwrap().unwrap();
             backup_cron_job(ec, &target, &RenderOptions::default())
                 .spec
-                .unwrap()
                 .job_template
                 .spec
                 .unwrap()
@@ -1102,7 +1094,7 @@ pub(crate) mod tests {
         };
         let sts = stateful_set(&ec, 3, &opts);
         assert_eq!(
-            sts.spec.unwrap().template.spec.unwrap().containers[0]
+            sts.spec.template.spec.unwrap().containers[0]
                 .image
                 .as_deref(),
             Some("registry.local:5000/mirror/etcd:v3.5.10")
@@ -1172,7 +1164,6 @@ pub(crate) mod tests {
         let args = |ec: &EtcdCluster| {
             stateful_set(ec, 3, &RenderOptions::default())
                 .spec
-                .unwrap()
                 .template
                 .spec
                 .unwrap()

@@ -25,13 +25,7 @@ pub fn template_quota(set: &StatefulSet) -> Option<i64> {
 
 /// The etcd container of `set`'s pod template.
 pub fn template_member(set: &StatefulSet) -> Option<&k8s_openapi::api::core::v1::Container> {
-    set.spec
-        .as_ref()?
-        .template
-        .spec
-        .as_ref()?
-        .containers
-        .first()
+    set.spec.template.spec.as_ref()?.containers.first()
 }
 
 /// A quota is never lowered under a database already near it: a cluster made when the quota
@@ -78,7 +72,6 @@ pub fn hold_quota_until_grown(smallest: Option<i128>, desired: &mut StatefulSet)
 fn set_quota(desired: &mut StatefulSet, quota: i64) -> Option<i64> {
     let args = desired
         .spec
-        .as_mut()?
         .template
         .spec
         .as_mut()?
