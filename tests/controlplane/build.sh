@@ -12,7 +12,7 @@ root=$(cd "$here/../.." && pwd)
 
 # Kubernetes' version string, set at link time (otherwise /version says v0.0.0). It must match the
 # k8s.io/kubernetes version in go.mod; build.sh checks that below.
-k8s_version=v1.34.12
+k8s_version=v1.37.2
 
 # The Prometheus operator's CRDs (ServiceMonitor, PodMonitor, PrometheusRule), for the e2e check
 # that the chart's monitors and alerts are accepted as the operator defines them: taken from the

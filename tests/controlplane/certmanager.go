@@ -138,6 +138,9 @@ func runCAInjector(args []string) int {
 		fmt.Fprintln(os.Stderr, "cainjector:", err)
 		return 1
 	}
+	// The field manager of cainjector's server-side applies is the user agent's first word, as
+	// cert-manager's own main sets it (empty, the apiserver refuses the apply).
+	config.UserAgent = "cert-manager-cainjector/v1.21.2"
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		clientgoscheme.AddToScheme,

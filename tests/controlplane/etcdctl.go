@@ -1,6 +1,6 @@
 package main
 
-// etcdctl v3.6.4 (the release the control plane's etcd is), as the etcd image ships it at
+// etcdctl v3.7.4 (the release the control plane's etcd is), as the etcd image ships it at
 // /usr/local/bin/etcdctl: the member tests run `etcdctl member list` with exactly the ETCDCTL_*
 // environment the rendered member pods carry, as `kubectl exec NAME-0 -- etcdctl ...` does.
 //

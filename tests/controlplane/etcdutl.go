@@ -1,6 +1,6 @@
 package main
 
-// etcdutl v3.6.4 (the release the control plane's etcd is), as the etcd image ships it: the
+// etcdutl v3.7.4 (the release the control plane's etcd is), as the etcd image ships it: the
 // restore tests run `etcdutl snapshot restore` and `etcdutl snapshot status` from here.
 //
 //	controlplane etcdutl snapshot restore FILE --name ... --data-dir ...

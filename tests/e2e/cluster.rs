@@ -17,7 +17,7 @@ use crate::common;
 use crate::install::ok;
 
 /// Kubernetes' version, as built by tests/controlplane/build.sh.
-pub const KUBERNETES_VERSION: &str = "v1.34.12";
+pub const KUBERNETES_VERSION: &str = "v1.37.2";
 
 /// Polls `probe` until it returns `Some`, at most `within`; panics with `what` after that.
 pub fn wait_for<T>(what: &str, within: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
@@ -311,6 +311,9 @@ impl ControlPlane {
                 format!("--secure-port={port}"),
                 "--bind-address=127.0.0.1".into(),
                 "--advertise-address=127.0.0.1".into(),
+                // From v1.37 the `kubernetes` Service's endpoint reconciler refuses a loopback
+                // address; nothing here reaches the apiserver through that Service.
+                "--endpoint-reconciler-type=none".into(),
                 format!("--cert-dir={}", cp.dir.join("apiserver").display()),
                 format!("--tls-cert-file={}", serving_crt.display()),
                 format!("--tls-private-key-file={}", serving_key.display()),
