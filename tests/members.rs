@@ -652,8 +652,8 @@ fn formed_with(ec: EtcdCluster, max: i32, ca: Option<&TestCa>) -> (Net, Loop) {
     (net, lp)
 }
 
-/// `etcdctl member list -w table` run in member `i` as `kubectl exec` would (v3.6.4's
-/// etcdctl, the container's environment and Secret mounts, uid 65532): it succeeds and lists
+/// `etcdctl member list -w table` run in member `i` as `kubectl exec` would (the control
+/// plane's etcdctl, v3.7.4, the container's environment and Secret mounts, uid 65532): it succeeds and lists
 /// every name in `names` as a started voter (`false` in the learner column).
 fn etcdctl_lists_the_members(net: &Net, container: &Container, i: usize, names: &[&str]) {
     let etcdctl = (common::control_plane(), vec!["etcdctl"]);
@@ -664,12 +664,16 @@ fn etcdctl_lists_the_members(net: &Net, container: &Container, i: usize, names: 
         net.pods[i].name
     );
     for name in names {
+        // v3.7's etcdctl draws its table with box-drawing characters, v3.6's with `|`.
+        let cells = |l: &str| -> Vec<String> {
+            l.split(['|', '│']).map(|c| c.trim().to_owned()).collect()
+        };
         let row = out
             .lines()
-            .find(|l| l.split('|').any(|c| c.trim() == *name))
+            .find(|l| cells(l).iter().any(|c| c == name))
             .unwrap_or_else(|| panic!("{name} not in etcdctl's table:\n{out}"));
         assert_eq!(
-            row.split('|').map(str::trim).nth(6),
+            cells(row).get(6).map(String::as_str),
             Some("false"),
             "{name} is a started voter: {row}"
         );
