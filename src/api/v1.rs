@@ -243,6 +243,11 @@ pub struct MemberState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub last_defragmentation: Option<String>,
+    /// When the member at this ordinal was last found corrupt (its data not what a majority of
+    /// the voters hold) and replaced by the loop (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub corruption_detected_at: Option<String>,
 }
 
 /// The backups' record in the status.

@@ -3253,3 +3253,100 @@ async fn tls_clusters_read_their_client_secrets_once_a_period_and_list_none() {
         "{down} GETs for {n} clusters in {minutes} minutes"
     );
 }
+
+/// A follower whose data is not the others' (etcd raised CORRUPT and its hash differs from the
+/// two that agree): the pass removes it (Warning MemberCorrupt) and makes its volume anew, the
+/// next disarms the alarm (CorruptAlarmDisarmed; writes are taken again), then it joins again
+/// as a learner, and the status records when it was found. With the leader as the outlier
+/// nothing is removed and the Members condition says why.
+#[tokio::test]
+async fn a_corrupt_follower_is_replaced_and_the_alarm_disarmed_but_never_the_leader() {
+    let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    etcd.raise_alarm("etcd-1", "CORRUPT");
+    etcd.set_hash("etcd-1", 0xbad);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let names: Vec<String> = etcd.members().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["etcd-0", "etcd-2"], "etcd-1 removed");
+    let said = events(&api.calls());
+    assert!(
+        said.contains(&("Warning".to_owned(), "MemberCorrupt".to_owned())),
+        "{said:?}"
+    );
+    assert!(
+        api.calls().iter().any(|c| c.method == "DELETE"
+            && c.path == "/api/v1/namespaces/prod/persistentvolumeclaims/data-etcd-1"),
+        "its volume made anew"
+    );
+    let config = api.get(CONFIG).unwrap();
+    let found = config["metadata"]["annotations"][render::CORRUPT_ANNOTATION]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(found.starts_with("1="), "{found}");
+    // The alarm stays until the outlier is gone; now it is: disarmed.
+    assert_eq!(etcd.alarms().len(), 1);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(etcd.alarms().is_empty(), "{:?}", etcd.alarms());
+    assert!(
+        events(&api.calls()).contains(&("Normal".to_owned(), "CorruptAlarmDisarmed".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    // Writes are taken again; the member joins again as a learner, starts, and is promoted.
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(etcd.members().len(), 3, "{:?}", etcd.members());
+    assert!(etcd.members()[2].1, "a learner first");
+    etcd.start("etcd-1", true);
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    let status = cluster_json(&api)["status"].clone();
+    let back = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "etcd-1")
+        .cloned()
+        .unwrap_or_else(|| panic!("etcd-1 back: {status}"));
+    assert_eq!(back["role"], "Follower", "{back}");
+    assert_eq!(
+        back["corruptionDetectedAt"].as_str(),
+        found.strip_prefix("1="),
+        "{back}"
+    );
+
+    // The leader as the outlier: nothing is removed, the Members condition says why, and one
+    // Warning says it (not one a pass).
+    let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    etcd.raise_alarm("etcd-0", "CORRUPT");
+    etcd.set_hash("etcd-0", 0xbad);
+    api.clear_calls();
+    for _ in 0..3 {
+        pass(&api, &ctx).await.unwrap();
+    }
+    let told = events(&api.calls())
+        .iter()
+        .filter(|e| *e == &("Warning".to_owned(), "CorruptionUndecided".to_owned()))
+        .count();
+    assert_eq!(told, 1, "{:?}", events(&api.calls()));
+    assert_eq!(etcd.members().len(), 3);
+    assert_eq!(etcd.alarms().len(), 1, "not disarmed");
+    let members = cluster_json(&api)["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Members")
+        .cloned()
+        .unwrap();
+    assert!(
+        members["message"]
+            .as_str()
+            .unwrap()
+            .contains("the leader, etcd-0, holds other data"),
+        "{members}"
+    );
+    assert_eq!(members["reason"], "CorruptionUndecided", "{members}");
+}

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
+use super::host_name;
 use crate::controller::etcd::{EtcdError, Transport};
 
 #[derive(Default)]
@@ -46,25 +47,13 @@ struct State {
     defragmenting: Vec<String>,
     /// While set, a defragmentation waits for a permit of this semaphore before it answers.
     hold: Option<Arc<tokio::sync::Semaphore>>,
+    /// Per pod: the hash of its keys (`maintenance/hashkv`) when not the common one.
+    hashes: BTreeMap<String, u64>,
 }
 
 #[derive(Default)]
 pub struct FakeEtcd {
     state: Mutex<State>,
-}
-
-/// `http://etcd-1.etcd.prod.svc:2380` (or `https://`) -> `etcd-1`.
-fn host_name(url: &str) -> &str {
-    host_part(url, 0)
-}
-
-/// The `n`th dot-separated label of a URL's host.
-pub(super) fn host_part(url: &str, n: usize) -> &str {
-    url.trim_start_matches("http://")
-        .trim_start_matches("https://")
-        .split('.')
-        .nth(n)
-        .unwrap_or_default()
 }
 
 impl FakeEtcd {
@@ -165,6 +154,16 @@ impl FakeEtcd {
                 (pod.unwrap_or_default(), name.clone())
             })
             .collect()
+    }
+
+    /// The hash of pod `pod`'s member's keys from now on (`maintenance/hashkv`; 0xe7cd
+    /// otherwise, the same for every member).
+    pub fn set_hash(&self, pod: &str, hash: u64) {
+        self.state
+            .lock()
+            .unwrap()
+            .hashes
+            .insert(pod.to_owned(), hash);
     }
 
     /// The pods defragmented so far, in order.
@@ -377,6 +376,11 @@ impl FakeEtcd {
                 }
                 s.defragmented.push(pod);
                 Ok(json!({}))
+            }
+            "maintenance/hashkv" => {
+                let m = Self::answering(s, endpoint)?;
+                let hash = s.hashes.get(&m.1).copied().unwrap_or(0xe7cd);
+                Ok(json!({"hash": hash, "compact_revision": s.compacted.to_string()}))
             }
             "maintenance/alarm" => {
                 Self::answering(s, endpoint)?;

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use super::fake_etcd::{FakeEtcd, host_part};
+use super::fake_etcd::FakeEtcd;
+use super::host_part;
 use crate::controller::etcd::{EtcdError, Transport};
 
 /// Many clusters' etcds behind one transport, as the loop reaches them: a call goes to the

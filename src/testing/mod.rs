@@ -14,3 +14,17 @@ pub use fake_api::FakeCore;
 pub use fake_etcd::FakeEtcd;
 pub use fake_etcds::FakeEtcds;
 pub use mock::{Call, FakeApi, assert_granted, per_verb};
+
+/// `http://etcd-1.etcd.prod.svc:2380` (or `https://`) -> `etcd-1`.
+fn host_name(url: &str) -> &str {
+    host_part(url, 0)
+}
+
+/// The `n`th dot-separated label of a URL's host.
+fn host_part(url: &str, n: usize) -> &str {
+    url.trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .split('.')
+        .nth(n)
+        .unwrap_or_default()
+}

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
-pub use etcd_webhook::controller::decide::membership::Exit;
+pub use etcd_webhook::controller::decide::exits::Exit;
 
 /// The rendered volume's mount path, bound to each member's own folder.
 pub const MOUNT: &str = "/var/lib/etcd";

@@ -441,7 +441,8 @@ pub(crate) mod tests {
                         db_size,
                         db_size_in_use,
                         alarms,
-                        last_defragmentation: last,
+                        last_defragmentation: last.clone(),
+                        corruption_detected_at: last,
                     }
                 },
             )

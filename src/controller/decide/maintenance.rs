@@ -96,7 +96,7 @@ pub fn gate(
         .find(|m| health.get(&m.id).is_some_and(|s| s.alarm(CORRUPT)))
     {
         return Some(format!(
-            "etcd raised the CORRUPT alarm on {}: its data disagrees with the other members'; no compaction or defragmentation runs until a person has compared the members (etcdctl endpoint hashkv) and replaced the outlier",
+            "etcd raised the CORRUPT alarm on {}: no compaction or defragmentation runs until the member whose data differs is replaced and the alarm disarmed (the membership pass does both when a majority of the voters agree; the Members condition says what it waits for)",
             if m.name.is_empty() {
                 format!("{:x}", m.id)
             } else {

@@ -26,6 +26,17 @@ pub(crate) fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> 
     }
 }
 
+/// A signed 64-bit number the gateway may leave out (a zero) or write as a string.
+pub(crate) fn opt_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    match Value::deserialize(d)? {
+        Value::String(s) => s.parse().map_err(serde::de::Error::custom),
+        Value::Number(n) => n
+            .as_i64()
+            .ok_or_else(|| serde::de::Error::custom("not an i64")),
+        _ => Ok(0),
+    }
+}
+
 /// One entry of `member list`. A member that was added but has never started has no name.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct Member {

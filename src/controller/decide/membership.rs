@@ -32,6 +32,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::corruption::Finding;
+use super::exits::Exit;
 use super::memory::Memory;
 use crate::api::MAX_SIZE;
 use crate::api::v1::EtcdCluster;
@@ -42,65 +44,6 @@ use crate::controller::render;
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// The default of `--member-promote-timeout`.
 pub const DEFAULT_PROMOTE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Lines of an etcd log that mean its data directory is gone while the cluster still has the
-/// member: bootstrapping anew over a known member, or a raft log that starts from nothing.
-pub const LOST_VOLUME_SIGNS: &[&str] = &["has already been bootstrapped", "[lastIndex(0)]"];
-
-/// Words of an etcd log that mean its member ID was removed from the cluster. The run that
-/// learns it stops with exit 0 (no termination message; a run started again on that volume
-/// does the same, measured on v3.5.35 and v3.6.4); should a run end with an error after
-/// saying so, the kubelet keeps the log's tail and this still reads it.
-///
-/// The second is etcd v3.6.4's race on that stop (seen in tests/members.rs, the restart on the
-/// removed volume, 2 runs of 2 on 2026-12-01): the
-/// removed member's server stops, its client listener then fails with a fatal
-/// `"listener failed","error":"server is stopping"`, and it exits 1 with the removal line out
-/// of the kept tail. Read only where the member list has no started member for the pod.
-pub const REMOVED_SIGNS: &[&str] = &["permanently removed", "\"error\":\"server is stopping\""];
-
-/// Whether a container's last termination message (the tail of its log, with
-/// `terminationMessagePolicy: FallbackToLogsOnError`, kept only after an error exit) says the
-/// member lost its volume.
-pub fn lost_volume(message: &str) -> bool {
-    LOST_VOLUME_SIGNS.iter().any(|s| message.contains(s))
-}
-
-/// How a member pod's etcd container last ended, as the kubelet reports it
-/// (`state.terminated`, else `lastState.terminated`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Exit {
-    pub code: i32,
-    /// The termination message (the log's tail after an error exit, else empty).
-    pub message: String,
-    /// When it ended, if the kubelet said.
-    pub at: Option<Timestamp>,
-}
-
-impl Exit {
-    /// The member's data directory is gone while the cluster still has it.
-    pub fn lost_volume(&self) -> bool {
-        lost_volume(&self.message)
-    }
-
-    /// etcd stopped by itself: it exits 0 when its peers tell it that its member ID was
-    /// removed ("the member has been permanently removed from the cluster"), and, as a
-    /// container's PID 1, after a SIGTERM. Read only where the member list has no started
-    /// member for the pod, so either way the volume holds nothing the cluster needs.
-    pub fn clean(&self) -> bool {
-        self.code == 0
-    }
-
-    /// The volume names a member ID the cluster removed: a clean exit, or an error exit whose
-    /// log says so (the kubelet restarts the first at once, and the run after it fails).
-    pub fn removed(&self) -> bool {
-        self.clean() || REMOVED_SIGNS.iter().any(|s| self.message.contains(s))
-    }
-
-    fn after(&self, since: Timestamp) -> bool {
-        self.at.is_none_or(|at| at >= since)
-    }
-}
 
 /// Where a member is asked: its pod's client URL among `endpoints` (by ordinal), else (a
 /// member the cluster has no ordinal for: added by hand, a former cluster's) the client URL it
@@ -132,6 +75,8 @@ pub enum Removal {
     /// Added, but its pod's etcd stopped by itself (exit 0) after the add: the volume names a
     /// member ID that was removed.
     StaleVolume,
+    /// Its data is not what the others hold (etcd's corruption checks; the reason).
+    Corrupt(String),
     /// A learner that started but did not catch up with its leader within the promote timeout.
     NeverCaughtUp {
         waited: Duration,
@@ -166,6 +111,11 @@ pub enum Step {
     ReplaceVolume {
         ordinal: i32,
     },
+    /// Disarm the CORRUPT alarm entries of these member IDs (the corrupt member is gone, or the
+    /// voters agree): writes are taken again.
+    Disarm {
+        ids: Vec<u64>,
+    },
 }
 
 /// How long a member may take to start, and a started learner to catch up.
@@ -197,6 +147,8 @@ pub struct View<'a> {
     pub memory: &'a Memory,
     pub now: Timestamp,
     pub timeouts: Timeouts,
+    /// What the corruption checks and the members' hashes say (`corruption::judge`).
+    pub corruption: Option<&'a Finding>,
 }
 
 /// A member that answers with a leader and no alarm but NOSPACE: it has its data and takes
@@ -232,6 +184,47 @@ fn quorum_without(view: &View, m: &Member) -> Result<(), String> {
     }
 }
 
+/// Whether voter `m` can be removed while the CORRUPT alarm makes every member unhealthy: the
+/// other voters that answer with a leader keep a quorum of the voters left.
+fn quorum_without_answering(view: &View, m: &Member) -> Result<(), String> {
+    let voters: Vec<&Member> = view.members.iter().filter(|v| !v.is_learner).collect();
+    let after = voters.len().saturating_sub(1);
+    let others = voters
+        .iter()
+        .filter(|v| v.id != m.id && view.health.get(&v.id).is_some_and(|s| s.leader != 0))
+        .count();
+    if after > 0 && others > after / 2 {
+        Ok(())
+    } else {
+        Err(format!(
+            "removing it needs a quorum of the others answering ({others} of {after})"
+        ))
+    }
+}
+
+/// The step for what the corruption checks found, if they found anything.
+fn corruption_step(view: &View, ours: &[(i32, &Member)]) -> Option<Step> {
+    match view.corruption? {
+        Finding::Outlier { id, why } => {
+            let Some(&(i, m)) = ours.iter().find(|(_, m)| m.id == *id) else {
+                return Some(Step::Wait(format!(
+                    "{why}; it has no ordinal of this cluster (added by hand?): remove it by hand"
+                )));
+            };
+            Some(match quorum_without_answering(view, m) {
+                Ok(()) => Step::Remove {
+                    ordinal: i,
+                    id: m.id,
+                    why: Removal::Corrupt(why.clone()),
+                },
+                Err(e) => Step::Wait(format!("{why}; {e}")),
+            })
+        }
+        Finding::Disarm(ids) => Some(Step::Disarm { ids: ids.clone() }),
+        Finding::Undecided(why) => Some(Step::Wait(why.clone())),
+    }
+}
+
 /// The next membership call of `ec` (see the module's order).
 pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
     let want = ec.spec.size;
@@ -262,6 +255,9 @@ pub fn plan(ec: &EtcdCluster, view: &View) -> Step {
             && (view.exits.get(i).is_some_and(Exit::removed) || view.removed_running.contains(i))
     }) {
         return Step::ReplaceVolume { ordinal };
+    }
+    if let Some(step) = corruption_step(view, &ours) {
+        return step;
     }
     for &(i, m) in &ours {
         // A sign read from the container's last termination (`lastState`), which the kubelet
@@ -467,6 +463,7 @@ mod tests {
             joining: joining_of(members, &BTreeMap::new(), at(since)),
             started: started_of(members, &BTreeMap::new(), at(since)),
             replacing: BTreeSet::new(),
+            corrupt: BTreeMap::new(),
         }
     }
 
@@ -488,6 +485,7 @@ mod tests {
                 memory: &memory_since(members, since),
                 now: at(now),
                 timeouts: Timeouts::default(),
+                corruption: None,
             },
         )
     }
@@ -763,6 +761,7 @@ mod tests {
                     memory: &Memory::default(),
                     now: at(10),
                     timeouts: Timeouts::default(),
+                    corruption: None,
                 },
             ),
             Step::ReplaceVolume { ordinal: 1 }
@@ -955,18 +954,5 @@ mod tests {
             ..stranger
         };
         assert_eq!(client_url(&ec, &endpoints, &silent), None);
-    }
-
-    #[test]
-    fn lost_volume_signs() {
-        assert!(lost_volume(
-            "panic: tocommit(105) is out of range [lastIndex(0)]. Was the raft log corrupted, truncated, or lost?"
-        ));
-        assert!(lost_volume(
-            r#"{"msg":"discovery failed","error":"member 8e9e05c52164694d has already been bootstrapped"}"#
-        ));
-        assert!(!lost_volume(
-            "the member has been permanently removed from the cluster"
-        ));
     }
 }

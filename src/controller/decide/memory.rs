@@ -1,6 +1,7 @@
 //! What the loop keeps between membership passes, in the members' ConfigMap annotations: when
-//! each non-voter was first seen, when each learner was first seen started, and the ordinals
-//! whose volume is to be replaced. Written and read back as plain text, every entry checked.
+//! each non-voter was first seen, when each learner was first seen started, the ordinals whose
+//! volume is to be replaced, and when a member was last found corrupt. Written and read back
+//! as plain text, every entry checked.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,6 +20,9 @@ pub struct Memory {
     pub joining: BTreeMap<u64, Timestamp>,
     pub started: BTreeMap<u64, Timestamp>,
     pub replacing: BTreeSet<i32>,
+    /// When the member at each ordinal was last found corrupt and replaced (the status shows
+    /// it as `corruptionDetectedAt`).
+    pub corrupt: BTreeMap<i32, Timestamp>,
 }
 
 /// When each current non-voter was first seen: as before, or now.
@@ -47,10 +51,11 @@ pub fn started_of(
         .collect()
 }
 
-fn times_annotation(times: &BTreeMap<u64, Timestamp>) -> String {
+/// `KEY=RFC3339,...`, each key as `key` writes it.
+fn times_annotation<K>(times: &BTreeMap<K, Timestamp>, key: impl Fn(&K) -> String) -> String {
     times
         .iter()
-        .map(|(id, at)| format!("{id:x}={at}"))
+        .map(|(k, at)| format!("{}={at}", key(k)))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -64,42 +69,61 @@ pub struct BadEntry {
     pub expected: &'static str,
 }
 
-fn parse_times(
+/// The entries of a `KEY=RFC3339,...` annotation whose key `key` reads (`expected` names the
+/// form in the error of one it cannot).
+fn parse_times<K: Ord>(
     annotation: &'static str,
     text: &str,
+    key: impl Fn(&str) -> Option<K>,
+    expected: &'static str,
     bad: &mut Vec<BadEntry>,
-) -> BTreeMap<u64, Timestamp> {
+) -> BTreeMap<K, Timestamp> {
     let mut out = BTreeMap::new();
     for kv in text.split(',').filter(|kv| !kv.trim().is_empty()) {
         let parsed = kv
             .split_once('=')
-            .and_then(|(id, at)| Some((u64::from_str_radix(id, 16).ok()?, at.parse().ok()?)));
+            .and_then(|(k, at)| Some((key(k)?, at.parse().ok()?)));
         match parsed {
-            Some((id, at)) => {
-                out.insert(id, at);
+            Some((k, at)) => {
+                out.insert(k, at);
             }
             None => bad.push(BadEntry {
                 annotation,
                 entry: kv.to_owned(),
-                expected: "HEXID=RFC3339",
+                expected,
             }),
         }
     }
     out
 }
 
+/// A member ID as the annotations write it (hex).
+fn hex_id(k: &str) -> Option<u64> {
+    u64::from_str_radix(k, 16).ok()
+}
+
+/// An ordinal of the cluster.
+fn an_ordinal(k: &str) -> Option<i32> {
+    k.parse().ok().filter(|i| (0..MAX_SIZE).contains(i))
+}
+
 impl Memory {
-    /// The ConfigMap annotations that keep it, always all three (empty or not), so that a
+    /// The ConfigMap annotations that keep it, always all of them (empty or not), so that a
     /// change to any is a change to apply.
     pub fn annotations(&self) -> BTreeMap<String, String> {
+        let hex = |id: &u64| format!("{id:x}");
         BTreeMap::from([
             (
                 render::JOINING_ANNOTATION.to_owned(),
-                times_annotation(&self.joining),
+                times_annotation(&self.joining, hex),
             ),
             (
                 render::STARTED_ANNOTATION.to_owned(),
-                times_annotation(&self.started),
+                times_annotation(&self.started, hex),
+            ),
+            (
+                render::CORRUPT_ANNOTATION.to_owned(),
+                times_annotation(&self.corrupt, i32::to_string),
             ),
             (
                 render::REPLACING_ANNOTATION.to_owned(),
@@ -120,11 +144,22 @@ impl Memory {
         let joining = parse_times(
             render::JOINING_ANNOTATION,
             get(render::JOINING_ANNOTATION),
+            hex_id,
+            "HEXID=RFC3339",
             &mut bad,
         );
         let started = parse_times(
             render::STARTED_ANNOTATION,
             get(render::STARTED_ANNOTATION),
+            hex_id,
+            "HEXID=RFC3339",
+            &mut bad,
+        );
+        let corrupt = parse_times(
+            render::CORRUPT_ANNOTATION,
+            get(render::CORRUPT_ANNOTATION),
+            an_ordinal,
+            "ORDINAL=RFC3339",
             &mut bad,
         );
         let mut replacing = BTreeSet::new();
@@ -148,6 +183,7 @@ impl Memory {
                 joining,
                 started,
                 replacing,
+                corrupt,
             },
             bad,
         )
@@ -168,6 +204,7 @@ mod tests {
             joining: BTreeMap::from([(0xabcu64, at(5)), (7, at(9))]),
             started: BTreeMap::from([(7, at(11))]),
             replacing: BTreeSet::from([1, 3]),
+            corrupt: BTreeMap::from([(2, at(13))]),
         };
         assert_eq!(Memory::parse(&memory.annotations()), (memory, vec![]));
         assert_eq!(Memory::parse(&BTreeMap::new()), (Memory::default(), vec![]));

@@ -2,6 +2,8 @@
 //! clock of their own), unit-tested without a network.
 
 pub mod backup;
+pub mod corruption;
+pub mod exits;
 pub mod maintenance;
 pub mod members;
 pub mod membership;

@@ -50,6 +50,8 @@ pub struct EtcdView {
     pub steady: bool,
     /// The members the upkeep defragmented this pass.
     pub defragmented: Vec<String>,
+    /// When each member (by name) was last found corrupt and replaced.
+    pub corrupt: std::collections::BTreeMap<String, String>,
 }
 
 /// Whether etcd takes writes, as far as its quota goes (the `Degraded` condition).
@@ -88,6 +90,8 @@ pub struct Membership {
     pub strangers: Vec<String>,
     /// What the membership waits for, or why it could not be read or changed.
     pub note: Option<String>,
+    /// Something is corrupt and the loop will not guess what (the note says why).
+    pub corruption_undecided: bool,
 }
 
 impl Membership {
@@ -135,7 +139,9 @@ impl Membership {
                 ),
             );
         }
-        let reason = if !self.strangers.is_empty() {
+        let reason = if self.corruption_undecided {
+            "CorruptionUndecided"
+        } else if !self.strangers.is_empty() {
             "StaleMembers"
         } else if self.learners > 0 || self.unstarted > 0 || self.voters < size {
             "Joining"

@@ -61,6 +61,7 @@ fn member_states(
                     })
                     .unwrap_or_default(),
                 last_defragmentation,
+                corruption_detected_at: view.corrupt.get(&name).cloned(),
                 name,
             }
         })

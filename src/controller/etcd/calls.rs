@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 
 use super::error::EtcdError;
 use super::gateway::Transport;
-use crate::controller::decide::members::{Header, Member, MemberStatus, opt_u64};
+use crate::controller::decide::corruption::Hash;
+use crate::controller::decide::members::{Header, Member, MemberStatus, opt_i64, opt_u64};
 
 #[derive(Deserialize)]
 struct Members {
@@ -229,6 +230,32 @@ impl Etcd<'_> {
             )
             .await
             .map(|_| ())
+    }
+
+    /// The hash of the member's keys up to `revision` (`maintenance/hashkv`), and the revision it
+    /// had compacted below: two members hold the same data there when both are the same.
+    pub async fn hash_kv(&self, endpoint: &str, revision: u64) -> Result<Hash, EtcdError> {
+        #[derive(Deserialize)]
+        struct Hashed {
+            #[serde(default, deserialize_with = "opt_u64")]
+            hash: u64,
+            /// -1 when the member has compacted nothing.
+            #[serde(default, deserialize_with = "opt_i64")]
+            compact_revision: i64,
+        }
+        let v = self
+            .transport
+            .post(
+                endpoint,
+                "maintenance/hashkv",
+                json!({"revision": revision.to_string()}),
+            )
+            .await?;
+        let h: Hashed = decode(endpoint, v)?;
+        Ok(Hash {
+            hash: h.hash,
+            compact_revision: h.compact_revision,
+        })
     }
 
     /// `endpoint status` of one member.

@@ -10,9 +10,11 @@ use kube::ResourceExt;
 use super::calls::Etcd;
 use super::error::EtcdError;
 use crate::api::v1::EtcdCluster;
+use crate::controller::decide::corruption::{self, Finding};
+use crate::controller::decide::exits::Exit;
 use crate::controller::decide::members::{Member, MemberStatus};
 use crate::controller::decide::membership::{
-    Exit, Step, Timeouts, View, client_url, ordinal, plan,
+    Removal, Step, Timeouts, View, client_url, ordinal, plan,
 };
 use crate::controller::decide::memory::{Memory, joining_of, started_of};
 use crate::controller::render;
@@ -35,6 +37,9 @@ pub struct Outcome {
     pub unreachable: Option<EtcdError>,
     /// The member list came from a cluster whose ID is not the one recorded: nothing was done.
     pub foreign: Option<String>,
+    /// Something is corrupt and the loop will not guess what (the leader differs, or no
+    /// majority agrees): why. Nothing is removed or disarmed while it is.
+    pub undecided: Option<String>,
 }
 
 /// What a pass starts from besides etcd.
@@ -71,6 +76,7 @@ where
         failed: None,
         unreachable: None,
         foreign: None,
+        undecided: None,
     };
     let listed = match etcd.member_list().await {
         Ok(found) => found,
@@ -125,7 +131,9 @@ where
         joining: joining_of(&members, &before.joining, now),
         started: started_of(&members, &before.started, now),
         replacing: before.replacing.clone(),
+        corrupt: before.corrupt.clone(),
     };
+    let finding = corruption_finding(ec, etcd, &members, &health, exits).await;
     let mut step = plan(
         ec,
         &View {
@@ -136,9 +144,14 @@ where
             memory: &memory,
             now,
             timeouts,
+            corruption: finding.as_ref(),
         },
     );
-    if let Step::Remove { ordinal, .. } = step {
+    if let Step::Remove { ordinal, why, .. } = &step {
+        let ordinal = *ordinal;
+        if matches!(why, Removal::Corrupt(_)) {
+            memory.corrupt.insert(ordinal, now);
+        }
         memory.replacing.insert(ordinal);
         if let Err(e) = record(&memory).await {
             memory.replacing.remove(&ordinal);
@@ -155,6 +168,7 @@ where
             .map(|(_, after)| after),
         Step::Promote { id, .. } => etcd.promote(&endpoint, *id).await,
         Step::Remove { id, .. } => etcd.remove(&endpoint, *id).await,
+        Step::Disarm { ids } => disarm(etcd, &endpoint, ids).await.map(|()| members.clone()),
         Step::Steady | Step::Wait(_) | Step::ReplaceVolume { .. } => Ok(members.clone()),
     };
     let failed = match result {
@@ -175,7 +189,76 @@ where
         failed,
         unreachable: None,
         foreign: None,
+        undecided: match finding {
+            Some(Finding::Undecided(why)) => Some(why),
+            _ => None,
+        },
     }
+}
+
+/// What etcd's corruption checks say this pass: the CORRUPT alarm entries in the statuses, the
+/// members whose pod's last run was refused by the initial check (while they do not answer),
+/// and, only while an alarm is raised, every voter's hash at the revision all of them have.
+async fn corruption_finding(
+    ec: &EtcdCluster,
+    etcd: &Etcd<'_>,
+    members: &[Member],
+    health: &BTreeMap<u64, MemberStatus>,
+    exits: &BTreeMap<i32, Exit>,
+) -> Option<Finding> {
+    let alarms = corruption::alarmed(health);
+    let refused_at_start: BTreeSet<u64> = members
+        .iter()
+        .filter(|m| !health.contains_key(&m.id))
+        .filter(|m| {
+            ordinal(ec, m)
+                .and_then(|i| exits.get(&i))
+                .is_some_and(|e| corruption::failed_initial_check(&e.message))
+        })
+        .map(|m| m.id)
+        .collect();
+    let revision = health
+        .values()
+        .map(|s| s.header.revision)
+        .min()
+        .unwrap_or(0);
+    let mut hashes = BTreeMap::new();
+    if !alarms.is_empty() {
+        let asks = members
+            .iter()
+            .filter(|m| m.started() && !m.is_learner)
+            .filter_map(|m| {
+                let url = client_url(ec, &etcd.endpoints, m)?;
+                Some(async move { (m.id, etcd.hash_kv(url, revision).await) })
+            });
+        hashes = futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .filter_map(|(id, hash)| match hash {
+                Ok(h) => Some((id, h)),
+                Err(e) => {
+                    tracing::warn!(cluster = %ec.name_any(), member = format!("{id:x}"), error = %e, "no hash of its data");
+                    None
+                }
+            })
+            .collect();
+    }
+    corruption::judge(
+        members,
+        health,
+        &alarms,
+        &refused_at_start,
+        &hashes,
+        revision,
+    )
+}
+
+/// Disarms the CORRUPT alarm entries of `ids`.
+async fn disarm(etcd: &Etcd<'_>, endpoint: &str, ids: &[u64]) -> Result<(), EtcdError> {
+    for id in ids {
+        etcd.disarm(endpoint, *id, corruption::CORRUPT).await?;
+    }
+    Ok(())
 }
 
 /// The ordinal whose claim and pod are to be deleted after this pass: a member just removed

@@ -16,9 +16,11 @@ use super::members::{
     replace_volume,
 };
 use crate::api::v1::EtcdCluster;
-use crate::controller::decide::membership::{self, Exit, Removal, Step};
+use crate::controller::decide::exits::Exit;
+use crate::controller::decide::membership::{self, Removal, Step};
 use crate::controller::decide::memory::Memory;
 use crate::controller::decide::observation::{Activity, Membership, Observation};
+use crate::controller::decide::status::has_condition;
 use crate::controller::etcd::membership::{Inputs, Outcome, pass, volume_to_replace};
 use crate::controller::etcd::{Etcd, EtcdError};
 use crate::controller::machinery::children::Children;
@@ -126,6 +128,14 @@ pub(crate) async fn converge(
             ctx.event(ec, EventType::Warning, "ForeignMembers", why.clone())
                 .await;
         }
+        // Told once: while the Members condition already says it, the status carries it.
+        if let Some(why) = &outcome.undecided
+            && !has_condition(ec, "Members", "CorruptionUndecided")
+        {
+            tracing::error!(cluster = %ec.name_any(), "{why}");
+            ctx.event(ec, EventType::Warning, "CorruptionUndecided", why.clone())
+                .await;
+        }
         Some(outcome)
     };
     let (outcome, foreign) = match outcome {
@@ -225,6 +235,7 @@ pub(crate) async fn converge(
         .into_iter()
         .flatten()
         .reduce(|a, b| format!("{a}; {b}")),
+        corruption_undecided: outcome.undecided.is_some(),
     };
     seen.ready = state.healthy_voters;
     seen.voters = Some(state.voters);
@@ -246,6 +257,12 @@ pub(crate) async fn converge(
         health: outcome.health.clone(),
         steady: outcome.step == Step::Steady && outcome.failed.is_none(),
         defragmented: Vec::new(),
+        corrupt: outcome
+            .memory
+            .corrupt
+            .iter()
+            .map(|(i, at)| (format!("{}-{i}", ec.name_any()), at.to_string()))
+            .collect(),
     });
     Ok(membership::replicas(ec, members))
 }
@@ -310,6 +327,10 @@ async fn report(ec: &EtcdCluster, kids: &Children<'_>, outcome: &Outcome) {
                     ),
                 ),
                 Removal::LostVolume => ("MemberVolumeLost", "lost its data".to_owned()),
+                Removal::Corrupt(why) => (
+                    "MemberCorrupt",
+                    format!("is corrupt: {why}; the CORRUPT alarm is disarmed once it is gone"),
+                ),
                 Removal::StaleVolume => (
                     "MemberVolumeStale",
                     "stopped by itself after it was added: its volume names a member ID the cluster removed".to_owned(),
@@ -350,6 +371,20 @@ async fn report(ec: &EtcdCluster, kids: &Children<'_>, outcome: &Outcome) {
                 render::member_claim(ec, *ordinal)
             ),
         ),
+        (Step::Disarm { ids }, None) => (
+            EventType::Normal,
+            "CorruptAlarmDisarmed",
+            format!(
+                "the CORRUPT alarm of {} disarmed: the voters hold the same data, writes are taken again",
+                ids.iter()
+                    .map(|id| match id {
+                        0 => "no member in particular".to_owned(),
+                        id => format!("member {id:x}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
         (Step::Steady | Step::Wait(_), None) => return,
     };
     let pod = step_member(ec, &outcome.step);
@@ -364,6 +399,7 @@ fn step_name(step: &Step) -> &'static str {
         Step::Promote { .. } => "the promote",
         Step::Remove { .. } => "the removal",
         Step::ReplaceVolume { .. } => "the volume replacement",
+        Step::Disarm { .. } => "the disarm",
     }
 }
 
@@ -373,6 +409,6 @@ fn step_member(ec: &EtcdCluster, step: &Step) -> String {
         | Step::Promote { ordinal, .. }
         | Step::Remove { ordinal, .. }
         | Step::ReplaceVolume { ordinal } => format!("{}-{ordinal}", ec.name_any()),
-        Step::Steady | Step::Wait(_) => ec.name_any(),
+        Step::Steady | Step::Wait(_) | Step::Disarm { .. } => ec.name_any(),
     }
 }

@@ -117,6 +117,25 @@ pub(super) fn storage(size: &str) -> BTreeMap<String, Quantity> {
     )])
 }
 
+/// etcd's own corruption checks, in each release's spelling: a member that restarts compares
+/// its data with its peers' before it serves (and stops when they differ), and the leader
+/// compares the hashes the members recorded at each compaction (and raises the CORRUPT alarm
+/// for the minority). v3.6 and v3.7 take feature gates (v3.7 refuses the old flags), v3.5 its
+/// `--experimental-` flags; its compact hash check exists from v3.5.5.
+pub fn corruption_check_args(version: &str) -> Vec<String> {
+    let at_least = |minor, patch| crate::api::EtcdVersion::at_least(version, 3, minor, patch);
+    if at_least(6, 0) {
+        vec!["--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true".to_owned()]
+    } else if at_least(5, 5) {
+        vec![
+            "--experimental-initial-corrupt-check=true".to_owned(),
+            "--experimental-compact-hash-check-enabled=true".to_owned(),
+        ]
+    } else {
+        vec!["--experimental-initial-corrupt-check=true".to_owned()]
+    }
+}
+
 /// ConfigMap `NAME-members`: `ETCD_INITIAL_CLUSTER` and `ETCD_INITIAL_CLUSTER_STATE`, read by
 /// each member pod (`envFrom`) when its container starts. A pod that joins reads the
 /// membership as it is when it starts; a member that has a data directory ignores both. So a
@@ -156,10 +175,15 @@ pub fn bootstrap_config(ec: &EtcdCluster, size: i32, formed: bool) -> ConfigMap 
 
 /// The annotations of a loop that remembers nothing yet: each of them, empty.
 pub fn no_memory() -> BTreeMap<String, String> {
-    [JOINING_ANNOTATION, STARTED_ANNOTATION, REPLACING_ANNOTATION]
-        .into_iter()
-        .map(|k| (k.to_owned(), String::new()))
-        .collect()
+    [
+        JOINING_ANNOTATION,
+        STARTED_ANNOTATION,
+        REPLACING_ANNOTATION,
+        CORRUPT_ANNOTATION,
+    ]
+    .into_iter()
+    .map(|k| (k.to_owned(), String::new()))
+    .collect()
 }
 
 pub fn members_config_name(ec: &EtcdCluster) -> String {
@@ -205,6 +229,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
         args.push(format!("--snapshot-count={}", crate::api::SNAPSHOT_COUNT));
         args.push(format!("--max-snapshots={}", crate::api::MAX_SNAPSHOTS));
     }
+    args.extend(corruption_check_args(&ec.spec.version));
     args.extend(member_tls_args(ec));
     let (tls_volumes, tls_mounts) = member_tls_volumes(ec);
     let (readiness, liveness) = probes(&ec.spec.version, crate::api::quota_backend_bytes(&ec.spec));

@@ -55,6 +55,9 @@ pub const RESTORE_SHA256_ANNOTATION: &str = "etcd.example.com/restore-sha256";
 /// On the members' ConfigMap: ordinals whose lost volume is to be replaced (`1,3`), written
 /// before the member is removed.
 pub const REPLACING_ANNOTATION: &str = "etcd.example.com/replacing";
+/// On the members' ConfigMap: `ORDINAL=RFC3339,...`, when the member at each ordinal was last
+/// found corrupt and replaced.
+pub const CORRUPT_ANNOTATION: &str = "etcd.example.com/corrupt-detected";
 /// On the member pods that are voters (the loop sets it from `member list`): the client
 /// Service selects it, so learners never get client traffic.
 pub const VOTER_LABEL: &str = "etcd.example.com/voter";
@@ -1193,9 +1196,10 @@ pub(crate) mod tests {
     }
 
     /// Every release the tests run is rendered only flags it takes: no `--experimental-*` flag
-    /// (v3.7 removed them all and exits with code 2 on one; v3.6 deprecated them), no v2 flag
-    /// (gone in v3.6), `--snapshot-count` and `--max-snapshots` on v3.5 only (deprecated since
-    /// v3.6), and the same TLS and listener flags on every release (tests/members.rs runs each).
+    /// but v3.5's corruption checks (v3.7 removed them all and exits with code 2 on one; v3.6
+    /// deprecated them), no v2 flag (gone in v3.6), `--snapshot-count` and `--max-snapshots` on
+    /// v3.5 only (deprecated since v3.6), the corruption checks on, and the same TLS and
+    /// listener flags on every release (tests/members.rs runs each).
     #[test]
     fn every_tested_release_is_rendered_only_flags_it_takes() {
         for release in crate::api::EtcdVersion::tested() {
@@ -1208,10 +1212,32 @@ pub(crate) mod tests {
                 let set = stateful_set(&ec, 3, &RenderOptions::default());
                 let args = template_member(&set).unwrap().args.clone().unwrap();
                 for a in &args {
+                    // v3.5 has no other spelling of its corruption checks.
+                    let v35_corruption_check = release.minor == 5
+                        && (a.starts_with("--experimental-initial-corrupt-check")
+                            || a.starts_with("--experimental-compact-hash-check-enabled"));
                     assert!(
-                        !a.starts_with("--experimental-") && !a.contains("enable-v2"),
+                        (!a.starts_with("--experimental-") || v35_corruption_check)
+                            && !a.contains("enable-v2"),
                         "{release}: {a}"
                     );
+                }
+                // etcd's corruption checks are on, in the release's spelling.
+                let checks: Vec<&String> = args
+                    .iter()
+                    .filter(|a| {
+                        a.contains("orrupt")
+                            || a.contains("compact-hash")
+                            || a.contains("CompactHash")
+                    })
+                    .collect();
+                match (release.minor, release.patch) {
+                    (5, 1) => assert_eq!(checks, ["--experimental-initial-corrupt-check=true"]),
+                    (5, _) => assert_eq!(checks.len(), 2, "{checks:?}"),
+                    _ => assert_eq!(
+                        checks,
+                        ["--feature-gates=InitialCorruptCheck=true,CompactHashCheck=true"]
+                    ),
                 }
                 let on_35 = release.minor == 5;
                 for flag in ["--snapshot-count=", "--max-snapshots="] {

@@ -1,0 +1,81 @@
+//! How a member pod's etcd last ended, and what its log's tail says: a lost volume, or a
+//! member ID the cluster removed. Pure: read by the membership plan.
+
+use k8s_openapi::jiff::Timestamp;
+
+/// Lines of an etcd log that mean its data directory is gone while the cluster still has the
+/// member: bootstrapping anew over a known member, or a raft log that starts from nothing.
+pub const LOST_VOLUME_SIGNS: &[&str] = &["has already been bootstrapped", "[lastIndex(0)]"];
+
+/// Words of an etcd log that mean its member ID was removed from the cluster. The run that
+/// learns it stops with exit 0 (no termination message; a run started again on that volume
+/// does the same, measured on v3.5.35 and v3.6.4); should a run end with an error after
+/// saying so, the kubelet keeps the log's tail and this still reads it.
+///
+/// The second is etcd v3.6.4's race on that stop (seen in tests/members.rs, the restart on the
+/// removed volume, 2 runs of 2 on 2026-12-01): the
+/// removed member's server stops, its client listener then fails with a fatal
+/// `"listener failed","error":"server is stopping"`, and it exits 1 with the removal line out
+/// of the kept tail. Read only where the member list has no started member for the pod.
+pub const REMOVED_SIGNS: &[&str] = &["permanently removed", "\"error\":\"server is stopping\""];
+
+/// Whether a container's last termination message (the tail of its log, with
+/// `terminationMessagePolicy: FallbackToLogsOnError`, kept only after an error exit) says the
+/// member lost its volume.
+pub fn lost_volume(message: &str) -> bool {
+    LOST_VOLUME_SIGNS.iter().any(|s| message.contains(s))
+}
+
+/// How a member pod's etcd container last ended, as the kubelet reports it
+/// (`state.terminated`, else `lastState.terminated`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i32,
+    /// The termination message (the log's tail after an error exit, else empty).
+    pub message: String,
+    /// When it ended, if the kubelet said.
+    pub at: Option<Timestamp>,
+}
+
+impl Exit {
+    /// The member's data directory is gone while the cluster still has it.
+    pub fn lost_volume(&self) -> bool {
+        lost_volume(&self.message)
+    }
+
+    /// etcd stopped by itself: it exits 0 when its peers tell it that its member ID was
+    /// removed ("the member has been permanently removed from the cluster"), and, as a
+    /// container's PID 1, after a SIGTERM. Read only where the member list has no started
+    /// member for the pod, so either way the volume holds nothing the cluster needs.
+    pub fn clean(&self) -> bool {
+        self.code == 0
+    }
+
+    /// The volume names a member ID the cluster removed: a clean exit, or an error exit whose
+    /// log says so (the kubelet restarts the first at once, and the run after it fails).
+    pub fn removed(&self) -> bool {
+        self.clean() || REMOVED_SIGNS.iter().any(|s| self.message.contains(s))
+    }
+
+    pub(super) fn after(&self, since: Timestamp) -> bool {
+        self.at.is_none_or(|at| at >= since)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_volume_signs() {
+        assert!(lost_volume(
+            "panic: tocommit(105) is out of range [lastIndex(0)]. Was the raft log corrupted, truncated, or lost?"
+        ));
+        assert!(lost_volume(
+            r#"{"msg":"discovery failed","error":"member 8e9e05c52164694d has already been bootstrapped"}"#
+        ));
+        assert!(!lost_volume(
+            "the member has been permanently removed from the cluster"
+        ));
+    }
+}
