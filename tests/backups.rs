@@ -351,6 +351,20 @@ impl Setup {
         keys
     }
 
+    /// The members whose etcd says it streamed a snapshot to a client since it started (its
+    /// own log, `v3rpc/maintenance.go`: "sending database snapshot to client"): who served
+    /// the Job, whatever the Job reports.
+    fn snapshot_senders(&self) -> Vec<String> {
+        (0..JOB)
+            .filter(|&i| {
+                self.net
+                    .run_log(i)
+                    .contains("sending database snapshot to client")
+            })
+            .map(|i| self.net.pods[i].name.clone())
+            .collect()
+    }
+
     fn leader_name(&self) -> String {
         let status = self.net.v3(0, "maintenance/status", json!({})).unwrap();
         let leader = status["leader"].as_str().unwrap().to_owned();
@@ -412,6 +426,11 @@ fn a_scheduled_backup_comes_from_a_follower_and_is_the_object_in_the_bucket() {
     assert!(keys.len() > 5);
     let member = report["member"].as_str().unwrap();
     assert_ne!(member, leader, "the leader is spared");
+    assert_eq!(
+        s.snapshot_senders(),
+        [member],
+        "the member the report names is the one that streamed it"
+    );
     assert!(member.starts_with("bk-"), "{report}");
     let uri = report["uri"].as_str().unwrap();
     assert!(
@@ -497,6 +516,7 @@ fn a_backup_with_one_member_down_comes_from_a_healthy_voter() {
         .find(|n| *n != leader && *n != format!("down-{stopped}"))
         .unwrap();
     assert_eq!(report["member"], other.as_str(), "the follower that runs");
+    assert_eq!(s.snapshot_senders(), [other.as_str()], "and it streamed it");
     let object = s.s3_get(&object_key(report["uri"].as_str().unwrap()));
     assert_eq!(sha256_hex(&object), report["sha256"].as_str().unwrap());
 }
