@@ -1851,6 +1851,31 @@ fn defragmentation(name: &str, release: Release) {
     assert_eq!(order.len(), 3, "{done:?}");
     assert_eq!(order[2], leader, "the leader last: {order:?}");
     writes_end(&net, &writing, writes, 10, "the defragmentations");
+    // One at a time, as the members themselves logged it (a writer that retries a refused
+    // write on the next endpoint cannot tell): no two defragmentations overlap, and the
+    // leader's starts after every follower's has finished.
+    let mut windows: Vec<(Timestamp, Timestamp, String)> = (0..3)
+        .flat_map(|i| {
+            defragmentation_windows(&net.run_log(i))
+                .into_iter()
+                .map(move |(from, to)| (from, to, format!("{name}-{i}")))
+        })
+        .collect();
+    windows.sort();
+    assert_eq!(
+        windows.len(),
+        3,
+        "one defragmentation a member: {windows:?}"
+    );
+    for pair in windows.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "{} defragmented while {} did: {windows:?}",
+            pair[1].2,
+            pair[0].2
+        );
+    }
+    assert_eq!(windows[2].2, leader, "the leader's last: {windows:?}");
     for d in &done.defragmented {
         assert!(d.freed() > 8 << 20, "{d:?}");
         eprintln!(
@@ -1864,6 +1889,35 @@ fn defragmentation(name: &str, release: Release) {
     // Done: nothing due any more.
     let (plan, _) = upkeep(&mut net, &mut lp);
     assert_eq!(plan, Plan::Idle);
+}
+
+/// The (start, end) of every defragmentation a member's log records (etcd's backend logs
+/// "defragmenting" and "finished defragmenting directory", each with its `ts`).
+fn defragmentation_windows(log: &str) -> Vec<(Timestamp, Timestamp)> {
+    let mut out = Vec::new();
+    let mut started = None;
+    for line in log.lines() {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let at = || -> Timestamp {
+            entry["ts"]
+                .as_str()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("no ts: {line}"))
+        };
+        match entry["msg"].as_str() {
+            Some("defragmenting") => started = Some(at()),
+            Some("finished defragmenting directory") => {
+                let from = started
+                    .take()
+                    .unwrap_or_else(|| panic!("an end with no start: {line}"));
+                out.push((from, at()));
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// NOSPACE: a cluster with a 16 MiB quota (spec.maintenance.quotaBackendBytes) whose few keys
