@@ -38,6 +38,9 @@ use etcd_webhook::controller::etcd::maintenance::{Done, run as run_upkeep};
 use etcd_webhook::controller::etcd::membership::{Inputs, Outcome};
 use etcd_webhook::controller::etcd::{self, ClientTls, Etcd, Gateway};
 use etcd_webhook::controller::render::{self, RenderOptions};
+use etcd_webhook::controller::{Caches, Context, Settings};
+use etcd_webhook::metrics::Metrics;
+use etcd_webhook::testing::FakeApi;
 use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
@@ -1715,6 +1718,79 @@ fn through_gateway<T: Send>(net: &Net, f: impl AsyncFnOnce(&Etcd<'_>) -> T + Sen
     })
 }
 
+/// `member list` through the loop's own client: a [`Context`] on an in-memory API server
+/// holding the Secret `NAME-client-tls` with `ca_dir`'s `ca.crt` and `cert_dir`'s `tls.crt`
+/// and `tls.key` (as cert-manager writes it), [`Context::etcd_for`] making the transport, in
+/// the controller's network namespace. The number of members, or the error.
+fn loop_member_list(
+    net: &Net,
+    ec: &EtcdCluster,
+    ca_dir: &std::path::Path,
+    cert_dir: &std::path::Path,
+) -> Result<usize, String> {
+    use base64::Engine;
+    let b64 = |p: std::path::PathBuf| {
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&p).unwrap())
+    };
+    let name = render::Purpose::Client.secret(ec);
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": NAMESPACE, "resourceVersion": "1"},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "ca.crt": b64(ca_dir.join("ca.crt")),
+            "tls.crt": b64(cert_dir.join("tls.crt")),
+            "tls.key": b64(cert_dir.join("tls.key")),
+        },
+    });
+    let endpoints = net.endpoints();
+    in_netns(&net.controller_ns, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let api = FakeApi::default();
+                api.insert(
+                    &format!("/api/v1/namespaces/{NAMESPACE}/secrets/{name}"),
+                    secret,
+                );
+                let ctx = Context::new(
+                    api.client(),
+                    Settings::default(),
+                    Arc::new(Metrics::new()),
+                    empty_caches(),
+                );
+                let transport = ctx.etcd_for(ec).await.map_err(|e| e.to_string())?;
+                let etcd = Etcd {
+                    transport: &*transport,
+                    endpoints,
+                };
+                etcd.member_list()
+                    .await
+                    .map(|l| l.members.len())
+                    .map_err(|e| e.to_string())
+            })
+    })
+}
+
+/// Caches with nothing in them (the loop's read path falls back to the API).
+fn empty_caches() -> Caches {
+    use kube::runtime::reflector::store;
+    Caches {
+        sets: store().0,
+        services: store().0,
+        budgets: store().0,
+        crons: store().0,
+        jobs: store().0,
+        claims: store().0,
+        configs: store().0,
+        pods: store().0,
+        policies: store().0,
+        secrets: store().0,
+    }
+}
+
 /// The loop's upkeep on what a membership pass read: its plan, and what running it did (in the
 /// controller's namespace, through the gateway, as the loop calls it).
 fn upkeep(net: &mut Net, lp: &mut Loop) -> (Plan, Done) {
@@ -2205,6 +2281,20 @@ fn tls_cluster(name: &str, release: Release) {
         stranger["client-tls"].join("tls.key").display().to_string(),
     ];
     let other_ca = refused(&foreign, &list, "another CA's client certificate");
+    // The loop's own way in: its Context reads the Secret `NAME-client-tls` through the API
+    // and makes the transport from it. The right one lists the members over TLS; another
+    // CA's certificate in the Secret is refused by the members.
+    let listed =
+        loop_member_list(&net, &lp.ec, client, client).expect("through the loop's Context");
+    assert_eq!(
+        listed, 3,
+        "the members listed through the loop's own client"
+    );
+    let refused_loop = loop_member_list(&net, &lp.ec, client, &stranger["client-tls"])
+        .expect_err("another CA's certificate in the Secret");
+    eprintln!(
+        "the loop's own client: 3 members over TLS; another CA's certificate: {refused_loop}"
+    );
     let plain = format!("http://{}:2379/v3/cluster/member/list", net.pods[0].addr);
     let plain_client = refused(&[], &plain, "plain HTTP on the client port");
     let peer_plain = format!("http://{}:2380/members", net.pods[0].addr);

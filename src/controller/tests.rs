@@ -3254,6 +3254,49 @@ async fn tls_clusters_read_their_client_secrets_once_a_period_and_list_none() {
     );
 }
 
+/// The client identity of a TLS cluster follows its Secret: one transport while the Secret's
+/// resourceVersion stays (read again after `CLIENT_SECRET_REFRESH`, nothing new is made), a
+/// new one once a renewed Secret is read (issue 45 item 1: caching the first identity for ever
+/// stayed green). The real members refusing a wrong identity: tests/members.rs.
+#[tokio::test(start_paused = true)]
+async fn a_renewed_client_secret_makes_a_new_identity_and_an_unchanged_one_does_not() {
+    let api = FakeApi::default();
+    let (caches, _feed) = caches();
+    let etcds = Arc::new(crate::testing::FakeEtcds::default());
+    let ctx = Context::new(
+        api.client(),
+        Settings::default(),
+        Arc::new(Metrics::new()),
+        caches,
+    )
+    .with_etcd(Box::new(etcds.clone()));
+    let mut ec = cluster("etcd", 3, None);
+    ec.spec.tls = Some(crate::api::v1::Tls::default());
+    let secret = |version: &str, bytes: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "etcd-client-tls", "namespace": "prod", "resourceVersion": version},
+               "data": {"ca.crt": bytes, "tls.crt": bytes, "tls.key": bytes}})
+    };
+    let path = "/api/v1/namespaces/prod/secrets/etcd-client-tls";
+    api.insert(path, secret("1", "eA=="));
+    ctx.etcd_for(&ec).await.unwrap();
+    ctx.etcd_for(&ec).await.unwrap();
+    assert_eq!(etcds.identities(), 1, "one transport for one Secret");
+    // Read again after the refresh, unchanged: nothing new.
+    tokio::time::advance(CLIENT_SECRET_REFRESH + Duration::from_secs(1)).await;
+    ctx.etcd_for(&ec).await.unwrap();
+    assert_eq!(
+        etcds.identities(),
+        1,
+        "the same resourceVersion, the same transport"
+    );
+    // cert-manager renews the leaf: the next read makes a new transport.
+    api.insert(path, secret("2", "eQ=="));
+    tokio::time::advance(CLIENT_SECRET_REFRESH + Duration::from_secs(1)).await;
+    ctx.etcd_for(&ec).await.unwrap();
+    assert_eq!(etcds.identities(), 2, "the renewed Secret is presented");
+}
+
 /// A follower whose data is not the others' (etcd raised CORRUPT and its hash differs from the
 /// two that agree): the pass removes it (Warning MemberCorrupt) and makes its volume anew, the
 /// next disarms the alarm (CorruptAlarmDisarmed; writes are taken again), then it joins again

@@ -93,12 +93,10 @@ impl Context {
     }
 
     /// How this pass reaches `ec`'s members: the shared transport for a plain cluster; for a
-    /// TLS one, the client certificate of its Secret `NAME-client-tls`, read through the API
-    /// on every pass (a renewed certificate is used on the next one).
-    pub(crate) async fn etcd_for(
-        &self,
-        ec: &EtcdCluster,
-    ) -> Result<Arc<dyn etcd::Transport>, Error> {
+    /// TLS one, the client certificate of its Secret `NAME-client-tls` ([`Self::client_secret`]:
+    /// read by name at most every [`CLIENT_SECRET_REFRESH`]), with a transport made anew
+    /// whenever the Secret's resourceVersion is not the one it was made from.
+    pub async fn etcd_for(&self, ec: &EtcdCluster) -> Result<Arc<dyn etcd::Transport>, Error> {
         if !crate::api::tls_on(&ec.spec) {
             return Ok(self.etcd.clone());
         }
