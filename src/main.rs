@@ -47,6 +47,9 @@ fn run(command: Command) -> anyhow::Result<i32> {
             i32::from(app::runtime()?.block_on(backup::fetch_command(&args)))
         }
         Command::PlaceRestored(args) => i32::from(backup::place_command(&args)),
+        Command::VerifySnapshot(args) => {
+            i32::from(app::runtime()?.block_on(backup::verify_command(&args)))
+        }
         Command::Serve(args) => {
             app::runtime()?.block_on(app::serve(*args))?;
             0

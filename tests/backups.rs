@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::members::{Net, Release, TestCa, writer};
 use etcd_webhook::api::SnapshotSource;
-use etcd_webhook::api::v1::EtcdCluster;
+use etcd_webhook::api::v1::{EtcdCluster, SnapshotRecord};
 use etcd_webhook::backup::snapshot;
 use etcd_webhook::controller::render::{self, BackupTarget, RenderOptions};
 use k8s_openapi::api::core::v1::Container;
@@ -311,6 +311,64 @@ impl Setup {
             String::from_utf8_lossy(&out.stderr).into_owned()
                 + &String::from_utf8_lossy(&out.stdout),
         )
+    }
+
+    /// Plays the verification Job of `record` as the kubelet runs it: the init containers in
+    /// turn, the native sidecar (restartPolicy Always: the etcd of the release its image names)
+    /// started and left running, then `verify-snapshot`, then the sidecar stopped. The step
+    /// that ended it, its exit code and its termination message.
+    fn play_verification(&mut self, record: &SnapshotRecord) -> (String, i32, String) {
+        self.runs += 1;
+        let job = render::verify_job(&self.ec, record, &RenderOptions::default())
+            .expect("a verification Job for a record with a hash");
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        let sandbox = self.net.tmp.path().join(format!("verify-{}", self.runs));
+        std::fs::create_dir_all(&sandbox).unwrap();
+        let mounts = [("/verify", sandbox.as_path())];
+        let mut sidecar: Option<std::process::Child> = None;
+        let mut ended = None;
+        for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+            if c.restart_policy.as_deref() == Some("Always") {
+                let (program, before) = c
+                    .image
+                    .as_deref()
+                    .and_then(Release::of_image)
+                    .expect("an etcd image of a release the harness runs")
+                    .program();
+                let args: Vec<String> = c
+                    .args
+                    .iter()
+                    .flatten()
+                    .map(|a| a.replace("/verify", &sandbox.display().to_string()))
+                    .collect();
+                let log = std::fs::File::create(sandbox.join("etcd.log")).unwrap();
+                sidecar = Some(
+                    Command::new("ip")
+                        .args(["netns", "exec", &self.net.pods[JOB].ns])
+                        .arg(program)
+                        .args(before)
+                        .args(&args)
+                        .stdin(Stdio::null())
+                        .stdout(log.try_clone().unwrap())
+                        .stderr(log)
+                        .spawn()
+                        .expect("start the sandbox's etcd"),
+                );
+                continue;
+            }
+            let report = sandbox.join(format!("{}-report", c.name));
+            let (code, message, out) = self.run_container(c, &mounts, &report);
+            if code != 0 || c.name == "verify" {
+                eprintln!("{}: exit {code}: {message}\n{out}", c.name);
+                ended = Some((c.name.clone(), code, message));
+                break;
+            }
+        }
+        if let Some(mut etcd) = sidecar {
+            let _ = etcd.kill();
+            let _ = etcd.wait();
+        }
+        ended.expect("a step ended the pod")
     }
 
     /// A request to the bucket by curl, signed (SigV4) with the test's key; `put` uploads it.
@@ -647,6 +705,79 @@ fn write_keys(net: &Net, n: usize) -> Vec<String> {
             .expect("a transaction of puts");
     }
     keys
+}
+
+/// What the loop records of a backup run's report (`status.backup.last`).
+fn record_of(report: &Value) -> SnapshotRecord {
+    let r: render::BackupReport = serde_json::from_value(report.clone()).expect("a report");
+    SnapshotRecord {
+        time: r.time,
+        uri: r.uri,
+        size: r.size as i64,
+        sha256: r.sha256,
+        revision: r.revision as i64,
+        keys: r.keys.map(|k| k as i64),
+        hash: r.hash.map(|h| h as i64),
+        compact_revision: r.compact_revision,
+        member: r.member,
+    }
+}
+
+/// Backups proven by restoring them (issue 47): a scheduled backup records the keys and their
+/// hash at its revision on the member; its verification Job, played as rendered (fetch with the
+/// recorded SHA-256, etcdutl restore into a scratch folder, a lone etcd on it as a native
+/// sidecar, `verify-snapshot`), finds as many keys and the same hash there: Verified. The
+/// object altered after upload (bytes of the file changed in the bucket) fails at the fetch;
+/// a record whose hash is not what the snapshot holds fails the comparison.
+#[test]
+fn verification_restores_a_snapshot_in_a_sandbox_and_compares_keys_and_hash() {
+    let mut s = Setup::new("ver", Some("s3://backups/ver/"), 3);
+    write_keys(&s.net, 300);
+    let (code, report, stderr) = s.run_job(false, ACCESS_KEY);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    let record = record_of(&report);
+    assert!(
+        record.hash.is_some() && record.compact_revision.is_some(),
+        "{report}"
+    );
+    assert!(record.keys.unwrap() >= 300, "{report}");
+
+    let started = Instant::now();
+    let (step, code, message) = s.play_verification(&record);
+    let took = started.elapsed();
+    assert_eq!((step.as_str(), code), ("verify", 0), "{message}");
+    let verdict: render::VerifyReport = serde_json::from_str(&message).unwrap();
+    assert_eq!(verdict.outcome, render::VERIFY_OK, "{verdict:?}");
+    assert_eq!(verdict.keys as i64, record.keys.unwrap());
+    assert_eq!(verdict.hash as i64, record.hash.unwrap());
+
+    // A record that says another hash: the comparison fails, naming both.
+    let other = SnapshotRecord {
+        hash: Some(record.hash.unwrap() ^ 1),
+        ..record.clone()
+    };
+    let (step, code, message) = s.play_verification(&other);
+    assert_eq!((step.as_str(), code), ("verify", 6), "{message}");
+    let verdict: render::VerifyReport = serde_json::from_str(&message).unwrap();
+    assert_eq!(verdict.outcome, render::VERIFY_FAILED, "{verdict:?}");
+    assert!(verdict.message.contains("the member had"), "{verdict:?}");
+
+    // The object altered in the bucket after it was filed: refused before anything restores.
+    let key = object_key(&record.uri);
+    let mut bytes = s.s3_get(&key);
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    let altered = s.net.tmp.path().join("altered.db");
+    std::fs::write(&altered, &bytes).unwrap();
+    s.s3_put(&key, &altered);
+    let (step, code, message) = s.play_verification(&record);
+    assert_eq!(step, "fetch", "{message}");
+    assert_ne!(code, 0);
+    assert!(message.contains("failed"), "{message}");
+    eprintln!(
+        "verification: {} keys, hash {:x} at revision {} restored and compared in {took:?}; a wrong hash and an altered object refused",
+        verdict.keys, verdict.hash, verdict.revision
+    );
 }
 
 fn member_ids(net: &Net, via: usize) -> (u64, Vec<(String, u64, bool)>) {

@@ -260,6 +260,29 @@ pub struct BackupStatus {
     /// The newest backup run that failed, while no snapshot has been filed since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<BackupFailure>,
+    /// The newest snapshot restored in a sandbox and compared with what its backup recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_verified: Option<Verification>,
+}
+
+/// A snapshot restored in a sandbox (a Job: fetched with its SHA-256 checked, `etcdutl snapshot
+/// restore` into a scratch folder, a lone etcd started on it) and its keys compared with what
+/// the backup recorded at the snapshot's revision.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Verification {
+    /// When the verification ended (RFC 3339).
+    pub time: String,
+    /// The snapshot verified (`status.backup.last.uri` then).
+    pub uri: String,
+    /// `Verified`: it restores, with as many keys and the same hash at its revision;
+    /// `Failed`: it does not (the message says what differs or which step failed);
+    /// `Inconclusive`: the history was compacted between the count and the snapshot, so the
+    /// hashes count from different revisions (the next snapshot is verified anew).
+    pub outcome: String,
+    /// What was compared, or what failed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// A snapshot a backup run filed, as it reported it.
@@ -281,6 +304,13 @@ pub struct SnapshotRecord {
     /// How many keys the store held at `revision` (a restored cluster has as many there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<i64>,
+    /// etcd's hash of the keys at `revision` on the member it was taken from
+    /// (`maintenance/hashkv`), what a restore must give there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<i64>,
+    /// The revision that hash counts from (the member's compaction; -1: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_revision: Option<i64>,
     /// The member it was taken from.
     pub member: String,
 }

@@ -29,6 +29,8 @@ pub enum Error {
     Tls(String),
     #[error("place the restored data: {0}")]
     Place(String),
+    #[error("the restored etcd: {0}")]
+    Sandbox(String),
 }
 
 impl Error {
@@ -42,14 +44,15 @@ impl Error {
             Error::Usage(_) => "arguments",
             Error::Tls(_) => "read the client certificate",
             Error::Place(_) => "place",
+            Error::Sandbox(_) => "ask the restored etcd",
         }
     }
 
-    /// The process's exit code: 1 etcd, 2 arguments, 3 a corrupt snapshot, 4 the store, 5 the
-    /// restored data cannot be placed.
+    /// The process's exit code: 1 etcd (the members, or a verification's restored etcd), 2
+    /// arguments, 3 a corrupt snapshot, 4 the store, 5 the restored data cannot be placed.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::NoVoter(_) | Error::Snapshot { .. } => 1,
+            Error::NoVoter(_) | Error::Snapshot { .. } | Error::Sandbox(_) => 1,
             Error::Usage(_) | Error::Tls(_) => 2,
             Error::Corrupt { .. } => 3,
             Error::Store { .. } => 4,

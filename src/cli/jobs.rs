@@ -1,5 +1,5 @@
-//! What the backup, restore and final-snapshot Jobs run: `backup`, `fetch-snapshot`,
-//! `place-restored`.
+//! What the backup, restore, final-snapshot and verification Jobs run: `backup`,
+//! `fetch-snapshot`, `place-restored`, `verify-snapshot`.
 
 use clap::{Args, ValueEnum};
 
@@ -42,6 +42,34 @@ pub struct FetchArgs {
     /// left half written (the restore Job's `data.restoring`).
     #[arg(long)]
     pub clear: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The restored etcd's client URL (the verification Job's sidecar, on the pod's loopback).
+    #[arg(long, default_value = "http://127.0.0.1:2379", value_parser = parse_endpoint)]
+    pub endpoint: String,
+    /// The snapshot's revision, where the backup counted the keys and hashed them.
+    #[arg(long)]
+    pub revision: u64,
+    /// The keys the backup counted there (status.backup.last.keys); without it, the hash alone.
+    #[arg(long)]
+    pub keys: Option<u64>,
+    /// The hash of the keys the member had there (status.backup.last.hash).
+    #[arg(long)]
+    pub hash: u64,
+    /// The revision that hash counts from (status.backup.last.compactRevision; -1: none).
+    #[arg(long, allow_hyphen_values = true)]
+    pub compact_revision: i64,
+    /// How long to wait for the restored etcd to answer.
+    #[arg(long, default_value_t = 300)]
+    pub wait_seconds: u64,
+    /// Seconds for each etcd call.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_seconds: u64,
+    /// Also write the JSON report here (the container's termination message path).
+    #[arg(long)]
+    pub report: Option<std::path::PathBuf>,
 }
 
 /// What a snapshot is taken for: the schedule (`STEM-snapshot-<time>.db`, pruned by

@@ -62,6 +62,11 @@ pub enum Command {
     /// earlier attempt), 5 when the place holds a data directory this restore did not write
     /// (never overwritten) or there is nothing to place.
     PlaceRestored(PlaceArgs),
+    /// Compare a restored snapshot with what its backup recorded: the keys and their hash at
+    /// the snapshot's revision, asked of a lone etcd started on the restored data (what a
+    /// verification Job runs last). Prints the outcome as JSON. Exit 0 verified, 6 failed or
+    /// inconclusive, 1 when the restored etcd does not answer, 2 arguments.
+    VerifySnapshot(VerifyArgs),
 }
 
 #[derive(Debug, Args)]

@@ -1340,6 +1340,147 @@ async fn an_on_demand_backup_from_the_cronjob_is_recorded_like_a_scheduled_one()
     );
 }
 
+/// A verification pod of `job` that ended: `statuses` its (init) container statuses.
+fn verify_pod(api: &FakeApi, job: &str, init: Value, main: Value) {
+    let ec: EtcdCluster = serde_json::from_value(cluster_json(api)).unwrap();
+    let name = format!("{job}-x7k2p");
+    api.insert(
+        &format!("/api/v1/namespaces/prod/pods/{name}"),
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "prod",
+                "labels": render::labels(&ec, render::VERIFY_COMPONENT)},
+            "spec": {"containers": [{"name": "verify", "image": "x"}]},
+            "status": {"phase": "Succeeded", "initContainerStatuses": init,
+                "containerStatuses": main}}),
+    );
+}
+
+fn terminated(name: &str, code: i32, message: &str, at: &str) -> Value {
+    json!({"name": name, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": code, "message": message, "finishedAt": at}}})
+}
+
+/// A filed snapshot whose backup recorded the keys' hash gets one verification Job (named
+/// after its SHA-256, made once); what its pod reports reaches `status.backup.lastVerified`,
+/// one Event and the gauges the alerts read: Verified, then for the next snapshot a fetch that
+/// refused the object (Failed, Warning, the failure gauge 1).
+#[tokio::test]
+async fn a_filed_snapshot_is_verified_by_a_job_and_the_outcome_recorded() {
+    let (api, ctx) = setup(3, Some(backup(Some("s3://b/p"))));
+    pass(&api, &ctx).await.unwrap();
+    let first = json!({"uri": "s3://b/p/etcd-snapshot-20261202T010000Z.db", "size": 40992,
+        "sha256": "ab".repeat(32), "revision": 211, "keys": 57, "hash": 3417482478u64,
+        "compact_revision": -1, "member": "etcd-2", "time": "2026-12-02T01:00:00Z",
+        "seconds": 0.2, "pruned": []});
+    backup_pod(
+        &api,
+        "etcd-backup-1-a",
+        0,
+        &first.to_string(),
+        "2026-12-02T01:00:01Z",
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    let jobs = "/apis/batch/v1/namespaces/prod/jobs";
+    let made: Vec<Call> = api
+        .calls()
+        .into_iter()
+        .filter(|c| c.is_write() && c.path.starts_with(jobs))
+        .collect();
+    assert_eq!(made.len(), 1, "one Job, made once: {made:?}");
+    let job = api.get(&format!("{jobs}/etcd-verify-ababababab")).unwrap();
+    let verify = &job["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        verify
+            .as_array()
+            .unwrap()
+            .contains(&json!("--hash=3417482478")),
+        "{verify}"
+    );
+
+    let said = json!({"outcome": "Verified", "revision": 211, "keys": 57, "hash": 3417482478u64,
+        "message": "restored: 57 keys and hash cbb2a4ee at revision 211, as the member had"});
+    verify_pod(
+        &api,
+        "etcd-verify-ababababab",
+        json!([]),
+        json!([terminated(
+            "verify",
+            0,
+            &said.to_string(),
+            "2026-12-02T01:01:00Z"
+        )]),
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let verified = cluster_json(&api)["status"]["backup"]["lastVerified"].clone();
+    assert_eq!(verified["outcome"], "Verified", "{verified}");
+    assert_eq!(verified["uri"], first["uri"]);
+    let told = backup_events(&api.calls());
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(
+        (told[0].0.as_str(), told[0].1.as_str()),
+        ("Normal", "BackupVerified")
+    );
+    let metrics = ctx.metrics.encode();
+    for line in [
+        "etcd_webhook_backup_verification_failed{namespace=\"prod\",name=\"etcd\"} 0",
+        "etcd_webhook_backup_last_verified_timestamp_seconds{namespace=\"prod\",name=\"etcd\"} 1796173260",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(backup_events(&api.calls()).is_empty(), "told once");
+
+    // The next snapshot's object was altered: the fetch refuses it.
+    let second = json!({"uri": "s3://b/p/etcd-snapshot-20261202T020000Z.db", "size": 40992,
+        "sha256": "cd".repeat(32), "revision": 300, "keys": 60, "hash": 17u64,
+        "compact_revision": -1, "member": "etcd-1", "time": "2026-12-02T02:00:00Z",
+        "seconds": 0.2, "pruned": []});
+    backup_pod(
+        &api,
+        "etcd-backup-2-a",
+        0,
+        &second.to_string(),
+        "2026-12-02T02:00:01Z",
+    );
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(&format!("{jobs}/etcd-verify-cdcdcdcdcd")).is_some());
+    let refused = json!({"failed": "verify", "error": "snapshot from s3://b/p/etcd-snapshot-20261202T020000Z.db refused: the snapshot is corrupt"});
+    verify_pod(
+        &api,
+        "etcd-verify-cdcdcdcdcd",
+        json!([terminated(
+            "fetch",
+            3,
+            &refused.to_string(),
+            "2026-12-02T02:00:30Z"
+        )]),
+        json!([]),
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let verified = cluster_json(&api)["status"]["backup"]["lastVerified"].clone();
+    assert_eq!(verified["outcome"], "Failed", "{verified}");
+    assert_eq!(
+        verified["message"],
+        "fetch: exit code 3: verify failed: snapshot from s3://b/p/etcd-snapshot-20261202T020000Z.db refused: the snapshot is corrupt"
+    );
+    let told = backup_events(&api.calls());
+    assert_eq!(
+        (told[0].0.as_str(), told[0].1.as_str()),
+        ("Warning", "BackupVerificationFailed"),
+        "{told:?}"
+    );
+    assert!(
+        ctx.metrics.encode().contains(
+            "etcd_webhook_backup_verification_failed{namespace=\"prod\",name=\"etcd\"} 1"
+        )
+    );
+}
+
 /// What each backup run reported reaches the status, an Event (once) and the metric: a
 /// filed snapshot (`status.backup.last`, BackupReady True Succeeded, Normal BackupTaken), then
 /// a failed run (BackupReady False naming the step, Warning BackupFailed), then a run that

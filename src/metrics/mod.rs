@@ -47,6 +47,8 @@ pub struct Metrics {
     pub backup_last_success: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub backup_interval: Family<ClusterLabels, Gauge>,
     pub backup_scheduled_since: Family<ClusterLabels, Gauge>,
+    pub backup_last_verified: Family<ClusterLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub backup_verification_failed: Family<ClusterLabels, Gauge>,
     pub leader_changes: Family<ClusterLabels, Counter>,
     pub defragmentations: Family<ClusterLabels, Counter>,
     pub defragmentation_freed_bytes: Family<ClusterLabels, Counter>,
@@ -104,6 +106,8 @@ impl Metrics {
             leader: Gauge::default(),
             finalizers_in_progress: Gauge::default(),
             backup_last_success: Family::default(),
+            backup_last_verified: Family::default(),
+            backup_verification_failed: Family::default(),
             backup_interval: Family::default(),
             backup_scheduled_since: Family::default(),
             leader_changes: Family::default(),
@@ -307,6 +311,20 @@ impl Metrics {
         register(
             &mut registry,
             &mut families,
+            "backup_last_verified_timestamp_seconds",
+            "When the newest verification of each EtcdCluster's snapshots that proved one by restoring it ended (status.backup.lastVerified, outcome Verified; Unix seconds; removed when the cluster goes)",
+            m.backup_last_verified.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
+            "backup_verification_failed",
+            "1 while the newest verified snapshot of each EtcdCluster failed its verification (it did not restore, or its keys differ from what its backup recorded), else 0",
+            m.backup_verification_failed.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
             "backup_scheduled_since_timestamp_seconds",
             "When each EtcdCluster's backup CronJob was created (Unix seconds): a cluster with no snapshot yet owes one from then",
             m.backup_scheduled_since.clone(),
@@ -408,6 +426,8 @@ impl Metrics {
     /// keep an alert firing) for as long as it runs.
     pub fn forget_clusters(&self) {
         self.backup_last_success.clear();
+        self.backup_last_verified.clear();
+        self.backup_verification_failed.clear();
         self.backup_interval.clear();
         self.backup_scheduled_since.clear();
         self.leader_changes.clear();

@@ -159,7 +159,8 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
         "the backup pod from the CronJob's template",
     );
     let report = json!({"uri": format!("/backup/{name}-snapshot-20261202T010000Z.db"),
-        "size": 40992, "sha256": "ab".repeat(32), "revision": 211, "member": format!("{name}-1"),
+        "size": 40992, "sha256": "ab".repeat(32), "revision": 211, "keys": 57,
+        "hash": 3417482478u64, "compact_revision": -1, "member": format!("{name}-1"),
         "time": "2026-12-02T01:00:00Z", "seconds": 0.2, "pruned": []});
     let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [{
         "name": "backup", "image": template["spec"]["containers"][0]["image"], "imageID": "",
@@ -215,6 +216,82 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
             .unwrap()
             .iter()
             .any(|e| e["reason"] == "BackupTaken" && e["regarding"]["uid"] == uid.as_str())
+            .then_some(())
+    });
+
+    // The snapshot is verified by restoring it: the loop makes its verification Job, which
+    // this apiserver takes (a native sidecar among the init containers); its pod, played as
+    // a kubelet leaves it, reports Verified, which reaches status.backup.lastVerified and a
+    // BackupVerified Event.
+    let verify_name = format!("{name}-verify-ababababab");
+    let job = wait_for("the verification Job", Duration::from_secs(60), || {
+        get_opt(env, ns, "job", &verify_name)
+    });
+    let template = &job["spec"]["template"];
+    let init: Vec<(&str, &str)> = template["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap(),
+                c["restartPolicy"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        init,
+        [("fetch", ""), ("restore", ""), ("etcd", "Always")],
+        "{job}"
+    );
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{verify_name}-played"), "namespace": ns,
+            "labels": template["metadata"]["labels"]},
+        "spec": template["spec"]});
+    ok(
+        env.kubectl_in(&["apply", "-f", "-"], &pod.to_string()),
+        "the verification pod from the Job's template",
+    );
+    let verdict = json!({"outcome": "Verified", "revision": 211, "keys": 57,
+        "hash": 3417482478u64,
+        "message": "restored: 57 keys and hash cbb2a4ee at revision 211, as the member had"});
+    let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [{
+        "name": "verify", "image": template["spec"]["containers"][0]["image"], "imageID": "",
+        "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+            "message": verdict.to_string(), "finishedAt": "2026-12-02T01:01:00Z"}}}]}});
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "pod",
+            &format!("{verify_name}-played"),
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ]),
+        "the played kubelet's status of the verification pod",
+    );
+    let verified = wait_for(
+        "status.backup.lastVerified",
+        Duration::from_secs(60),
+        || {
+            let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
+            let v = ec["status"]["backup"]["lastVerified"].clone();
+            v.is_object().then_some(v)
+        },
+    );
+    assert_eq!(verified["outcome"], "Verified", "{verified}");
+    assert_eq!(verified["uri"], snapshot_uri.as_str(), "{verified}");
+    wait_for("the BackupVerified Event", Duration::from_secs(30), || {
+        let events = env.get_json(&["-n", ns, "events.events.k8s.io"]);
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "BackupVerified" && e["regarding"]["uid"] == uid.as_str())
             .then_some(())
     });
 

@@ -457,17 +457,32 @@ pub(crate) mod tests {
             0i64..1_000_000,
             proptest::option::of(0i64..1_000_000),
             "[a-z]{1,5}-[0-6]",
+            proptest::option::of((0i64..4_294_967_296, -1i64..1_000_000)),
         )
-            .prop_map(|(time, uri, size, sha256, revision, keys, member)| {
-                v1::SnapshotRecord {
+            .prop_map(
+                |(time, uri, size, sha256, revision, keys, member, hashed)| v1::SnapshotRecord {
                     time,
                     uri,
                     size,
                     sha256,
                     revision,
                     keys,
+                    hash: hashed.map(|h| h.0),
+                    compact_revision: hashed.map(|h| h.1),
                     member,
-                }
+                },
+            );
+        let verified = (
+            "2026-12-0[1-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]Z",
+            "s3://[a-z]{1,6}/[a-z-]{1,12}\\.db",
+            "(Verified|Failed|Inconclusive)",
+            "[ -~]{0,40}",
+        )
+            .prop_map(|(time, uri, outcome, message)| v1::Verification {
+                time,
+                uri,
+                outcome,
+                message,
             });
         let failure = (
             "2026-12-0[1-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]Z",
@@ -479,8 +494,16 @@ pub(crate) mod tests {
                 step,
                 message,
             });
-        (option::of(record), option::of(failure))
-            .prop_map(|(last, last_failure)| v1::BackupStatus { last, last_failure })
+        (
+            option::of(record),
+            option::of(failure),
+            option::of(verified),
+        )
+            .prop_map(|(last, last_failure, last_verified)| v1::BackupStatus {
+                last,
+                last_failure,
+                last_verified,
+            })
     }
 
     fn metadata() -> impl Strategy<Value = Value> {

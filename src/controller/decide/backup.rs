@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
-use crate::api::v1::{BackupFailure, BackupStatus, EtcdCluster, SnapshotRecord};
+use crate::api::v1::{BackupFailure, BackupStatus, EtcdCluster, SnapshotRecord, Verification};
 use crate::controller::render;
 
 /// What one finished backup pod (scheduled or final) reported in its termination message.
@@ -86,6 +86,8 @@ fn run_of(
                     sha256: r.sha256,
                     revision: i64::try_from(r.revision).unwrap_or(i64::MAX),
                     keys: r.keys.map(|k| i64::try_from(k).unwrap_or(i64::MAX)),
+                    hash: r.hash.map(|h| i64::try_from(h).unwrap_or(i64::MAX)),
+                    compact_revision: r.compact_revision,
                     member: r.member,
                 }),
                 Err(e) => failed("run", format!("a report that cannot be read: {e}")),
@@ -177,6 +179,100 @@ pub(crate) fn record(
     }
     let empty = status.last.is_none() && status.last_failure.is_none();
     (if empty { None } else { Some(status) }, events)
+}
+
+/// What the verification pod of snapshot `last` (its Job's, [`render::verify_job_name`])
+/// reported once it ended: `verify-snapshot`'s outcome, or the step that failed before it (the
+/// fetch, with the SHA-256 or etcd's integrity hash refused, or etcdutl's restore). `None`
+/// while none has ended. Of several attempts, the newest that ended.
+pub(crate) fn verification(
+    ec: &EtcdCluster,
+    pods: &[Arc<Pod>],
+    last: &SnapshotRecord,
+) -> Option<Verification> {
+    let job = render::verify_job_name(ec, last);
+    let mut ended: Vec<(Timestamp, Verification)> = pods
+        .iter()
+        .filter(|p| p.namespace() == ec.namespace())
+        .filter(|p| {
+            p.labels()
+                .get("app.kubernetes.io/component")
+                .map(String::as_str)
+                == Some(render::VERIFY_COMPONENT)
+                && p.name_any().starts_with(&format!("{job}-"))
+        })
+        .filter_map(|p| {
+            let status = p.status.as_ref()?;
+            let of = |statuses: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>,
+                      name: &str| {
+                statuses
+                    .as_ref()?
+                    .iter()
+                    .find(|c| c.name == name)?
+                    .state
+                    .as_ref()?
+                    .terminated
+                    .clone()
+            };
+            let verdict = |outcome: &str, message: String, at: Timestamp| Verification {
+                time: at.to_string(),
+                uri: last.uri.clone(),
+                outcome: outcome.to_owned(),
+                message,
+            };
+            if let Some(t) = of(&status.container_statuses, "verify") {
+                let at = t.finished_at.as_ref().map(|f| f.0)?;
+                let message = t.message.clone().unwrap_or_default();
+                let v = match serde_json::from_str::<render::VerifyReport>(&message) {
+                    Ok(r) => verdict(&r.outcome, r.message, at),
+                    Err(_) => verdict(
+                        render::VERIFY_FAILED,
+                        format!(
+                            "verify-snapshot: exit code {}: {}",
+                            t.exit_code,
+                            failed_report(&message)
+                        ),
+                        at,
+                    ),
+                };
+                return Some((at, v));
+            }
+            // A step before it failed: the fetch (SHA-256, integrity) or the restore.
+            ["fetch", "restore"].iter().find_map(|step| {
+                let t = of(&status.init_container_statuses, step)?;
+                (t.exit_code != 0).then_some(())?;
+                let at = t.finished_at.as_ref().map(|f| f.0)?;
+                let message = t.message.clone().unwrap_or_default();
+                Some((
+                    at,
+                    verdict(
+                        render::VERIFY_FAILED,
+                        format!(
+                            "{step}: exit code {}: {}",
+                            t.exit_code,
+                            failed_report(&message)
+                        ),
+                        at,
+                    ),
+                ))
+            })
+        })
+        .collect();
+    ended.sort_by_key(|(at, _)| *at);
+    ended.pop().map(|(_, v)| v)
+}
+
+/// A step's report (`{"failed": STEP, "error": ...}`) in words, or its message as it is
+/// (etcdutl's log tail), cut short.
+fn failed_report(message: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(message) {
+        Ok(r) if r.get("error").is_some() => format!(
+            "{} failed: {}",
+            r["failed"].as_str().unwrap_or("run"),
+            r["error"].as_str().unwrap_or("")
+        ),
+        _ => message.chars().take(300).collect(),
+    }
 }
 
 /// Which cluster files its snapshots in which bucket prefix (the loop's own record, from the

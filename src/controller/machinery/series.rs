@@ -37,6 +37,8 @@ pub(crate) fn forget(ec: &EtcdCluster, ctx: &Context) {
         .unwrap()
         .remove(&format!("{}/{}", l.namespace, l.name));
     ctx.metrics.backup_last_success.remove(&l);
+    ctx.metrics.backup_last_verified.remove(&l);
+    ctx.metrics.backup_verification_failed.remove(&l);
     ctx.metrics.backup_interval.remove(&l);
     ctx.metrics.backup_scheduled_since.remove(&l);
     ctx.metrics.leader_changes.remove(&l);

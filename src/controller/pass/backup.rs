@@ -6,8 +6,9 @@ use k8s_openapi::api::batch::v1::CronJob;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
+use crate::api::v1::BackupStatus;
 use crate::api::v1::EtcdCluster;
-use crate::controller::decide::backup::{record, runs, when};
+use crate::controller::decide::backup::{record, runs, verification, when};
 use crate::controller::decide::observation::Observation;
 use crate::controller::decide::status::has_condition;
 use crate::controller::machinery::children::{Applied, Children};
@@ -138,9 +139,12 @@ pub(crate) async fn observe(
     let ctx = kids.ctx;
     let pods = kids.pods().await?;
     let previous = ec.status.as_ref().and_then(|s| s.backup.as_ref());
-    let (status, events) = record(previous, &runs(ec, &pods));
+    let (mut status, events) = record(previous, &runs(ec, &pods));
     for (type_, reason, note) in events {
         ctx.event(ec, type_, reason, note).await;
+    }
+    if let Some(status) = status.as_mut() {
+        verify(ec, kids, &pods, status).await?;
     }
     if let Some(at) = status
         .as_ref()
@@ -153,5 +157,65 @@ pub(crate) async fn observe(
             .set(at.as_millisecond() as f64 / 1000.0);
     }
     seen.backup = status;
+    Ok(())
+}
+
+/// The newest snapshot proven by restoring it: its verification Job made once (for a snapshot
+/// whose backup recorded a hash), its outcome recorded in `status.lastVerified` with an Event,
+/// and the gauges the verification alerts read.
+async fn verify(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    pods: &[std::sync::Arc<k8s_openapi::api::core::v1::Pod>],
+    status: &mut BackupStatus,
+) -> Result<(), Error> {
+    let ctx = kids.ctx;
+    let Some(last) = status.last.clone() else {
+        return Ok(());
+    };
+    let told = status
+        .last_verified
+        .as_ref()
+        .is_some_and(|v| v.uri == last.uri);
+    if !told {
+        if let Some(v) = verification(ec, pods, &last) {
+            let (type_, reason) = match v.outcome.as_str() {
+                render::VERIFY_OK => (EventType::Normal, "BackupVerified"),
+                render::VERIFY_INCONCLUSIVE => {
+                    (EventType::Normal, "BackupVerificationInconclusive")
+                }
+                _ => (EventType::Warning, "BackupVerificationFailed"),
+            };
+            ctx.event(ec, type_, reason, format!("{}: {}", v.uri, v.message))
+                .await;
+            status.last_verified = Some(v);
+        } else if let Some(job) = render::verify_job(ec, &last, &ctx.settings.render) {
+            kids.ensure_created(&job).await?;
+        }
+    }
+    let labels = labels(ec);
+    match &status.last_verified {
+        Some(v) if v.outcome == render::VERIFY_FAILED => {
+            ctx.metrics
+                .backup_verification_failed
+                .get_or_create(&labels)
+                .set(1);
+        }
+        Some(v) => {
+            ctx.metrics
+                .backup_verification_failed
+                .get_or_create(&labels)
+                .set(0);
+            if v.outcome == render::VERIFY_OK
+                && let Some(at) = when(&v.time)
+            {
+                ctx.metrics
+                    .backup_last_verified
+                    .get_or_create(&labels)
+                    .set(at.as_millisecond() as f64 / 1000.0);
+            }
+        }
+        None => {}
+    }
     Ok(())
 }

@@ -69,6 +69,13 @@ pub struct BackupReport {
     /// from the reports of releases before it was counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<u64>,
+    /// etcd's hash of the keys at `revision` (`maintenance/hashkv`) on the member it was taken
+    /// from, and the revision that hash counts from (its compaction; -1: none): what a restore
+    /// of the snapshot must give at `revision`. Absent when the member did not answer it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact_revision: Option<i64>,
     /// The member it was taken from.
     pub member: String,
     /// When the snapshot was taken (RFC 3339).

@@ -11,6 +11,7 @@ mod probes;
 mod quota;
 mod restore;
 mod tls;
+mod verify;
 
 pub use backup::*;
 pub use members::*;
@@ -19,6 +20,7 @@ pub use probes::*;
 pub use quota::*;
 pub use restore::*;
 pub use tls::*;
+pub use verify::*;
 
 use std::collections::BTreeMap;
 

@@ -68,43 +68,9 @@ pub fn restore_job(
     let member = format!("{name}-{ordinal}");
     let restore_dir = "/restore";
     let snapshot = format!("{restore_dir}/snapshot.db");
-    // A claim is mounted read-only and its file read like any other (the same checks).
-    let (from, source_volume) = match source {
-        SnapshotSource::S3(uri) => (uri.to_owned(), None),
-        SnapshotSource::Claim { claim, file } => (
-            format!("{RESTORE_SOURCE_MOUNT}/{file}"),
-            Some(Volume {
-                name: "source".to_owned(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: claim.to_owned(),
-                    read_only: Some(true),
-                }),
-                ..Default::default()
-            }),
-        ),
-    };
-    let mut fetch_mounts = vec![];
-    if source_volume.is_some() {
-        fetch_mounts.push(VolumeMount {
-            name: "source".to_owned(),
-            mount_path: RESTORE_SOURCE_MOUNT.to_owned(),
-            read_only: Some(true),
-            ..Default::default()
-        });
-    }
     // etcdutl writes beside the data directory; `place-restored` moves it in once whole, so a
     // killed attempt leaves nothing the next one (or the member) would take for data.
     let restoring = format!("{DATA_DIR}{RESTORING_SUFFIX}");
-    let mut fetch_args = vec![
-        "fetch-snapshot".to_owned(),
-        format!("--from={from}"),
-        format!("--out={snapshot}"),
-        "--report=/dev/termination-log".to_owned(),
-        format!("--clear={restoring}"),
-    ];
-    if let Some(sum) = sha256 {
-        fetch_args.push(format!("--sha256={sum}"));
-    }
     let scratch = VolumeMount {
         name: "restore".to_owned(),
         mount_path: restore_dir.to_owned(),
@@ -115,30 +81,15 @@ pub fn restore_job(
         mount_path: DATA_MOUNT.to_owned(),
         ..Default::default()
     };
-    let fetch = Container {
-        name: "fetch".to_owned(),
-        image: Some(opts.backup_image.clone()),
-        command: Some(vec!["/etcd-webhook".to_owned()]),
-        args: Some(fetch_args),
-        env_from: matches!(source, SnapshotSource::S3(_)).then(|| {
-            vec![EnvFromSource {
-                secret_ref: Some(SecretEnvSource {
-                    name: format!("{name}-backup-credentials"),
-                    optional: Some(true),
-                }),
-                ..Default::default()
-            }]
-        }),
-        volume_mounts: Some(
-            fetch_mounts
-                .into_iter()
-                .chain([scratch.clone(), data.clone()])
-                .collect(),
-        ),
-        security_context: Some(restricted_container()),
-        termination_message_policy: Some("File".to_owned()),
-        ..Default::default()
-    };
+    let (fetch, source_volume) = fetch_step(
+        ec,
+        source,
+        &snapshot,
+        sha256,
+        vec![scratch.clone(), data.clone()],
+        Some(&restoring),
+        opts,
+    );
     let restore = Container {
         name: "restore".to_owned(),
         image: Some(super::members::etcd_image(ec, opts)),
@@ -238,4 +189,75 @@ pub fn restore_job(
         }),
         ..Default::default()
     }
+}
+
+/// The init container that fetches a snapshot to `out` with `--backup-image`'s
+/// `fetch-snapshot` (etcd's integrity hash checked, and `sha256` when given), with `mounts`
+/// and, for a `pvc://` source, its claim mounted read-only at [`RESTORE_SOURCE_MOUNT`] (the
+/// volume returned); `clear` is what a killed attempt may have left half written.
+pub(super) fn fetch_step(
+    ec: &EtcdCluster,
+    source: SnapshotSource<'_>,
+    out: &str,
+    sha256: Option<&str>,
+    mounts: Vec<VolumeMount>,
+    clear: Option<&str>,
+    opts: &RenderOptions,
+) -> (Container, Option<Volume>) {
+    // A claim is mounted read-only and its file read like any other (the same checks).
+    let (from, source_volume) = match source {
+        SnapshotSource::S3(uri) => (uri.to_owned(), None),
+        SnapshotSource::Claim { claim, file } => (
+            format!("{RESTORE_SOURCE_MOUNT}/{file}"),
+            Some(Volume {
+                name: "source".to_owned(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.to_owned(),
+                    read_only: Some(true),
+                }),
+                ..Default::default()
+            }),
+        ),
+    };
+    let mut fetch_mounts = vec![];
+    if source_volume.is_some() {
+        fetch_mounts.push(VolumeMount {
+            name: "source".to_owned(),
+            mount_path: RESTORE_SOURCE_MOUNT.to_owned(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    let mut args = vec![
+        "fetch-snapshot".to_owned(),
+        format!("--from={from}"),
+        format!("--out={out}"),
+        "--report=/dev/termination-log".to_owned(),
+    ];
+    if let Some(dir) = clear {
+        args.push(format!("--clear={dir}"));
+    }
+    if let Some(sum) = sha256 {
+        args.push(format!("--sha256={sum}"));
+    }
+    let fetch = Container {
+        name: "fetch".to_owned(),
+        image: Some(opts.backup_image.clone()),
+        command: Some(vec!["/etcd-webhook".to_owned()]),
+        args: Some(args),
+        env_from: matches!(source, SnapshotSource::S3(_)).then(|| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource {
+                    name: format!("{}-backup-credentials", ec.name_any()),
+                    optional: Some(true),
+                }),
+                ..Default::default()
+            }]
+        }),
+        volume_mounts: Some(fetch_mounts.into_iter().chain(mounts).collect()),
+        security_context: Some(restricted_container()),
+        termination_message_policy: Some("File".to_owned()),
+        ..Default::default()
+    };
+    (fetch, source_volume)
 }
