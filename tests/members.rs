@@ -38,7 +38,7 @@ use etcd_webhook::controller::etcd::maintenance::{Done, run as run_upkeep};
 use etcd_webhook::controller::etcd::membership::{Inputs, Outcome};
 use etcd_webhook::controller::etcd::{self, ClientTls, Etcd, Gateway};
 use etcd_webhook::controller::render::{self, RenderOptions};
-use etcd_webhook::controller::{Caches, Context, Settings};
+use etcd_webhook::controller::{Context, Settings};
 use etcd_webhook::metrics::Metrics;
 use etcd_webhook::testing::FakeApi;
 use k8s_openapi::api::core::v1::Container;
@@ -1759,7 +1759,7 @@ fn loop_member_list(
                     api.client(),
                     Settings::default(),
                     Arc::new(Metrics::new()),
-                    empty_caches(),
+                    etcd_webhook::testing::feed::caches().0,
                 );
                 let transport = ctx.etcd_for(ec).await.map_err(|e| e.to_string())?;
                 let etcd = Etcd {
@@ -1772,23 +1772,6 @@ fn loop_member_list(
                     .map_err(|e| e.to_string())
             })
     })
-}
-
-/// Caches with nothing in them (the loop's read path falls back to the API).
-fn empty_caches() -> Caches {
-    use kube::runtime::reflector::store;
-    Caches {
-        sets: store().0,
-        services: store().0,
-        budgets: store().0,
-        crons: store().0,
-        jobs: store().0,
-        claims: store().0,
-        configs: store().0,
-        pods: store().0,
-        policies: store().0,
-        secrets: store().0,
-    }
 }
 
 /// The loop's upkeep on what a membership pass read: its plan, and what running it did (in the

@@ -541,6 +541,133 @@ fn every_expression_parses_and_names_only_metrics_the_binary_exposes() {
     assert!(out.status.success(), "promtool: {}", text(&out));
 }
 
+/// The per-cluster series the loop exports for a cluster of 3 whose member etcd-2 does not
+/// answer and whose etcd raised NOSPACE: whole passes (`controller::reconcile`) against the
+/// in-memory API server and etcd, then the loop's own exposition.
+fn series_of_a_sick_cluster() -> String {
+    use etcd_webhook::controller::{Context, Settings, reconcile};
+    use etcd_webhook::testing::FakeEtcd;
+    use std::sync::Arc;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let api = FakeApi::default();
+        let path = "/apis/etcd.example.com/v1/namespaces/prod/etcdclusters/etcd";
+        api.insert(
+            path,
+            json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+                "metadata": {"name": "etcd", "namespace": "prod", "uid": "11111111-2222-4333-8444-555555555555"},
+                "spec": {"size": 3, "version": "v3.6.17", "storageSize": "1Gi"}}),
+        );
+        let peers: Vec<String> = (0..3)
+            .map(|i| format!("http://etcd-{i}.etcd.prod.svc:2380"))
+            .collect();
+        let etcd = Arc::new(FakeEtcd::running(&peers));
+        let (caches, mut feed) = etcd_webhook::testing::feed::caches();
+        let ctx = Arc::new(
+            Context::new(
+                api.client(),
+                Settings::default(),
+                Arc::new(etcd_webhook::metrics::Metrics::new()),
+                caches,
+            )
+            .with_etcd(Box::new(etcd.clone())),
+        );
+        let pass = async |feed: &mut etcd_webhook::testing::feed::Feed| {
+            feed.sync(&api);
+            let ec = serde_json::from_value(api.get(path).unwrap()).unwrap();
+            reconcile(Arc::new(ec), ctx.clone()).await.unwrap();
+        };
+        pass(&mut feed).await;
+        api.set(
+            "/apis/apps/v1/namespaces/prod/statefulsets/etcd",
+            "/status",
+            json!({"replicas": 3, "readyReplicas": 3}),
+        );
+        pass(&mut feed).await;
+        etcd.set_unhealthy("etcd-2", true);
+        etcd.raise_alarm("etcd-0", "NOSPACE");
+        pass(&mut feed).await;
+        pass(&mut feed).await;
+        ctx.metrics.encode()
+    })
+}
+
+/// The alerts on the series the loop itself exports (issue 45 item 4: a renamed label value,
+/// e.g. the member state `unhealthy`, left every alert test green): the per-cluster series
+/// of a cluster with a member down and NOSPACE raised, exactly as exported, are the input of a
+/// promtool test of rules.yaml, which must find EtcdClusterNoSpace firing for that cluster at
+/// once, EtcdClusterQuorumAtRisk after its 5 minutes (2 of 3 healthy: one more failure stops
+/// writes), EtcdClusterMemberUnhealthy after its 10, and nothing else (not QuorumLost).
+#[test]
+fn the_cluster_alerts_fire_on_the_series_the_loop_exports() {
+    let exported = series_of_a_sick_cluster();
+    let series: Vec<(String, String)> = exported
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(r#"namespace="prod",name="etcd""#))
+        .filter_map(|l| {
+            let (s, v) = l.rsplit_once(' ')?;
+            Some((s.to_owned(), v.to_owned()))
+        })
+        .collect();
+    for family in [
+        "etcd_webhook_cluster_members{",
+        "etcd_webhook_nospace_alarm{",
+    ] {
+        assert!(
+            series.iter().any(|(s, _)| s.starts_with(family)),
+            "{family} exported: {exported}"
+        );
+    }
+    let input: Vec<Value> = series
+        .iter()
+        .map(|(s, v)| json!({"series": s, "values": format!("{v}x30")}))
+        .collect();
+    let firing = |at: &str, alerts: &[&str]| {
+        json!({"expr": "count by (alertname, namespace, name) (ALERTS{alertstate=\"firing\", namespace=\"prod\"})",
+            "eval_time": at,
+            "exp_samples": alerts.iter().map(|a| json!({
+                "labels": format!("{{alertname=\"{a}\", name=\"etcd\", namespace=\"prod\"}}"),
+                "value": 1})).collect::<Vec<_>>()})
+    };
+    let test = json!({
+        "rule_files": [root().join(RULES).display().to_string()],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": input,
+            "promql_expr_test": [
+                firing("4m", &["EtcdClusterNoSpace"]),
+                firing("5m", &["EtcdClusterNoSpace", "EtcdClusterQuorumAtRisk"]),
+                firing(
+                    "15m",
+                    &[
+                        "EtcdClusterMemberUnhealthy",
+                        "EtcdClusterNoSpace",
+                        "EtcdClusterQuorumAtRisk",
+                    ],
+                ),
+            ],
+        }],
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("exported.test.yaml");
+    std::fs::write(&file, serde_yaml_ng::to_string(&test).unwrap()).unwrap();
+    let out = run(Command::new(promtool()).args(["test", "rules"]).arg(&file));
+    assert!(
+        out.status.success(),
+        "promtool on the exported series: {}\nseries:\n{}",
+        text(&out),
+        series
+            .iter()
+            .map(|(s, v)| format!("{s} {v}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 #[test]
 fn dashboard_variables_are_substituted_the_way_grafana_would_fill_them() {
     assert_eq!(

@@ -7,10 +7,7 @@ use std::time::Duration;
 use std::collections::HashMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::batch::v1::CronJob;
 use kube::runtime::controller::Action;
 use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
@@ -23,6 +20,7 @@ use crate::controller::machinery::context::CUT_MARKER;
 use crate::controller::pass::reconcile::SETTLE;
 use crate::controller::render::tests::{backup, cluster};
 use crate::metrics::Metrics;
+use crate::testing::feed::{Feed, caches};
 use crate::testing::{Call, FakeApi, FakeEtcd, assert_granted, per_verb};
 use kube::runtime::events::EventType;
 use kube::{Api, Client};
@@ -83,100 +81,13 @@ fn etcd_of(ctx: &Arc<Context>) -> Arc<FakeEtcd> {
 static FEEDS: std::sync::LazyLock<std::sync::Mutex<HashMap<usize, Feed>>> =
     std::sync::LazyLock::new(Default::default);
 
-struct Feed {
-    sets: reflector::store::Writer<Cached<StatefulSet>>,
-    services: reflector::store::Writer<Cached<Service>>,
-    budgets: reflector::store::Writer<Cached<PodDisruptionBudget>>,
-    crons: reflector::store::Writer<Cached<CronJob>>,
-    jobs: reflector::store::Writer<Cached<Job>>,
-    claims: reflector::store::Writer<Cached<PersistentVolumeClaim>>,
-    configs: reflector::store::Writer<Cached<ConfigMap>>,
-    pods: reflector::store::Writer<Cached<Pod>>,
-    policies: reflector::store::Writer<Cached<NetworkPolicy>>,
-    secrets: reflector::store::Writer<Cached<Secret>>,
-}
-
-fn caches() -> (Caches, Feed) {
-    let (sets, sets_w) = reflector::store();
-    let (services, services_w) = reflector::store();
-    let (budgets, budgets_w) = reflector::store();
-    let (crons, crons_w) = reflector::store();
-    let (jobs, jobs_w) = reflector::store();
-    let (claims, claims_w) = reflector::store();
-    let (configs, configs_w) = reflector::store();
-    let (pods, pods_w) = reflector::store();
-    let (policies, policies_w) = reflector::store();
-    let (secrets, secrets_w) = reflector::store();
-    (
-        Caches {
-            sets,
-            services,
-            budgets,
-            crons,
-            jobs,
-            claims,
-            configs,
-            pods,
-            policies,
-            secrets,
-        },
-        Feed {
-            sets: sets_w,
-            services: services_w,
-            budgets: budgets_w,
-            crons: crons_w,
-            jobs: jobs_w,
-            claims: claims_w,
-            configs: configs_w,
-            pods: pods_w,
-            policies: policies_w,
-            secrets: secrets_w,
-        },
-    )
-}
-
-/// Refills one cache from the fake as the controller's watch (label selector
-/// [`MANAGED_SELECTOR`], managedFields dropped) would after a relist.
-fn refill<K: Child>(
-    writer: &mut reflector::store::Writer<Cached<K>>,
-    api: &FakeApi,
-    resource: &str,
-) {
-    refill_selected(writer, api, resource, MANAGED_SELECTOR);
-}
-
-fn refill_selected<K: Child>(
-    writer: &mut reflector::store::Writer<Cached<K>>,
-    api: &FakeApi,
-    resource: &str,
-    selector: &str,
-) {
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for o in api.list_selected(resource, selector) {
-        // As the watches cache it: compact and slimmed.
-        let obj: Cached<K> = serde_json::from_value(o).expect("a stored object deserializes");
-        writer.apply_watcher_event(&watcher::Event::InitApply(obj));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-}
-
 /// Brings the context's caches up to date with the fake, as the watches would between passes.
 fn sync_caches(api: &FakeApi, ctx: &Arc<Context>) {
     let mut feeds = FEEDS.lock().unwrap();
     let feed = feeds
         .get_mut(&(Arc::as_ptr(ctx) as usize))
         .expect("a context made by setup()");
-    refill(&mut feed.sets, api, "statefulsets");
-    refill(&mut feed.services, api, "services");
-    refill(&mut feed.budgets, api, "poddisruptionbudgets");
-    refill(&mut feed.crons, api, "cronjobs");
-    refill(&mut feed.jobs, api, "jobs");
-    refill(&mut feed.claims, api, "persistentvolumeclaims");
-    refill(&mut feed.configs, api, "configmaps");
-    refill(&mut feed.pods, api, "pods");
-    refill(&mut feed.policies, api, "networkpolicies");
-    let client_tls = format!("{}=true", crate::api::CLIENT_TLS_LABEL);
-    refill_selected(&mut feed.secrets, api, "secrets", &client_tls);
+    feed.sync(api);
 }
 
 /// One reconcile of the cluster as the fake holds it now, reading the children from the
@@ -3272,7 +3183,6 @@ async fn nospace_is_recovered_through_the_loop_and_the_gauge_follows() {
 /// figures at 1,000 clusters are in docs/benchmarks.md.
 #[tokio::test(start_paused = true)]
 async fn tls_clusters_read_their_client_secrets_once_a_period_and_list_none() {
-    use k8s_openapi::api::apps::v1::StatefulSet;
     const RESYNC: Duration = Duration::from_secs(30);
     const WINDOW: Duration = Duration::from_secs(1200);
     let n: usize = std::env::var("ETCD_WEBHOOK_SECRET_COST_CLUSTERS")
@@ -3312,17 +3222,7 @@ async fn tls_clusters_read_their_client_secrets_once_a_period_and_list_none() {
         let peers: Vec<String> = (0..3).map(|m| render::peer_url(&typed, m)).collect();
         members.push(etcds.add(name, &peers));
     }
-    let sync = |feed: &mut Feed| {
-        refill::<StatefulSet>(&mut feed.sets, &api, "statefulsets");
-        refill(&mut feed.services, &api, "services");
-        refill(&mut feed.budgets, &api, "poddisruptionbudgets");
-        refill(&mut feed.crons, &api, "cronjobs");
-        refill(&mut feed.jobs, &api, "jobs");
-        refill(&mut feed.claims, &api, "persistentvolumeclaims");
-        refill(&mut feed.configs, &api, "configmaps");
-        refill(&mut feed.pods, &api, "pods");
-        refill(&mut feed.policies, &api, "networkpolicies");
-    };
+    let sync = |feed: &mut Feed| feed.sync_children(&api);
     let round = async |feed: &mut Feed| {
         sync(feed);
         for name in &names {

@@ -7,6 +7,7 @@ pub mod api_rules;
 pub mod fake_api;
 pub mod fake_etcd;
 pub mod fake_etcds;
+pub mod feed;
 mod garbage;
 pub mod mock;
 
