@@ -412,3 +412,72 @@ fn step_member(ec: &EtcdCluster, step: &Step) -> String {
         Step::Steady | Step::Wait(_) | Step::Disarm { .. } => ec.name_any(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, statuses: serde_json::Value, deleting: bool) -> std::sync::Arc<Pod> {
+        let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "prod"},
+            "status": {"containerStatuses": statuses}});
+        if deleting {
+            p["metadata"]["deletionTimestamp"] = json!("2026-12-05T10:00:00Z");
+        }
+        std::sync::Arc::new(serde_json::from_value(p).unwrap())
+    }
+
+    fn etcd(state: serde_json::Value, last: serde_json::Value) -> serde_json::Value {
+        json!([{"name": "etcd", "image": "x", "imageID": "", "ready": false,
+            "restartCount": 1, "state": state, "lastState": last}])
+    }
+
+    /// As a real kubelet reports it: a container that has just ended is in `state.terminated`
+    /// (its earlier run, if any, in `lastState`), so the run that ended now is the one read;
+    /// a running container's last end is its `lastState`. A pod being deleted says nothing
+    /// (issue 45 item 9: the played kubelet sets only `lastState`, so reading `lastState`
+    /// first stayed green there).
+    #[test]
+    fn the_run_that_ended_now_is_read_before_the_one_before_it() {
+        let ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        let ended = |code: i32, message: &str, at: &str| json!({"terminated": {"exitCode": code, "message": message, "finishedAt": at}});
+        let pods = vec![
+            // Ended now with a lost volume; the run before it stopped cleanly.
+            pod(
+                "etcd-0",
+                etcd(
+                    ended(1, "[lastIndex(0)]", "2026-12-05T10:05:00Z"),
+                    ended(0, "", "2026-12-05T10:00:00Z"),
+                ),
+                false,
+            ),
+            // Running again after an error exit.
+            pod(
+                "etcd-1",
+                etcd(
+                    json!({"running": {"startedAt": "2026-12-05T10:06:00Z"}}),
+                    ended(1, "has already been bootstrapped", "2026-12-05T10:05:30Z"),
+                ),
+                false,
+            ),
+            pod(
+                "etcd-2",
+                etcd(ended(0, "", "2026-12-05T10:07:00Z"), json!({})),
+                true,
+            ),
+        ];
+        let exits = exits(&ec, &pods);
+        assert_eq!(
+            exits.len(),
+            2,
+            "the pod being deleted is left out: {exits:?}"
+        );
+        assert_eq!((exits[&0].code, exits[&0].lost_volume()), (1, true));
+        assert_eq!(
+            exits[&0].at,
+            Some("2026-12-05T10:05:00Z".parse().unwrap()),
+            "the run that ended now"
+        );
+        assert_eq!((exits[&1].code, exits[&1].lost_volume()), (1, true));
+    }
+}
