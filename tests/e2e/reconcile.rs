@@ -24,6 +24,39 @@ fn children(name: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A pod of a Job's `template`, played as a kubelet leaves it once its (last) container ended
+/// 0 with `report` as its termination message at `finished`: made from the template as the
+/// apiserver took it, then its status patched.
+fn play_ended(env: &Env, ns: &str, template: &Value, pod: &str, report: &Value, finished: &str) {
+    let made = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": ns, "labels": template["metadata"]["labels"]},
+        "spec": template["spec"]});
+    ok(
+        env.kubectl_in(&["apply", "-f", "-"], &made.to_string()),
+        &format!("the pod {pod} from its Job's template"),
+    );
+    let container = &template["spec"]["containers"][0];
+    let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [{
+        "name": container["name"], "image": container["image"], "imageID": "",
+        "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+            "message": report.to_string(), "finishedAt": finished}}}]}});
+    ok(
+        env.kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "pod",
+            pod,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status.to_string(),
+        ]),
+        &format!("the played kubelet's status of {pod}"),
+    );
+}
+
 fn get_opt(env: &Env, ns: &str, resource: &str, name: &str) -> Option<Value> {
     let out = env.kubectl(&[
         "-n",
@@ -150,36 +183,17 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
     // a BackupTaken Event, and `kubectl get ec` shows LAST BACKUP.
     let cron = env.get_json(&["-n", ns, "cronjob", &format!("{name}-backup")]);
     let template = &cron["spec"]["jobTemplate"]["spec"]["template"];
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": format!("{name}-backup-played"), "namespace": ns,
-            "labels": template["metadata"]["labels"]},
-        "spec": template["spec"]});
-    ok(
-        env.kubectl_in(&["apply", "-f", "-"], &pod.to_string()),
-        "the backup pod from the CronJob's template",
-    );
     let report = json!({"uri": format!("/backup/{name}-snapshot-20261202T010000Z.db"),
         "size": 40992, "sha256": "ab".repeat(32), "revision": 211, "keys": 57,
         "hash": 3417482478u64, "compact_revision": -1, "member": format!("{name}-1"),
         "time": "2026-12-02T01:00:00Z", "seconds": 0.2, "pruned": []});
-    let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [{
-        "name": "backup", "image": template["spec"]["containers"][0]["image"], "imageID": "",
-        "ready": false, "restartCount": 0,
-        "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-            "message": report.to_string(), "finishedAt": "2026-12-02T01:00:01Z"}}}]}});
-    ok(
-        env.kubectl(&[
-            "-n",
-            ns,
-            "patch",
-            "pod",
-            &format!("{name}-backup-played"),
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ]),
-        "the played kubelet's status of the backup pod",
+    play_ended(
+        env,
+        ns,
+        template,
+        &format!("{name}-backup-played"),
+        &report,
+        "2026-12-02T01:00:01Z",
     );
     let recorded = wait_for("status.backup.last", Duration::from_secs(60), || {
         let ec = env.get_json(&["-n", ns, "etcdcluster", name]);
@@ -244,35 +258,16 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
         [("fetch", ""), ("restore", ""), ("etcd", "Always")],
         "{job}"
     );
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": format!("{verify_name}-played"), "namespace": ns,
-            "labels": template["metadata"]["labels"]},
-        "spec": template["spec"]});
-    ok(
-        env.kubectl_in(&["apply", "-f", "-"], &pod.to_string()),
-        "the verification pod from the Job's template",
-    );
     let verdict = json!({"outcome": "Verified", "revision": 211, "keys": 57,
         "hash": 3417482478u64,
         "message": "restored: 57 keys and hash cbb2a4ee at revision 211, as the member had"});
-    let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [{
-        "name": "verify", "image": template["spec"]["containers"][0]["image"], "imageID": "",
-        "ready": false, "restartCount": 0,
-        "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-            "message": verdict.to_string(), "finishedAt": "2026-12-02T01:01:00Z"}}}]}});
-    ok(
-        env.kubectl(&[
-            "-n",
-            ns,
-            "patch",
-            "pod",
-            &format!("{verify_name}-played"),
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status.to_string(),
-        ]),
-        "the played kubelet's status of the verification pod",
+    play_ended(
+        env,
+        ns,
+        template,
+        &format!("{verify_name}-played"),
+        &verdict,
+        "2026-12-02T01:01:00Z",
     );
     let verified = wait_for(
         "status.backup.lastVerified",

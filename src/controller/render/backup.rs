@@ -160,32 +160,16 @@ fn snapshot_pod(
         args.push(format!("--tls-dir={CLIENT_TLS_MOUNT}"));
     }
     let backup = Container {
-        name: "backup".to_owned(),
-        image: Some(opts.backup_image.clone()),
-        command: Some(vec!["/etcd-webhook".to_owned()]),
-        args: Some(args),
         env_from,
         volume_mounts: Some(mounts),
-        security_context: Some(restricted_container()),
-        termination_message_policy: Some("File".to_owned()),
-        ..Default::default()
+        ..own_container("backup", args, opts)
     };
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels(ec, component)),
             ..Default::default()
         }),
-        spec: Some(PodSpec {
-            containers: vec![backup],
-            volumes: Some(volumes),
-            restart_policy: Some("Never".to_owned()),
-            security_context: Some(restricted_pod()),
-            service_account_name: opts.backup_service_account.clone(),
-            image_pull_secrets: pull_secrets(opts),
-            automount_service_account_token: Some(false),
-            enable_service_links: Some(false),
-            ..Default::default()
-        }),
+        spec: Some(job_pod(vec![], vec![backup], volumes, opts)),
     }
 }
 
@@ -263,6 +247,44 @@ pub fn final_snapshot_job(ec: &EtcdCluster, target: &BackupTarget, opts: &Render
             template: snapshot_pod(ec, target, opts, None, "final-snapshot"),
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+/// A container of this project's own binary (`--backup-image`, `/etcd-webhook` with `args`),
+/// restricted, reporting through its termination message file: what every Job step the loop
+/// runs with it starts from.
+pub(super) fn own_container(name: &str, args: Vec<String>, opts: &RenderOptions) -> Container {
+    Container {
+        name: name.to_owned(),
+        image: Some(opts.backup_image.clone()),
+        command: Some(vec!["/etcd-webhook".to_owned()]),
+        args: Some(args),
+        security_context: Some(restricted_container()),
+        termination_message_policy: Some("File".to_owned()),
+        ..Default::default()
+    }
+}
+
+/// The pod of a Job the loop runs with the cluster's data (a snapshot, a restore, a
+/// verification): its containers and volumes, never restarted in place, restricted, as
+/// `--backup-service-account` with no API token and no Service links.
+pub(super) fn job_pod(
+    init_containers: Vec<Container>,
+    containers: Vec<Container>,
+    volumes: Vec<Volume>,
+    opts: &RenderOptions,
+) -> PodSpec {
+    PodSpec {
+        init_containers: (!init_containers.is_empty()).then_some(init_containers),
+        containers,
+        volumes: Some(volumes),
+        restart_policy: Some("Never".to_owned()),
+        security_context: Some(restricted_pod()),
+        service_account_name: opts.backup_service_account.clone(),
+        image_pull_secrets: pull_secrets(opts),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
         ..Default::default()
     }
 }

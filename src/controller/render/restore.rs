@@ -120,23 +120,21 @@ pub fn restore_job(
         ..Default::default()
     };
     let place = Container {
-        name: "place".to_owned(),
-        image: Some(opts.backup_image.clone()),
-        command: Some(vec!["/etcd-webhook".to_owned()]),
-        args: Some(vec![
-            "place-restored".to_owned(),
-            format!("--from={restoring}"),
-            format!("--to={DATA_DIR}"),
-            format!(
-                "--restore-id={}",
-                ec.metadata.uid.as_deref().unwrap_or("restored")
-            ),
-            "--report=/dev/termination-log".to_owned(),
-        ]),
         volume_mounts: Some(vec![data]),
-        security_context: Some(restricted_container()),
-        termination_message_policy: Some("File".to_owned()),
-        ..Default::default()
+        ..own_container(
+            "place",
+            vec![
+                "place-restored".to_owned(),
+                format!("--from={restoring}"),
+                format!("--to={DATA_DIR}"),
+                format!(
+                    "--restore-id={}",
+                    ec.metadata.uid.as_deref().unwrap_or("restored")
+                ),
+                "--report=/dev/termination-log".to_owned(),
+            ],
+            opts,
+        )
     };
     let mut restore_pods = labels(ec, "restore");
     restore_pods.remove("app.kubernetes.io/managed-by");
@@ -154,9 +152,9 @@ pub fn restore_job(
                 spec: Some(PodSpec {
                     affinity: Some(restore_affinity),
                     topology_spread_constraints: Some(restore_spread),
-                    init_containers: Some(vec![fetch, restore]),
-                    containers: vec![place],
-                    volumes: Some(
+                    ..job_pod(
+                        vec![fetch, restore],
+                        vec![place],
                         [
                             Volume {
                                 name: "restore".to_owned(),
@@ -175,14 +173,8 @@ pub fn restore_job(
                         .into_iter()
                         .chain(source_volume)
                         .collect(),
-                    ),
-                    restart_policy: Some("Never".to_owned()),
-                    security_context: Some(restricted_pod()),
-                    service_account_name: opts.backup_service_account.clone(),
-                    image_pull_secrets: pull_secrets(opts),
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    ..Default::default()
+                        opts,
+                    )
                 }),
             },
             ..Default::default()
@@ -241,10 +233,6 @@ pub(super) fn fetch_step(
         args.push(format!("--sha256={sum}"));
     }
     let fetch = Container {
-        name: "fetch".to_owned(),
-        image: Some(opts.backup_image.clone()),
-        command: Some(vec!["/etcd-webhook".to_owned()]),
-        args: Some(args),
         env_from: matches!(source, SnapshotSource::S3(_)).then(|| {
             vec![EnvFromSource {
                 secret_ref: Some(SecretEnvSource {
@@ -255,9 +243,7 @@ pub(super) fn fetch_step(
             }]
         }),
         volume_mounts: Some(fetch_mounts.into_iter().chain(mounts).collect()),
-        security_context: Some(restricted_container()),
-        termination_message_policy: Some("File".to_owned()),
-        ..Default::default()
+        ..own_container("fetch", args, opts)
     };
     (fetch, source_volume)
 }

@@ -7,7 +7,7 @@
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, PodSpec, PodTemplateSpec, Volume, VolumeMount,
+    Container, EmptyDirVolumeSource, PodTemplateSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
@@ -124,15 +124,7 @@ pub fn verify_job(ec: &EtcdCluster, record: &SnapshotRecord, opts: &RenderOption
     if let Some(keys) = record.keys {
         verify_args.push(format!("--keys={keys}"));
     }
-    let verify = Container {
-        name: "verify".to_owned(),
-        image: Some(opts.backup_image.clone()),
-        command: Some(vec!["/etcd-webhook".to_owned()]),
-        args: Some(verify_args),
-        security_context: Some(restricted_container()),
-        termination_message_policy: Some("File".to_owned()),
-        ..Default::default()
-    };
+    let verify = own_container("verify", verify_args, opts);
     // The snapshot, the restored copy of it and etcd's first preallocated WAL file.
     let room_mib = (u64::try_from(record.size).unwrap_or(0) * 2).div_ceil(1 << 20) + 256;
     let name = verify_job_name(ec, record);
@@ -149,30 +141,22 @@ pub fn verify_job(ec: &EtcdCluster, record: &SnapshotRecord, opts: &RenderOption
                     labels: Some(labels(ec, VERIFY_COMPONENT)),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    init_containers: Some(vec![fetch, restore, sandbox]),
-                    containers: vec![verify],
-                    volumes: Some(
-                        [Volume {
-                            name: "sandbox".to_owned(),
-                            empty_dir: Some(EmptyDirVolumeSource {
-                                size_limit: Some(Quantity(format!("{room_mib}Mi"))),
-                                ..Default::default()
-                            }),
+                spec: Some(job_pod(
+                    vec![fetch, restore, sandbox],
+                    vec![verify],
+                    [Volume {
+                        name: "sandbox".to_owned(),
+                        empty_dir: Some(EmptyDirVolumeSource {
+                            size_limit: Some(Quantity(format!("{room_mib}Mi"))),
                             ..Default::default()
-                        }]
-                        .into_iter()
-                        .chain(source_volume)
-                        .collect(),
-                    ),
-                    restart_policy: Some("Never".to_owned()),
-                    security_context: Some(restricted_pod()),
-                    service_account_name: opts.backup_service_account.clone(),
-                    image_pull_secrets: pull_secrets(opts),
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    ..Default::default()
-                }),
+                        }),
+                        ..Default::default()
+                    }]
+                    .into_iter()
+                    .chain(source_volume)
+                    .collect(),
+                    opts,
+                )),
             },
             ..Default::default()
         }),
