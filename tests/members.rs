@@ -1026,6 +1026,60 @@ fn two_of_five_down_keep_the_quorum_and_membership() {
     );
 }
 
+/// Quorum lost with the volumes intact (issue 47, scenario 1): two of three members' pods stop
+/// (unschedulable, say) with their data kept. Writes are refused; the loop's passes make no
+/// membership call and remove nothing (no member can be removed without a quorum, and none
+/// should be: their data is intact); its pass says the member list could not be read. When
+/// the two come back, the cluster heals by itself with every write it acknowledged before.
+#[test]
+fn quorum_loss_with_volumes_intact_waits_and_heals_with_every_acknowledged_write() {
+    let (mut net, mut lp) = formed("ql", 3, 3, Release::V3_7_4);
+    let leader = leader_of(&net);
+    let survivor = (leader + 1) % 3;
+    let mut acknowledged = Vec::new();
+    for k in 0..50 {
+        let key = format!("/ack/{k}");
+        if net.put(survivor, &key, &key) {
+            acknowledged.push(key);
+        }
+    }
+    assert_eq!(acknowledged.len(), 50, "every write taken with the quorum");
+    let down: Vec<usize> = (0..3).filter(|&i| i != survivor).collect();
+    lp.blocked.extend(down.iter().copied());
+    for &i in &down {
+        net.stop(i);
+    }
+    let lost_at = Instant::now();
+    for _ in 0..3 {
+        let outcome = lp.pass(&mut net);
+        assert!(
+            matches!(outcome.step, Step::Wait(_) | Step::Steady),
+            "{:?}",
+            outcome.step
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        !net.put(survivor, "/refused", "x"),
+        "no writes without a quorum"
+    );
+    assert!(lp.calls.is_empty(), "no membership call: {:?}", lp.calls);
+    assert!(lp.refused.is_empty(), "none tried: {:?}", lp.refused);
+    let waited = lost_at.elapsed();
+    lp.blocked.clear();
+    let back_at = Instant::now();
+    lp.settle(&mut net, Duration::from_secs(90));
+    let healed = back_at.elapsed();
+    all_there(&net, &acknowledged);
+    assert_eq!(net.members(survivor).len(), 3);
+    assert!(lp.calls.is_empty(), "healed without a call: {:?}", lp.calls);
+    assert!(net.put(survivor, "/after", "y"), "writes taken again");
+    eprintln!(
+        "quorum lost with volumes intact: 3 passes in {waited:?} made no call; healed {healed:?} after the members came back, {} acknowledged writes all there",
+        acknowledged.len()
+    );
+}
+
 /// A member that hangs (SIGSTOP: its process is there and its ports take connections, but it
 /// answers nothing) is killed by the played kubelet's liveness probe (v3.6.4: `/livez` every
 /// 10 s, 6 failures after a 15 s initial delay, 5 s timeout; SIGTERM, then SIGKILL after the
