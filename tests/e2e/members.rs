@@ -881,6 +881,28 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         .filter(|(reason, n)| before.get(*reason).is_none_or(|b| b < *n))
         .map(|(reason, _)| reason)
         .collect();
+    // Never a cycle: each way of taking the old volume out happened at most once, and the
+    // member was added back at most twice (once, or once more after a stale removal).
+    let delta = |reason: &str| {
+        after.get(reason).copied().unwrap_or(0) - before.get(reason).copied().unwrap_or(0)
+    };
+    for reason in [
+        "MemberVolumeReplaced",
+        "MemberVolumeStale",
+        "MemberNeverStarted",
+        "MemberVolumeLost",
+    ] {
+        assert!(
+            delta(reason) <= 1,
+            "{reason} {} times: a cycle ({after:?})",
+            delta(reason)
+        );
+    }
+    assert!(
+        (1..=2).contains(&delta("AddedLearner")),
+        "member 2 added back {} times ({after:?})",
+        delta("AddedLearner")
+    );
     eprintln!(
         "    member 2 removed by hand: back on a fresh volume, Running with 5 voters after {back:.1} s (new Events about it: {how:?})"
     );
