@@ -1080,6 +1080,67 @@ fn quorum_loss_with_volumes_intact_waits_and_heals_with_every_acknowledged_write
     );
 }
 
+/// Quorum lost with a majority's volumes gone (issue 47, scenario 2): two of three members stop
+/// and their volumes are emptied. Alone, the survivor answers `status` and the loop's
+/// diagnosis waits, naming it (nothing says the others' data is gone). When the two come back
+/// on empty volumes they join under their old member IDs (the members' ConfigMap says
+/// `existing`), the survivor is elected (its log is the longest) and sends them its data: real
+/// etcd heals by itself with every key the survivor had, and the loop makes no call
+/// throughout (never a removal or an add without a member list).
+#[test]
+fn quorum_loss_with_a_majority_of_volumes_gone_heals_from_the_survivor_and_the_loop_touches_nothing()
+ {
+    use etcd_webhook::controller::decide::quorum::{Diagnosis, diagnose};
+    let (mut net, mut lp) = formed("qlost", 3, 3, Release::V3_7_4);
+    let leader = leader_of(&net);
+    let survivor = (leader + 1) % 3;
+    let keys = corruption_keys(&net);
+    let gone: Vec<usize> = (0..3).filter(|&i| i != survivor).collect();
+    lp.blocked.extend(gone.iter().copied());
+    for &i in &gone {
+        net.stop(i);
+        empty_volume(&net, i);
+    }
+    let outcome = lp.pass(&mut net);
+    assert!(outcome.members.is_none(), "no member list without a quorum");
+    match diagnose(&lp.ec, &outcome.survey, &lp.exits, None) {
+        Some(Diagnosis::Waiting(why)) => assert!(
+            why.contains(&format!(
+                "1 of 3 members answer ({} (applied index",
+                net.pods[survivor].name
+            )),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !net.put(survivor, "/refused", "x"),
+        "no writes without a quorum"
+    );
+    lp.blocked.clear();
+    let back = Instant::now();
+    let deadline = back + Duration::from_secs(60);
+    loop {
+        let outcome = lp.pass(&mut net);
+        if outcome.members.as_ref().is_some_and(|m| m.len() == 3)
+            && (0..3).all(|i| net.get(i, "/corrupt/me").is_some())
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not healed: {:?}", outcome.step);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let healed = back.elapsed();
+    corruption_healed(&net, &keys);
+    assert!(lp.calls.is_empty(), "no membership call: {:?}", lp.calls);
+    assert!(lp.refused.is_empty(), "none tried: {:?}", lp.refused);
+    assert!(net.put(survivor, "/after", "y"), "writes taken again");
+    eprintln!(
+        "quorum lost with two of three volumes emptied: healed from {} {healed:?} after the two came back, every key there, no call by the loop",
+        net.pods[survivor].name
+    );
+}
+
 /// A member that hangs (SIGSTOP: its process is there and its ports take connections, but it
 /// answers nothing) is killed by the played kubelet's liveness probe (v3.6.4: `/livez` every
 /// 10 s, 6 failures after a 15 s initial delay, 5 s timeout; SIGTERM, then SIGKILL after the

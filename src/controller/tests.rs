@@ -3338,6 +3338,81 @@ async fn a_renewed_client_secret_makes_a_new_identity_and_an_unchanged_one_does_
     assert_eq!(etcds.identities(), 2, "the renewed Secret is presented");
 }
 
+/// A lost quorum in the status: no member list, the survivor answering `status` alone. With
+/// nothing saying the others' data is gone, Available says QuorumLost naming the survivor and
+/// that the loop waits; once their pods report lost volumes, MajorityDataLost names the
+/// survivor and the newest snapshot, with one Warning. The membership is never touched.
+#[tokio::test]
+async fn a_lost_quorum_is_diagnosed_in_the_status_and_nothing_is_touched() {
+    let (api, ctx) = running_three().await;
+    let etcd = etcd_of(&ctx);
+    etcd.lose_quorum();
+    etcd.set_unhealthy("etcd-1", true);
+    etcd.set_unhealthy("etcd-2", true);
+    let available = |api: &FakeApi| {
+        cluster_json(api)["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Available")
+            .cloned()
+            .unwrap()
+    };
+    pass(&api, &ctx).await.unwrap();
+    let a = available(&api);
+    assert_eq!(
+        (a["status"].as_str(), a["reason"].as_str()),
+        (Some("False"), Some("QuorumLost")),
+        "{a}"
+    );
+    assert!(
+        a["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 of 3 members answer (etcd-0"),
+        "{a}"
+    );
+    for i in [1, 2] {
+        let mut p = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+        });
+        p["status"]["containerStatuses"] = json!([{"name": "etcd", "ready": false,
+            "restartCount": 1, "image": "x", "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2026-12-01T00:00:00Z",
+                "message": "panic: tocommit(105) is out of range [lastIndex(0)]"}}}]);
+        api.insert(&format!("/api/v1/namespaces/prod/pods/etcd-{i}"), p);
+    }
+    api.clear_calls();
+    for _ in 0..3 {
+        pass(&api, &ctx).await.unwrap();
+    }
+    let a = available(&api);
+    assert_eq!(a["reason"], "MajorityDataLost", "{a}");
+    let message = a["message"].as_str().unwrap();
+    assert!(
+        message.contains("the data of etcd-1, etcd-2 is gone")
+            && message.contains("the member with the most applied data is etcd-0"),
+        "{message}"
+    );
+    let told = events(&api.calls())
+        .iter()
+        .filter(|e| *e == &("Warning".to_owned(), "MajorityDataLost".to_owned()))
+        .count();
+    assert_eq!(told, 1, "{:?}", events(&api.calls()));
+    assert_eq!(etcd.members().len(), 3, "nothing removed");
+    assert!(
+        etcd.refusals()
+            .iter()
+            .all(|r| r.contains("context deadline")),
+        "{:?}",
+        etcd.refusals()
+    );
+}
+
 /// A follower whose data is not the others' (etcd raised CORRUPT and its hash differs from the
 /// two that agree): the pass removes it (Warning MemberCorrupt) and makes its volume anew, the
 /// next disarms the alarm (CorruptAlarmDisarmed; writes are taken again), then it joins again

@@ -107,6 +107,11 @@ impl FakeEtcd {
             .retain(|m| host_name(&m.2) != pod);
     }
 
+    /// The quorum lost: no leader (`status` says 0) and no (linearizable) member list.
+    pub fn lose_quorum(&self) {
+        self.state.lock().unwrap().leader = u64::MAX;
+    }
+
     /// An election: the member of pod `pod` leads from now on.
     pub fn set_leader(&self, pod: &str) {
         let mut s = self.state.lock().unwrap();
@@ -268,6 +273,7 @@ impl FakeEtcd {
                 .unwrap_or_default()
         };
         match path {
+            "cluster/member/list" if s.leader == u64::MAX => Err(refused("context deadline")),
             "cluster/member/list" => Ok(Self::list(s)),
             "cluster/member/add" => {
                 let url = body["peerURLs"][0].as_str().unwrap_or_default().to_owned();
@@ -346,7 +352,7 @@ impl FakeEtcd {
                     "header": {"member_id": m.0.to_string(), "revision": s.revision.max(1).to_string()},
                     "dbSize": size.to_string(),
                     "dbSizeInUse": in_use.to_string(),
-                    "leader": if s.leader == 0 { 4097 } else { s.leader }.to_string(),
+                    "leader": match s.leader { 0 => 4097, u64::MAX => 0, l => l }.to_string(),
                     "isLearner": m.3,
                     "raftIndex": if m.4 { "100" } else { "3" },
                     "errors": errors,

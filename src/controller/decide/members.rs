@@ -68,6 +68,9 @@ pub struct MemberStatus {
     /// The raft log index the member has: a learner far below its leader's has not caught up.
     #[serde(rename = "raftIndex", default, deserialize_with = "opt_u64")]
     pub raft_index: u64,
+    /// The raft index the member has applied to its data (what it would keep as a survivor).
+    #[serde(rename = "raftAppliedIndex", default, deserialize_with = "opt_u64")]
+    pub raft_applied_index: u64,
     #[serde(default)]
     pub errors: Vec<String>,
     /// Who answered: the member ID and cluster ID the answering process runs as (from its

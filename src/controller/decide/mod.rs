@@ -9,5 +9,6 @@ pub mod members;
 pub mod membership;
 pub mod memory;
 pub mod observation;
+pub mod quorum;
 pub mod status;
 pub mod upgrade;

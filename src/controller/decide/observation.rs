@@ -92,6 +92,8 @@ pub struct Membership {
     pub note: Option<String>,
     /// Something is corrupt and the loop will not guess what (the note says why).
     pub corruption_undecided: bool,
+    /// No member list (no quorum): what the members said alone, diagnosed.
+    pub quorum: Option<super::quorum::Diagnosis>,
 }
 
 impl Membership {

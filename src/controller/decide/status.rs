@@ -227,12 +227,20 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                     m.healthy_voters, m.voters
                 ),
             ),
-            (false, _) => cond(
-                "Available",
-                false,
-                "NoAnswer",
-                "no member answered the loop".to_owned(),
-            ),
+            (false, _) => match &m.quorum {
+                Some(super::quorum::Diagnosis::Waiting(why)) => {
+                    cond("Available", false, "QuorumLost", why.clone())
+                }
+                Some(super::quorum::Diagnosis::DataLost(why)) => {
+                    cond("Available", false, "MajorityDataLost", why.clone())
+                }
+                None => cond(
+                    "Available",
+                    false,
+                    "NoAnswer",
+                    "no member answered the loop".to_owned(),
+                ),
+            },
         });
     } else {
         // Not read this pass (an error path): the last word stays.

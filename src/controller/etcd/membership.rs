@@ -40,6 +40,9 @@ pub struct Outcome {
     /// Something is corrupt and the loop will not guess what (the leader differs, or no
     /// majority agrees): why. Nothing is removed or disarmed while it is.
     pub undecided: Option<String>,
+    /// When no member answered the member list: the members that answered `status` alone, by
+    /// ordinal (what `decide::quorum::diagnose` reads).
+    pub survey: BTreeMap<i32, MemberStatus>,
 }
 
 /// What a pass starts from besides etcd.
@@ -77,12 +80,25 @@ where
         unreachable: None,
         foreign: None,
         undecided: None,
+        survey: BTreeMap::new(),
     };
     let listed = match etcd.member_list().await {
         Ok(found) => found,
         Err(e) => {
+            // Each member answers `status` alone, quorum or not: who is there, and how far.
+            let asks = etcd
+                .endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, url)| async move { (i as i32, etcd.status(url).await) });
+            let survey = futures_util::future::join_all(asks)
+                .await
+                .into_iter()
+                .filter_map(|(i, s)| Some((i, s.ok()?)))
+                .collect();
             return Outcome {
                 unreachable: Some(e.clone()),
+                survey,
                 ..nothing(Step::Wait(format!("no member answered member list: {e}")))
             };
         }
@@ -193,6 +209,7 @@ where
             Some(Finding::Undecided(why)) => Some(why),
             _ => None,
         },
+        survey: BTreeMap::new(),
     }
 }
 

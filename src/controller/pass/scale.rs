@@ -20,6 +20,7 @@ use crate::controller::decide::exits::Exit;
 use crate::controller::decide::membership::{self, Removal, Step};
 use crate::controller::decide::memory::Memory;
 use crate::controller::decide::observation::{Activity, Membership, Observation};
+use crate::controller::decide::quorum::{Diagnosis, diagnose};
 use crate::controller::decide::status::has_condition;
 use crate::controller::etcd::membership::{Inputs, Outcome, pass, volume_to_replace};
 use crate::controller::etcd::{Etcd, EtcdError};
@@ -138,6 +139,23 @@ pub(crate) async fn converge(
         }
         Some(outcome)
     };
+    // No member list: a lost quorum, diagnosed from what the members said alone.
+    let quorum = outcome.as_ref().and_then(|o| {
+        o.unreachable.as_ref()?;
+        let newest = ec
+            .status
+            .as_ref()
+            .and_then(|s| s.backup.as_ref())
+            .and_then(|b| b.last.as_ref());
+        diagnose(ec, &o.survey, &exits, newest)
+    });
+    if let Some(Diagnosis::DataLost(why)) = &quorum
+        && !has_condition(ec, "Available", "MajorityDataLost")
+    {
+        tracing::error!(cluster = %ec.name_any(), "{why}");
+        ctx.event(ec, EventType::Warning, "MajorityDataLost", why.clone())
+            .await;
+    }
     let (outcome, foreign) = match outcome {
         Some(o) if o.members.is_some() => (Some(o), None),
         Some(o) => (None, o.foreign),
@@ -176,6 +194,7 @@ pub(crate) async fn converge(
         };
         seen.membership = Some(Membership {
             note: Some(note),
+            quorum,
             ..Default::default()
         });
         return Ok(replicas);
@@ -236,6 +255,7 @@ pub(crate) async fn converge(
         .flatten()
         .reduce(|a, b| format!("{a}; {b}")),
         corruption_undecided: outcome.undecided.is_some(),
+        quorum: None,
     };
     seen.ready = state.healthy_voters;
     seen.voters = Some(state.voters);

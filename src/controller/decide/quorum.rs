@@ -1,0 +1,217 @@
+//! A lost quorum, diagnosed: when no member answers the (linearizable) member list, the loop
+//! asks every member pod for its `status` (which a member answers alone) and reads how each
+//! silent member's pod last ended. Either the silent members' data can still come back (pods
+//! down, volumes intact: the cluster heals when they return, and the loop waits), or a
+//! majority's data is gone (their pods report a lost volume): then it will not heal by itself,
+//! and the diagnosis names the survivor with the most applied data and how it compares with the
+//! newest snapshot, the two ways out docs/clusters.md ("When quorum is lost") describes. The
+//! loop changes nothing either way.
+
+use std::collections::BTreeMap;
+
+use kube::ResourceExt;
+
+use super::exits::Exit;
+use super::members::MemberStatus;
+use crate::api::v1::{EtcdCluster, SnapshotRecord};
+
+/// What a lost quorum is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Diagnosis {
+    /// The silent members' data may come back: the loop waits.
+    Waiting(String),
+    /// A majority's data is gone: it does not heal by itself.
+    DataLost(String),
+}
+
+impl Diagnosis {
+    pub fn message(&self) -> &str {
+        match self {
+            Diagnosis::Waiting(m) | Diagnosis::DataLost(m) => m,
+        }
+    }
+}
+
+/// The diagnosis from the members that answered `status` (`answered`, by ordinal), how each
+/// member pod last ended (`exits`), and the newest snapshot. `None` when no member answers or
+/// one knows a leader (the member list failed for another reason: the loop's own network, say).
+pub fn diagnose(
+    ec: &EtcdCluster,
+    answered: &BTreeMap<i32, MemberStatus>,
+    exits: &BTreeMap<i32, Exit>,
+    newest: Option<&SnapshotRecord>,
+) -> Option<Diagnosis> {
+    // No member answers at all: the loop cannot tell a lost quorum from its own way to the
+    // members being cut (a NetworkPolicy, DNS); a member that knows a leader: the member list
+    // failed for another reason.
+    if answered.is_empty() || answered.values().any(|s| s.leader != 0) {
+        return None;
+    }
+    let name = ec.name_any();
+    let size = ec.spec.size;
+    let quorum = size / 2 + 1;
+    let pod = |i: i32| format!("{name}-{i}");
+    let silent: Vec<i32> = (0..size).filter(|i| !answered.contains_key(i)).collect();
+    let (lost, down): (Vec<i32>, Vec<i32>) = silent
+        .iter()
+        .partition(|i| exits.get(i).is_some_and(Exit::lost_volume));
+    let names = |is: &[i32]| is.iter().map(|&i| pod(i)).collect::<Vec<_>>().join(", ");
+    let answering = answered.len() as i32;
+    let survivors = answered
+        .iter()
+        .map(|(i, s)| {
+            format!(
+                "{} (applied index {}, revision {})",
+                pod(*i),
+                s.raft_applied_index,
+                s.header.revision
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    if answering + down.len() as i32 >= quorum {
+        return Some(Diagnosis::Waiting(format!(
+            "no leader: {answering} of {size} members answer{}; {} do not answer and nothing says their data is gone: the cluster heals when they run again, and the loop waits (it removes nothing without a quorum)",
+            if survivors.is_empty() {
+                String::new()
+            } else {
+                format!(" ({survivors})")
+            },
+            names(&down)
+        )));
+    }
+    // The survivor with the most applied data (of equals, the lowest ordinal).
+    let (i, s) = answered
+        .iter()
+        .max_by_key(|(i, s)| (s.raft_applied_index, std::cmp::Reverse(**i)))?;
+    let revision = i64::try_from(s.header.revision).unwrap_or(i64::MAX);
+    let against = match newest {
+        Some(b) if b.revision > revision => format!(
+            "; the newest snapshot ({}, revision {}) is newer than {}'s revision {}: restore it instead",
+            b.uri,
+            b.revision,
+            pod(*i),
+            s.header.revision
+        ),
+        Some(b) => format!(
+            "; the newest snapshot ({}, revision {}) is older: rebuilding from {} keeps {} more revisions",
+            b.uri,
+            b.revision,
+            pod(*i),
+            revision - b.revision
+        ),
+        None => "; there is no snapshot".to_owned(),
+    };
+    let choice = format!(
+        "the member with the most applied data is {} (applied index {}, revision {}){against}",
+        pod(*i),
+        s.raft_applied_index,
+        s.header.revision
+    );
+    Some(Diagnosis::DataLost(format!(
+        "quorum lost and it will not heal: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer{}{}; {choice}; nothing is changed by the loop (see When quorum is lost in docs/clusters.md)",
+        names(&lost),
+        if survivors.is_empty() {
+            String::new()
+        } else {
+            format!(" ({survivors})")
+        },
+        if down.is_empty() {
+            String::new()
+        } else {
+            format!(", {} are down", names(&down))
+        },
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(applied: u64, revision: u64) -> MemberStatus {
+        let mut s = MemberStatus {
+            raft_applied_index: applied,
+            ..Default::default()
+        };
+        s.header.revision = revision;
+        s
+    }
+
+    fn lost() -> Exit {
+        Exit {
+            code: 1,
+            message: "panic: tocommit(105) is out of range [lastIndex(0)]".to_owned(),
+            at: None,
+        }
+    }
+
+    fn snapshot(revision: i64) -> SnapshotRecord {
+        SnapshotRecord {
+            uri: "s3://b/etcd-snapshot.db".to_owned(),
+            revision,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pods_down_with_their_volumes_wait_and_lost_volumes_name_the_survivor() {
+        let ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        let one = BTreeMap::from([(0, status(120, 57))]);
+        // Two pods down, nothing says their data is gone: wait.
+        match diagnose(&ec, &one, &BTreeMap::new(), None) {
+            Some(Diagnosis::Waiting(m)) => {
+                assert!(m.contains("1 of 3 members answer (etcd-0 (applied index 120, revision 57)); etcd-1, etcd-2 do not answer"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // One of them lost its volume: still a quorum's worth of data may come back.
+        let one_lost = BTreeMap::from([(1, lost())]);
+        assert!(matches!(
+            diagnose(&ec, &one, &one_lost, None),
+            Some(Diagnosis::Waiting(_))
+        ));
+        // Both lost: it does not heal; etcd-0 is the survivor; the snapshot is older.
+        let both = BTreeMap::from([(1, lost()), (2, lost())]);
+        match diagnose(&ec, &one, &both, Some(&snapshot(50))) {
+            Some(Diagnosis::DataLost(m)) => {
+                assert!(m.contains("the data of etcd-1, etcd-2 is gone"), "{m}");
+                assert!(
+                    m.contains("the member with the most applied data is etcd-0 (applied index 120, revision 57); the newest snapshot (s3://b/etcd-snapshot.db, revision 50) is older: rebuilding from etcd-0 keeps 7 more revisions"),
+                    "{m}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A snapshot newer than the survivor: restore it instead.
+        let m = diagnose(&ec, &one, &both, Some(&snapshot(80))).unwrap();
+        assert!(
+            m.message()
+                .contains("is newer than etcd-0's revision 57: restore it instead"),
+            "{m:?}"
+        );
+    }
+
+    #[test]
+    fn a_member_that_knows_a_leader_is_no_lost_quorum() {
+        let ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        let mut led = status(120, 57);
+        led.leader = 7;
+        assert_eq!(
+            diagnose(&ec, &BTreeMap::from([(0, led)]), &BTreeMap::new(), None),
+            None
+        );
+    }
+
+    /// Of five, two answer and three lost their volumes: the one with the most applied data.
+    #[test]
+    fn the_survivor_is_the_one_with_the_most_applied_data() {
+        let ec = crate::controller::render::tests::cluster("etcd", 5, None);
+        let two = BTreeMap::from([(0, status(90, 40)), (3, status(130, 61))]);
+        let lost3 = BTreeMap::from([(1, lost()), (2, lost()), (4, lost())]);
+        let m = diagnose(&ec, &two, &lost3, None).unwrap();
+        assert!(
+            m.message().contains("the most applied data is etcd-3 (applied index 130, revision 61); there is no snapshot"),
+            "{m:?}"
+        );
+    }
+}
