@@ -266,6 +266,20 @@ impl Etcd<'_> {
             .await?;
         decode(endpoint, v)
     }
+
+    /// [`Etcd::status`] waiting at most `within` (a member answers it from its own state, in
+    /// milliseconds, leader or not).
+    pub async fn status_within(
+        &self,
+        endpoint: &str,
+        within: Duration,
+    ) -> Result<MemberStatus, EtcdError> {
+        let v = self
+            .transport
+            .post_within(endpoint, "maintenance/status", json!({}), within)
+            .await?;
+        decode(endpoint, v)
+    }
 }
 
 #[cfg(test)]

@@ -45,6 +45,9 @@ pub struct Outcome {
     pub survey: BTreeMap<i32, MemberStatus>,
 }
 
+/// How long the survey after a failed member list waits for each member's `status`.
+pub const SURVEY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What a pass starts from besides etcd.
 pub struct Inputs<'a> {
     pub exits: &'a BTreeMap<i32, Exit>,
@@ -86,11 +89,15 @@ where
         Ok(found) => found,
         Err(e) => {
             // Each member answers `status` alone, quorum or not: who is there, and how far.
+            // Asked with a short bound, so a pass that found no member list waits at most
+            // SURVEY_TIMEOUT more, not a second call timeout.
             let asks = etcd
                 .endpoints
                 .iter()
                 .enumerate()
-                .map(|(i, url)| async move { (i as i32, etcd.status(url).await) });
+                .map(|(i, url)| async move {
+                    (i as i32, etcd.status_within(url, SURVEY_TIMEOUT).await)
+                });
             let survey = futures_util::future::join_all(asks)
                 .await
                 .into_iter()
