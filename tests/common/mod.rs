@@ -220,7 +220,19 @@ impl Server {
         cwd: Option<&Path>,
         env: &[(&str, &str)],
     ) -> Server {
-        Server::spawn_reading(cert_dir, extra, cwd, env, None)
+        Server::spawn_reading(cert_dir, extra, cwd, env, None, None)
+    }
+
+    /// Like [`Server::spawn_with`], in a mount namespace of its own where `resolv_conf` is
+    /// /etc/resolv.conf: the process resolves names through the real node's cluster DNS, as a
+    /// pod does (tests/e2e/node.rs). Needs root.
+    pub fn spawn_resolving(
+        cert_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        resolv_conf: &Path,
+    ) -> Server {
+        Server::spawn_reading(cert_dir, extra, None, env, None, Some(resolv_conf))
     }
 
     /// Like [`Server::start`], with the server's stderr read at most `bytes_per_sec`: a slow
@@ -229,7 +241,7 @@ impl Server {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("certs");
         make_certs(&dir, &[]);
-        let mut s = Server::spawn_reading(&dir, extra, None, &[], Some(bytes_per_sec));
+        let mut s = Server::spawn_reading(&dir, extra, None, &[], Some(bytes_per_sec), None);
         s.wait_listening(Duration::from_secs(30));
         s._tmp = Some(tmp);
         s
@@ -241,8 +253,41 @@ impl Server {
         cwd: Option<&Path>,
         env: &[(&str, &str)],
         bytes_per_sec: Option<usize>,
+        resolv_conf: Option<&Path>,
     ) -> Server {
         let mut cmd = Command::new(BIN);
+        if let Some(resolv) = resolv_conf {
+            use std::os::unix::process::CommandExt;
+            let source = std::ffi::CString::new(resolv.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: between fork and exec only async-signal-safe calls (unshare, mount) on
+            // strings made before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let none = c"none";
+                    let root = c"/";
+                    let target = c"/etc/resolv.conf";
+                    if libc::unshare(libc::CLONE_NEWNS) != 0
+                        || libc::mount(
+                            none.as_ptr(),
+                            root.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REC | libc::MS_PRIVATE,
+                            std::ptr::null(),
+                        ) != 0
+                        || libc::mount(
+                            source.as_ptr(),
+                            target.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_BIND,
+                            std::ptr::null(),
+                        ) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         // No cluster unless a test brings one: the controller's auto mode stays off.
         for var in [
             "KUBECONFIG",

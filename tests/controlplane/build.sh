@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the end-to-end tests' control plane (etcd, kube-apiserver, kube-controller-manager and
+# Builds the end-to-end tests' control plane (etcd, kube-apiserver, kube-controller-manager, the real
+# node's kube-scheduler, kubelet, kube-proxy and cluster DNS, and
 # cert-manager's controller and cainjector in one multi-call binary, see main.go) from the Go
 # modules pinned by go.mod/go.sum, once, and prints its path; cert-manager's CRDs are copied beside
 # it (cert-manager-crds/). Prometheus' promtool (go.mod's `tool`, a main package of its own) is

@@ -11,6 +11,8 @@
 //	controlplane etcdutl snapshot restore|status ... (etcdutl.go)
 //	controlplane etcdctl [etcdctl flags] (etcdctl.go)
 //	controlplane otlp --grpc ADDR --http ADDR --out FILE (otlp.go)
+//	controlplane kube-scheduler|kubelet|kube-proxy [flags]: the real node's parts (tests/e2e/node.rs)
+//	controlplane dns --kubeconfig FILE --listen ADDR: the real node's cluster DNS (dns.go)
 //
 // The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
 // loopback Endpoints, so webhooks named by a service reference (as the shipped configurations do) are
@@ -25,9 +27,11 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	_ "time/tzdata" // CronJob time zones, as upstream's mains do
 
@@ -38,11 +42,23 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|cert-manager-controller|cainjector|s3|etcdutl|etcdctl|otlp [flags]"
+const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kube-proxy|dns|cert-manager-controller|cainjector|s3|etcdutl|etcdctl|otlp [flags]"
 
 func main() {
+	// Called by the name of a link to it, as the real node's etcd image does
+	// (/usr/local/bin/etcd and /usr/local/bin/etcdutl, tests/e2e/node.rs): that tool.
+	switch filepath.Base(os.Args[0]) {
+	case "etcd":
+		etcdmain.Main(os.Args)
+		return
+	case "etcdutl":
+		os.Exit(runEtcdutl(os.Args[1:]))
+	}
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
@@ -62,6 +78,20 @@ func main() {
 		command := controllermanager.NewControllerManagerCommand()
 		command.SetArgs(rest)
 		os.Exit(cli.Run(command))
+	case "kube-scheduler":
+		command := scheduler.NewSchedulerCommand()
+		command.SetArgs(rest)
+		os.Exit(cli.Run(command))
+	case "kubelet":
+		command := kubelet.NewKubeletCommand(context.Background())
+		command.SetArgs(rest)
+		os.Exit(cli.Run(command))
+	case "kube-proxy":
+		command := proxy.NewProxyCommand()
+		command.SetArgs(rest)
+		os.Exit(cli.Run(command))
+	case "dns":
+		os.Exit(runDNS(rest))
 	case "cert-manager-controller":
 		os.Exit(runCertManagerController(rest))
 	case "cainjector":

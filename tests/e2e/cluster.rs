@@ -64,6 +64,26 @@ pub struct ControlPlane {
     procs: Vec<Proc>,
     /// The trace receiver of a traced control plane ([`ControlPlane::start_with`]).
     pub otlp: Option<Otlp>,
+    /// A control plane for the real node ([`Kind::ForNode`]): the node's kubeconfig
+    /// (`system:node:NAME`); the bridge it listens on is removed on drop.
+    pub node_kubeconfig: Option<PathBuf>,
+    /// The cluster DNS as a resolv.conf, once a node runs ([`crate::node::Node::start`]): the
+    /// product's replicas resolve the members' names through it.
+    pub resolv_conf: Option<PathBuf>,
+}
+
+/// What a control plane is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Loopback only: the shared suite and most scenarios.
+    Plain,
+    /// With an OTLP receiver that kube-apiserver sends a span for every request to.
+    Traced,
+    /// For the real node (tests/e2e/node.rs): the apiserver listens on the node's bridge
+    /// address (the kubelet refuses a loopback node IP, and pods reach the apiserver there), a
+    /// kube-scheduler runs, the controller manager runs the controllers a node needs, and the
+    /// node's credentials are made.
+    ForNode,
 }
 
 /// Where a traced control plane's OTLP receiver listens, and the file it writes the spans to
@@ -167,13 +187,22 @@ impl ControlPlane {
     /// when the apiserver is ready and the controller manager has created the default
     /// ServiceAccount.
     pub fn start() -> ControlPlane {
-        Self::start_with(false)
+        Self::start_kind(Kind::Plain)
     }
 
-    /// With `traced`, an OTLP receiver (`controlplane otlp`) starts first and kube-apiserver
-    /// sends it a span for every request (`--tracing-config-file`, every request sampled);
-    /// [`ControlPlane::otlp`] says where it listens and where the spans go.
     pub fn start_with(traced: bool) -> ControlPlane {
+        Self::start_kind(if traced { Kind::Traced } else { Kind::Plain })
+    }
+
+    /// With [`Kind::Traced`], an OTLP receiver (`controlplane otlp`) starts first and
+    /// kube-apiserver sends it a span for every request (`--tracing-config-file`, every request
+    /// sampled); [`ControlPlane::otlp`] says where it listens and where the spans go.
+    pub fn start_kind(kind: Kind) -> ControlPlane {
+        let traced = kind == Kind::Traced;
+        let for_node = kind == Kind::ForNode;
+        if for_node {
+            crate::node::bridge_up();
+        }
         let bin = common::control_plane();
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -198,6 +227,8 @@ impl ControlPlane {
             bin: bin.clone(),
             procs: Vec::new(),
             otlp: None,
+            node_kubeconfig: None,
+            resolv_conf: None,
         };
         std::fs::write(
             &cp.service_map,
@@ -217,6 +248,7 @@ impl ControlPlane {
             "kube-apiserver",
             None,
             &[
+                crate::node::NODE_IP,
                 "127.0.0.1",
                 "localhost",
                 "10.0.0.1",
@@ -235,6 +267,18 @@ impl ControlPlane {
             &[],
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
         );
+        if for_node {
+            let (crt, key) = ca.leaf(
+                &format!("system:node:{}", crate::node::NODE_NAME),
+                Some("system:nodes"),
+                &[],
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            );
+            // Written once the apiserver's address is known (below).
+            cp.node_kubeconfig = Some(pki.join("node.kubeconfig"));
+            std::fs::write(pki.join("node.crt"), &crt).unwrap();
+            std::fs::write(pki.join("node.key"), &key).unwrap();
+        }
         let sa = rcgen::KeyPair::generate().unwrap();
         let sa_key = write("sa.key", &sa.serialize_pem());
         let sa_pub = write("sa.pub", &sa.public_key_pem());
@@ -296,7 +340,32 @@ impl ControlPlane {
 
         // kube-apiserver
         let port = free_port();
-        cp.server = format!("https://127.0.0.1:{port}");
+        let address = if for_node {
+            crate::node::NODE_IP
+        } else {
+            "127.0.0.1"
+        };
+        cp.server = format!("https://{address}:{port}");
+        if let Some(node) = &cp.node_kubeconfig {
+            let crt = std::fs::read_to_string(pki.join("node.crt")).unwrap();
+            let key = std::fs::read_to_string(pki.join("node.key")).unwrap();
+            std::fs::write(
+                node,
+                kubeconfig(&cp.server, &ca.ca_pem, &cert_user(&crt, &key)),
+            )
+            .unwrap();
+        }
+        let node_args: Vec<String> = if for_node {
+            vec![
+                // The node's address: `logs` and `exec` reach the kubelet there, not through
+                // the node's host name (which nothing resolves).
+                "--kubelet-preferred-address-types=InternalIP".into(),
+            ]
+        } else {
+            // From v1.37 the `kubernetes` Service's endpoint reconciler refuses a loopback
+            // address; nothing here reaches the apiserver through that Service.
+            vec!["--endpoint-reconciler-type=none".into()]
+        };
         std::fs::write(
             &cp.kubeconfig,
             kubeconfig(&cp.server, &ca.ca_pem, &cert_user(&admin_crt, &admin_key)),
@@ -309,11 +378,8 @@ impl ControlPlane {
             &[
                 format!("--etcd-servers={client_url}"),
                 format!("--secure-port={port}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                // From v1.37 the `kubernetes` Service's endpoint reconciler refuses a loopback
-                // address; nothing here reaches the apiserver through that Service.
-                "--endpoint-reconciler-type=none".into(),
+                format!("--bind-address={address}"),
+                format!("--advertise-address={address}"),
                 format!("--cert-dir={}", cp.dir.join("apiserver").display()),
                 format!("--tls-cert-file={}", serving_crt.display()),
                 format!("--tls-private-key-file={}", serving_key.display()),
@@ -332,6 +398,7 @@ impl ControlPlane {
             ]
             .into_iter()
             .chain(tracing_args)
+            .chain(node_args)
             .collect::<Vec<String>>(),
             &[("CONTROLPLANE_SERVICE_MAP", service_map.as_os_str())],
         );
@@ -350,7 +417,7 @@ impl ControlPlane {
                 format!("--kubeconfig={}", cp.kubeconfig.display()),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
-                "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,statefulset-controller,persistentvolumeclaim-protection-controller,job-controller,cronjob-controller,disruption-controller,root-ca-certificate-publisher-controller".into(),
+                format!("--controllers={}", controllers(for_node)),
                 format!("--service-account-private-key-file={}", sa_key.display()),
                 format!("--root-ca-file={}", ca_file.display()),
                 "--use-service-account-credentials=true".into(),
@@ -368,6 +435,32 @@ impl ControlPlane {
                     .then_some(())
             },
         );
+        if for_node {
+            cp.spawn(
+                &bin,
+                "kube-scheduler",
+                &[
+                    format!("--kubeconfig={}", cp.kubeconfig.display()),
+                    "--leader-elect=false".into(),
+                    "--secure-port=0".into(),
+                    "--v=1".into(),
+                ],
+            );
+            // RBAC only (no Node authorizer here): the node's credentials get the node role.
+            ok(
+                cp.kubectl_output(
+                    &[
+                        "create",
+                        "clusterrolebinding",
+                        "e2e-nodes",
+                        "--clusterrole=system:node",
+                        "--group=system:nodes",
+                    ],
+                    None,
+                ),
+                "bind system:node to the group system:nodes",
+            );
+        }
         // cert-manager: its CRDs from the same module as its controllers, then the controller
         // and cainjector.
         let crds = bin.parent().unwrap().join("cert-manager-crds");
@@ -489,7 +582,44 @@ impl Drop for ControlPlane {
             let _ = p.child.wait();
         }
         let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
+        if self.node_kubeconfig.is_some() {
+            crate::node::bridge_down();
+        }
     }
+}
+
+/// The controllers kube-controller-manager runs: what the scenarios use, and for a node also
+/// what a node needs (its lifecycle: else it keeps the not-ready taint; endpoints for Service
+/// DNS; the volume binder and protection for claims; Deployments for the product's own pods;
+/// pod garbage collection).
+fn controllers(for_node: bool) -> String {
+    let mut list = vec![
+        "garbage-collector-controller",
+        "namespace-controller",
+        "serviceaccount-controller",
+        "serviceaccount-token-controller",
+        "statefulset-controller",
+        "persistentvolumeclaim-protection-controller",
+        "job-controller",
+        "cronjob-controller",
+        "disruption-controller",
+        "root-ca-certificate-publisher-controller",
+    ];
+    if for_node {
+        list.extend([
+            "node-lifecycle-controller",
+            "endpointslice-controller",
+            "endpoints-controller",
+            "persistentvolume-binder-controller",
+            "persistentvolume-protection-controller",
+            "replicaset-controller",
+            "deployment-controller",
+            "ttl-after-finished-controller",
+            "pod-garbage-collector-controller",
+            "clusterrole-aggregation-controller",
+        ]);
+    }
+    list.join(",")
 }
 
 /// Runs kubectl (tests/tools/k8s-cli.sh) with a kubeconfig.

@@ -314,7 +314,11 @@ impl Env {
             ("POD_NAME", pod_name),
             ("POD_NAMESPACE", NAMESPACE),
         ];
-        let mut server = Server::spawn_with(&self.webhook_certs, &args, None, &env);
+        // On a real node, the replica resolves names through its cluster DNS, as its pod would.
+        let mut server = match &self.cp.resolv_conf {
+            Some(resolv) => Server::spawn_resolving(&self.webhook_certs, &args, &env, resolv),
+            None => Server::spawn_with(&self.webhook_certs, &args, None, &env),
+        };
         self.replica_logs
             .lock()
             .unwrap()

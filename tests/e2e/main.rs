@@ -14,11 +14,13 @@ mod common;
 mod admission;
 mod args;
 mod bench;
+mod case_study;
 mod chart;
 mod cluster;
 mod install;
 mod lifecycle;
 mod members;
+mod node;
 mod reconcile;
 mod rotation;
 mod scale;
@@ -54,7 +56,15 @@ const OWN_CLUSTER: &[OwnScenario] = &[
         "one_apply_is_one_trace_through_the_webhook",
         traces::one_apply_is_one_trace_through_the_webhook,
     ),
+    (
+        "case_study_on_a_real_node",
+        case_study::case_study_on_a_real_node,
+    ),
 ];
+
+/// Own-cluster scenarios that run on the real node (node.rs): their control plane is started
+/// for it (`cluster::Kind::ForNode`).
+const ON_NODE: &[&str] = &["case_study_on_a_real_node"];
 
 /// Own-cluster scenarios whose control plane sends traces (`ControlPlane::start_with`).
 const TRACED: &[&str] = &["one_apply_is_one_trace_through_the_webhook"];
@@ -182,7 +192,14 @@ fn main() {
         let t = Instant::now();
         let mut logs = None;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let cp = cluster::ControlPlane::start_with(TRACED.contains(name));
+            let kind = if ON_NODE.contains(name) {
+                cluster::Kind::ForNode
+            } else if TRACED.contains(name) {
+                cluster::Kind::Traced
+            } else {
+                cluster::Kind::Plain
+            };
+            let cp = cluster::ControlPlane::start_kind(kind);
             logs = Some(cp.logs.clone());
             scenario(cp)
         }));

@@ -1,0 +1,3 @@
+module github.com/etcd-webhook/etcd-webhook/tests/node/pause
+
+go 1.26.0
