@@ -372,6 +372,7 @@ impl ControlPlane {
         )
         .unwrap();
         let service_map = cp.service_map.clone();
+        let service_env = [("CONTROLPLANE_SERVICE_MAP", service_map.as_os_str())];
         cp.spawn_env(
             &bin,
             "kube-apiserver",
@@ -400,7 +401,9 @@ impl ControlPlane {
             .chain(tracing_args)
             .chain(node_args)
             .collect::<Vec<String>>(),
-            &[("CONTROLPLANE_SERVICE_MAP", service_map.as_os_str())],
+            // On a node the apiserver reaches webhooks as upstream does: through the Service's
+            // cluster IP (kube-proxy); elsewhere through the test's service map.
+            &service_env[..usize::from(!for_node)],
         );
         wait_for("kube-apiserver /readyz", Duration::from_secs(120), || {
             cp.check_alive();

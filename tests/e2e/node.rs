@@ -94,6 +94,9 @@ pub struct Image {
     pub name: String,
     pub rootfs: PathBuf,
     pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    /// `uid:gid`, or empty for root.
+    pub user: String,
 }
 
 /// The running node; torn down on drop.
@@ -195,11 +198,15 @@ impl Node {
                 root
             },
             entrypoint: vec!["/pause".to_owned()],
+            cmd: Vec::new(),
+            user: String::new(),
         }];
         all.extend(images.iter().map(|i| Image {
             name: i.name.clone(),
             rootfs: i.rootfs.clone(),
             entrypoint: i.entrypoint.clone(),
+            cmd: i.cmd.clone(),
+            user: i.user.clone(),
         }));
         for image in &all {
             let tar = image_archive(image);
@@ -261,6 +268,36 @@ impl Node {
                 (String::from_utf8_lossy(&out.stdout).trim() == "True").then_some(())
             },
         );
+        // kube-proxy (iptables): Service cluster IPs for pods (the apiserver at 10.0.0.1, a
+        // client Service) and for the host (the apiserver calls the webhook's Service).
+        let (metrics, health) = (crate::cluster::free_port(), crate::cluster::free_port());
+        node.spawn(
+            "kube-proxy",
+            Command::new(cp.bin())
+                .arg("kube-proxy")
+                .arg(format!("--kubeconfig={}", cp.kubeconfig.display()))
+                .arg(format!("--hostname-override={NODE_NAME}"))
+                .arg("--proxy-mode=iptables")
+                .arg(format!("--cluster-cidr={SUBNET}"))
+                // This machine does not let the conntrack table be resized.
+                .arg("--conntrack-max-per-core=0")
+                .arg("--conntrack-tcp-timeout-established=0")
+                .arg("--conntrack-tcp-timeout-close-wait=0")
+                .arg("--iptables-localhost-nodeports=false")
+                .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
+                .arg(format!("--healthz-bind-address=127.0.0.1:{health}"))
+                .arg("--v=1"),
+        );
+        wait_for("kube-proxy's rules", Duration::from_secs(60), || {
+            node.check_alive();
+            let out = Command::new("iptables")
+                .args(["-t", "nat", "-S", "KUBE-SERVICES"])
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&out.stdout)
+                .contains("default/kubernetes:https")
+                .then_some(())
+        });
         cp.resolv_conf = Some(node.resolv_conf.clone());
         println!(
             "real node {NODE_NAME} Ready in {:.1} s (kubelet, containerd, runc; images: {})",
@@ -307,6 +344,12 @@ impl Node {
             cp.kubectl_output(&["apply", "-f", "-"], Some(&list.to_string())),
             "the local StorageClass and volumes",
         );
+    }
+
+    /// The node's folder, and the fixed paths outside it that it made: what [`leftovers`]
+    /// checks after the teardown.
+    pub fn footprint(&self) -> (PathBuf, Vec<&'static str>) {
+        (self.dir.clone(), self.made.clone())
     }
 
     /// The folder of local volume `i` ([`Node::local_volumes`]).
@@ -492,6 +535,7 @@ impl Drop for Node {
         let start = Instant::now();
         // 1. The kubelet first, so nothing restarts; then every container and sandbox is
         //    killed through containerd, and containerd stops (its shims with it).
+        self.stop("kube-proxy", Duration::from_secs(5));
         self.stop("kubelet", Duration::from_secs(10));
         self.stop("dns", Duration::from_secs(2));
         let tasks = run(self.ctr(&["tasks", "ls", "-q"]), None);
@@ -557,6 +601,72 @@ impl Drop for Node {
     }
 }
 
+/// What a node could leave behind on this machine: its bridge, mounts under `dir`, processes
+/// whose arguments name `dir`, KUBE- iptables chains, the kubelet's cgroups, and the fixed
+/// paths in `made` (the ones it created). Empty after a clean teardown.
+pub fn leftovers(dir: &Path, made: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    if Command::new("ip")
+        .args(["link", "show", BRIDGE])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        found.push(format!("the bridge {BRIDGE}"));
+    }
+    let prefix = format!("{}/", dir.display());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mounts = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(unescape_mount))
+        .filter(|m| m.starts_with(&prefix))
+        .count();
+    if mounts > 0 {
+        found.push(format!("{mounts} mounts under {}", dir.display()));
+    }
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for pid in entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if pid != std::process::id()
+                && String::from_utf8_lossy(&cmdline).contains(prefix.as_str())
+            {
+                found.push(format!(
+                    "process {pid}: {}",
+                    String::from_utf8_lossy(&cmdline).replace('\0', " ")
+                ));
+            }
+        }
+    }
+    for ipt in ["iptables", "ip6tables"] {
+        for table in ["filter", "nat", "mangle"] {
+            if let Ok(out) = Command::new(ipt).args(["-t", table, "-S"]).output() {
+                let chains = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|l| l.starts_with("-N KUBE-"))
+                    .count();
+                if chains > 0 {
+                    found.push(format!("{chains} KUBE- chains in {ipt} {table}"));
+                }
+            }
+        }
+    }
+    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+        for c in controllers.flatten() {
+            if c.path().join("kubepods").exists() {
+                found.push(format!("{}", c.path().join("kubepods").display()));
+            }
+        }
+    }
+    found.extend(
+        made.iter()
+            .filter(|p| Path::new(p).exists())
+            .map(|p| (*p).to_owned()),
+    );
+    found
+}
+
 fn remove_kube_chains(ipt: &str, table: &str) {
     let Ok(out) = Command::new(ipt).args(["-t", table, "-S"]).output() else {
         return;
@@ -570,9 +680,10 @@ fn remove_kube_chains(ipt: &str, table: &str) {
                 .windows(2)
                 .any(|w| w[0] == "-j" && w[1].starts_with("KUBE-"))
         {
-            let _ = Command::new(ipt)
-                .args(["-t", table, "-D"])
-                .args(&words[1..])
+            // Through the shell: the rules' comments are quoted.
+            let _ = Command::new("sh")
+                .arg("-c")
+                .arg(format!("{ipt} -t {table} -D {}", &rule[3..]))
                 .output();
         }
     }
@@ -655,7 +766,7 @@ fn image_archive(image: &Image) -> PathBuf {
     let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
     hash.update(&std::fs::read(&script).unwrap());
     hash.update(image.name.as_bytes());
-    hash.update(image.entrypoint.join(",").as_bytes());
+    hash.update(format!("{:?} {:?} {}", image.entrypoint, image.cmd, image.user).as_bytes());
     let mut files = Vec::new();
     collect_files(&image.rootfs, &mut files);
     files.sort();
@@ -682,6 +793,8 @@ fn image_archive(image: &Image) -> PathBuf {
             .arg("--out")
             .arg(&out)
             .args(["--entrypoint", &image.entrypoint.join(",")])
+            .args(["--cmd", &image.cmd.join(",")])
+            .args(["--user", &image.user])
             .stdout(Stdio::null())
             .status()
             .expect("run tests/node/mkimage.py");
@@ -754,6 +867,83 @@ pub fn etcd_image(cp: &ControlPlane, version: &str) -> Image {
         name: format!("quay.io/coreos/etcd:{version}"),
         rootfs: root,
         entrypoint: vec!["/usr/local/bin/etcd".to_owned()],
+        cmd: Vec::new(),
+        user: String::new(),
+    }
+}
+
+/// The product's image as the Dockerfile lays it out, under the name the install and the
+/// rendered Jobs use (`ghcr.io/example/etcd-webhook:VERSION`): a static musl binary at
+/// `/etcd-webhook` (built here with cargo for x86_64-unknown-linux-musl, the dev profile,
+/// stripped), the CA certificates, the non-root user 65532, `serve` as the default command.
+pub fn product_image(cp: &ControlPlane) -> Image {
+    const TARGET: &str = "x86_64-unknown-linux-musl";
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let status = Command::new(&cargo)
+        .args([
+            "build",
+            "--locked",
+            "--target",
+            TARGET,
+            "--bin",
+            "etcd-webhook",
+        ])
+        .current_dir(common::root())
+        .status()
+        .expect("run cargo build");
+    assert!(
+        status.success(),
+        "the product's static binary for the node's image did not build: it needs the target \
+         (rustup target add {TARGET}) and musl's C compiler for ring (Debian: musl-tools); \
+         .ci/run installs both"
+    );
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| common::root().join("target"));
+    let built = target.join(TARGET).join("debug/etcd-webhook");
+    let root = cp.dir.join("node/images/etcd-webhook");
+    for d in ["etc/ssl/certs", "tmp"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::set_permissions(
+        root.join("tmp"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .unwrap();
+    let bin = root.join("etcd-webhook");
+    ok(
+        run(
+            {
+                let mut c = Command::new("strip");
+                c.arg("-o").arg(&bin).arg(&built);
+                c
+            },
+            None,
+        ),
+        "strip the product's binary",
+    );
+    File::options()
+        .write(true)
+        .open(&bin)
+        .unwrap()
+        .set_modified(std::fs::metadata(&built).unwrap().modified().unwrap())
+        .unwrap();
+    std::fs::copy(
+        "/etc/ssl/certs/ca-certificates.crt",
+        root.join("etc/ssl/certs/ca-certificates.crt"),
+    )
+    .expect("the host's CA certificates (Debian: ca-certificates)");
+    std::fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n",
+    )
+    .unwrap();
+    Image {
+        name: etcd_webhook::controller::render::DEFAULT_BACKUP_IMAGE.to_owned(),
+        rootfs: root,
+        entrypoint: vec!["/etcd-webhook".to_owned()],
+        cmd: vec!["serve".to_owned()],
+        user: "65532:65532".to_owned(),
     }
 }
 

@@ -5,7 +5,7 @@ name in the `io.containerd.image.name` annotation, so no registry is needed. Det
 layer's entries are sorted, owned by 0:0 and dated 0, so the same folder gives the same digest.
 Standard library only.
 
-usage: mkimage.py --name REF --dir ROOTFS --out FILE.tar [--entrypoint A,B] [--user U]"""
+usage: mkimage.py --name REF --dir ROOTFS --out FILE.tar [--entrypoint A,B] [--cmd A,B] [--user U]"""
 import argparse
 import hashlib
 import io
@@ -47,12 +47,15 @@ def main():
     p.add_argument("--dir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--entrypoint", default="")
+    p.add_argument("--cmd", default="")
     p.add_argument("--user", default="")
     a = p.parse_args()
     rootfs = layer(a.dir)
     config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}
     if a.entrypoint:
         config["Entrypoint"] = a.entrypoint.split(",")
+    if a.cmd:
+        config["Cmd"] = a.cmd.split(",")
     if a.user:
         config["User"] = a.user
     config = dumps({"architecture": "amd64", "os": "linux", "config": config,
