@@ -30,8 +30,8 @@ use crate::node::{self, Node};
 const NS: &str = "case-study";
 const NAME: &str = "orders";
 const SIZE: usize = 3;
-/// The case study's cluster and the one restored from its backup.
-const VOLUMES: usize = 2 * SIZE;
+/// The case study's cluster grown to 5, and the one restored from its backup.
+const VOLUMES: usize = 5 + SIZE;
 
 /// What the scenario asks of the cluster: kubectl as the admin.
 struct Env {
@@ -239,7 +239,11 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
         .expect("a write through the client Service");
     acked.insert("/orders/via-service".to_owned(), "s".to_owned());
 
-    backup_and_restore(&env, &acked);
+    leaf_renewal_under_writes(&env, &mut acked);
+    let s3 = backup_and_restore(&env, &acked);
+    scale_to_five(&env, &acked);
+    delete_with_a_final_snapshot(&env);
+    drop(s3);
 
     // The node first (its teardown needs no apiserver), then the control plane; nothing of
     // either stays on the machine.
@@ -307,7 +311,7 @@ fn credentials(env: &Env, s3: &S3, cluster: &str) {
 /// files the snapshot, `status.backup.last` and the LAST BACKUP column show it, and the
 /// verification Job proves it by restoring it. Then a new cluster restored from it (real
 /// restore Jobs, then members) has every acknowledged write.
-fn backup_and_restore(env: &Env, acked: &BTreeMap<String, String>) {
+fn backup_and_restore(env: &Env, acked: &BTreeMap<String, String>) -> S3 {
     let s3 = start_s3(env);
     credentials(env, &s3, NAME);
     let enabled = Instant::now();
@@ -433,6 +437,246 @@ fn backup_and_restore(env: &Env, acked: &BTreeMap<String, String>) {
         acked.len(),
         started.elapsed().as_secs_f64()
     );
+    s3
+}
+
+/// The members' serving certificate renewed by cert-manager while a writer runs: the kubelet
+/// refreshes the Secret volume (its `..data` swap), etcd serves the new leaf on new
+/// connections, and no write fails.
+fn leaf_renewal_under_writes(env: &Env, acked: &mut BTreeMap<String, String>) {
+    let certificate = format!("{NAME}-server");
+    let served = |member: usize| served_serial(env, member);
+    let before: Vec<String> = (0..SIZE).map(served).collect();
+    let revision = |env: &Env| {
+        env.get_json(&["-n", NS, "certificate", &certificate])["status"]["revision"]
+            .as_i64()
+            .unwrap_or(0)
+    };
+    let revision_before = revision(env);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let etcd = Members::new(env);
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut written, mut failed) = (BTreeMap::new(), Vec::new());
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 100_000 {
+                let (k, v) = (format!("/orders/renewal/{i:05}"), format!("r{i}"));
+                match etcd.put_any(&k, &v) {
+                    Ok(()) => {
+                        written.insert(k, v);
+                    }
+                    Err(e) => failed.push(e),
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (written, failed)
+        })
+    };
+    let started = Instant::now();
+    let condition = json!([{"op": "add", "path": "/status/conditions/-", "value": {
+        "type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+        "message": "renewal triggered by the case study"}}]);
+    ok(
+        env.kubectl(&[
+            "-n",
+            NS,
+            "patch",
+            "certificate",
+            &certificate,
+            "--subresource=status",
+            "--type=json",
+            "-p",
+            &condition.to_string(),
+        ]),
+        "trigger the renewal (as cmctl renew does)",
+    );
+    wait_for(
+        "cert-manager to issue the next revision",
+        Duration::from_secs(60),
+        || (revision(env) > revision_before).then_some(()),
+    );
+    let issued = started.elapsed();
+    for (member, old) in before.iter().enumerate() {
+        wait_for(
+            &format!("{NAME}-{member} to serve the renewed leaf"),
+            Duration::from_secs(120),
+            || {
+                let now = served(member);
+                (now != *old && !now.is_empty()).then_some(())
+            },
+        );
+    }
+    let everywhere = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (written, failed) = writer.join().unwrap();
+    assert!(
+        failed.is_empty(),
+        "writes failed during the renewal: {failed:?}"
+    );
+    println!(
+        "leaf renewed: issued in {:.1} s, served by every member {:.1} s after the trigger (the kubelet's Secret refresh); {} writes meanwhile, 0 failed",
+        issued.as_secs_f64(),
+        everywhere.as_secs_f64(),
+        written.len()
+    );
+    acked.extend(written);
+    let etcd = Members::new(env);
+    for i in 0..SIZE {
+        etcd.assert_has_all(i, acked);
+    }
+}
+
+/// The serial number of the leaf `member` serves on a new connection (hex), or empty when it
+/// does not answer.
+fn served_serial(env: &Env, member: usize) -> String {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let secret = env.get_json(&["-n", NS, "secret", &format!("{NAME}-client-tls")]);
+    let field = |k: &str| {
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(secret["data"][k].as_str().unwrap())
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let cert_pem = field("tls.crt");
+    let issued = common::Issued {
+        der: CertificateDer::from_pem_slice(cert_pem.as_bytes())
+            .unwrap()
+            .to_vec(),
+        cert_pem,
+        key_pem: field("tls.key"),
+    };
+    let config = common::client_config(&field("ca.crt"), Some(&issued));
+    let pod = env.get_json(&["-n", NS, "pod", &format!("{NAME}-{member}")]);
+    let Some(ip) = pod["status"]["podIP"].as_str() else {
+        return String::new();
+    };
+    let addr: SocketAddr = format!("{ip}:2379").parse().unwrap();
+    // The server certificate names `localhost` too (etcd's gateway dials itself).
+    let leaf = common::runtime().block_on(common::served_leaf(addr, config));
+    let Ok(der) = leaf else {
+        return String::new();
+    };
+    let mut child = std::process::Command::new("openssl")
+        .args(["x509", "-inform", "DER", "-noout", "-serial"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&der).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Scale 3 -> 5: two members added one at a time (learner, then promoted), all Running.
+fn scale_to_five(env: &Env, acked: &BTreeMap<String, String>) {
+    let started = Instant::now();
+    ok(
+        env.kubectl(&[
+            "-n",
+            NS,
+            "patch",
+            "etcdcluster",
+            NAME,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"size":5}}"#,
+        ]),
+        "scale to 5",
+    );
+    wait_running_with(env, NAME, 5, Duration::from_secs(240));
+    let etcd = Members::of_size(env, NAME, 5);
+    for i in 0..5 {
+        etcd.assert_has_all(i, acked);
+    }
+    println!(
+        "{NAME}: 5 voters Running {:.1} s after the scale, every member with all {} writes",
+        started.elapsed().as_secs_f64(),
+        acked.len()
+    );
+}
+
+/// Deleted with backups on: the final snapshot Job completes while every member claim is still
+/// there, then the cluster and its claims go.
+fn delete_with_a_final_snapshot(env: &Env) {
+    let started = Instant::now();
+    let claims = |env: &Env| {
+        env.get_json(&[
+            "-n",
+            NS,
+            "pvc",
+            "-l",
+            &format!("app.kubernetes.io/instance={NAME}"),
+        ])["items"]
+            .as_array()
+            .map(Vec::len)
+            .unwrap_or(0)
+    };
+    let before = claims(env);
+    assert_eq!(before, 5, "the members' claims before the deletion");
+    ok(
+        env.kubectl(&["-n", NS, "delete", "etcdcluster", NAME, "--wait=false"]),
+        "delete the cluster",
+    );
+    wait_for(
+        "the final snapshot Job to complete, every claim still there",
+        Duration::from_secs(180),
+        || {
+            let job = env.kubectl(&[
+                "-n",
+                NS,
+                "get",
+                "job",
+                &format!("{NAME}-final-snapshot"),
+                "-o",
+                "jsonpath={.status.succeeded}",
+            ]);
+            let done = String::from_utf8_lossy(&job.stdout).trim() == "1";
+            if !done {
+                assert_eq!(
+                    claims(env),
+                    before,
+                    "a member claim went before the final snapshot"
+                );
+            }
+            done.then_some(())
+        },
+    );
+    let snapshot = started.elapsed();
+    wait_for(
+        "the cluster and its member claims gone",
+        Duration::from_secs(120),
+        || {
+            let gone = !env
+                .kubectl(&["-n", NS, "get", "etcdcluster", NAME])
+                .status
+                .success();
+            (gone && claims(env) == 0).then_some(())
+        },
+    );
+    let events = ok(
+        env.kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "events",
+            "--field-selector=reason=FinalSnapshotTaken",
+            "-o",
+            "name",
+        ]),
+        "the FinalSnapshotTaken Event",
+    );
+    assert!(!events.trim().is_empty(), "Event FinalSnapshotTaken");
+    println!(
+        "{NAME} deleted: final snapshot {:.1} s after the delete, the cluster and its claims gone {:.1} s after it",
+        snapshot.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// config/default applied as the shipped install is (server-side, as the installer), then:
@@ -516,12 +760,16 @@ fn ready(pod: &Value) -> bool {
 
 /// Waits for Running with every member Ready and named in the status, and a leader.
 fn wait_running(env: &Env, name: &str, within: Duration) -> Value {
+    wait_running_with(env, name, SIZE, within)
+}
+
+fn wait_running_with(env: &Env, name: &str, size: usize, within: Duration) -> Value {
     wait_for(&format!("{NS}/{name} Running"), within, || {
         let ec = env.get_json(&["-n", NS, "etcdcluster", name]);
         let s = &ec["status"];
         (s["phase"] == "Running"
-            && s["readyReplicas"].as_u64() == Some(SIZE as u64)
-            && s["members"].as_array().map(Vec::len) == Some(SIZE)
+            && s["readyReplicas"].as_u64() == Some(size as u64)
+            && s["members"].as_array().map(Vec::len) == Some(size)
             && s["leader"].is_string())
         .then(|| s.clone())
     })
@@ -572,6 +820,7 @@ fn write_until_new_leader(
 /// DNS name (checked against the server certificate) at its pod's current address.
 struct Members {
     name: String,
+    size: usize,
     rt: tokio::runtime::Runtime,
     client: reqwest::Client,
 }
@@ -582,6 +831,10 @@ impl Members {
     }
 
     fn of(env: &Env, name: &str) -> Members {
+        Members::of_size(env, name, SIZE)
+    }
+
+    fn of_size(env: &Env, name: &str, size: usize) -> Members {
         let secret = env.get_json(&["-n", NS, "secret", &format!("{name}-client-tls")]);
         let field = |k: &str| {
             String::from_utf8(
@@ -631,6 +884,7 @@ impl Members {
         builder = builder.resolve(&format!("{name}-client.{NS}.svc"), service);
         Members {
             name: name.to_owned(),
+            size,
             rt: common::runtime(),
             client: builder.build().unwrap(),
         }
@@ -682,7 +936,7 @@ impl Members {
 
     /// The member that answers as its own leader, with its term.
     fn try_leader(&self) -> Option<Leader> {
-        (0..SIZE).find_map(|m| {
+        (0..self.size).find_map(|m| {
             let (id, leader, term) = self.status(m).ok()?;
             (id == leader).then(|| Leader {
                 pod: format!("{}-{m}", self.name),
@@ -700,7 +954,7 @@ impl Members {
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let body = json!({"key": b64(key), "value": b64(value)});
         let mut last = String::new();
-        for m in 0..SIZE {
+        for m in 0..self.size {
             match self.call(m, "kv/put", body.clone()) {
                 Ok(_) => return Ok(()),
                 Err(e) => last = e,
