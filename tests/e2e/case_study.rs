@@ -9,11 +9,15 @@
 //! fsGroup on local volumes, cert-manager's Secrets as volumes, the probes with their timing,
 //! peers that find each other by their headless Service's DNS names and check each other's
 //! certificates by reverse lookups); writes with the client certificate; the leader's pod
-//! deleted, then a member's container killed: a new leader, the member back on its own data,
-//! every acknowledged write still there.
+//! deleted, then the leader's container killed: a leader in a later term, the member back on
+//! its own data, every acknowledged write still there; a write through the client Service. Then
+//! the members' leaf renewed by cert-manager under writes; a scheduled backup made by the real
+//! CronJob controller to S3, verified, and restored into a new cluster by real restore Jobs;
+//! scale 3 -> 5; a rolling upgrade v3.6.17 -> v3.7.4 under writes; the deletion with its final
+//! snapshot before the claims go; and nothing of the node left on the machine.
 //!
-//! Not yet here (issue 44 goes on): scale, upgrade, backups by the real CronJob controller,
-//! restore, deletion with a final snapshot, leaf renewal.
+//! Not here yet (issue 44 goes on): the loop's own client certificate renewed while it runs
+//! (the loop reads that Secret through the API, not a volume), NetworkPolicy enforcement.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -30,8 +34,8 @@ use crate::node::{self, Node};
 const NS: &str = "case-study";
 const NAME: &str = "orders";
 const SIZE: usize = 3;
-/// The case study's cluster grown to 5, and the one restored from its backup.
-const VOLUMES: usize = 5 + SIZE;
+/// The case study's cluster grown to 5, the one restored from its backup, and the one upgraded.
+const VOLUMES: usize = 5 + SIZE + SIZE;
 
 /// What the scenario asks of the cluster: kubectl as the admin.
 struct Env {
@@ -62,6 +66,7 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
     let started = Instant::now();
     let images = [
         node::etcd_image(&cp, etcd_webhook::api::defaults::VERSION),
+        node::etcd_image(&cp, "v3.6.17"),
         node::product_image(&cp),
     ];
     let images_ready = started.elapsed();
@@ -242,6 +247,7 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
     leaf_renewal_under_writes(&env, &mut acked);
     let s3 = backup_and_restore(&env, &acked);
     scale_to_five(&env, &acked);
+    rolling_upgrade(&env);
     delete_with_a_final_snapshot(&env);
     drop(s3);
 
@@ -453,27 +459,7 @@ fn leaf_renewal_under_writes(env: &Env, acked: &mut BTreeMap<String, String>) {
             .unwrap_or(0)
     };
     let revision_before = revision(env);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let etcd = Members::new(env);
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let (mut written, mut failed) = (BTreeMap::new(), Vec::new());
-            let mut i = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 100_000 {
-                let (k, v) = (format!("/orders/renewal/{i:05}"), format!("r{i}"));
-                match etcd.put_any(&k, &v) {
-                    Ok(()) => {
-                        written.insert(k, v);
-                    }
-                    Err(e) => failed.push(e),
-                }
-                i += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            (written, failed)
-        })
-    };
+    let writer = Writer::start(Members::new(env), "renewal");
     let started = Instant::now();
     let condition = json!([{"op": "add", "path": "/status/conditions/-", "value": {
         "type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
@@ -509,23 +495,171 @@ fn leaf_renewal_under_writes(env: &Env, acked: &mut BTreeMap<String, String>) {
         );
     }
     let everywhere = started.elapsed();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (written, failed) = writer.join().unwrap();
+    let w = writer.stop();
     assert!(
-        failed.is_empty(),
-        "writes failed during the renewal: {failed:?}"
+        w.failed.is_empty(),
+        "{} of {} writes failed during the renewal: {:?}",
+        w.failed.len(),
+        w.failed.len() + w.acked.len(),
+        w.failed
     );
     println!(
-        "leaf renewed: issued in {:.1} s, served by every member {:.1} s after the trigger (the kubelet's Secret refresh); {} writes meanwhile, 0 failed",
+        "leaf renewed: issued in {:.1} s, served by every member {:.1} s after the trigger (the kubelet's Secret refresh); {} writes through the client Service meanwhile, 0 failed, {} on a second try",
         issued.as_secs_f64(),
         everywhere.as_secs_f64(),
-        written.len()
+        w.acked.len(),
+        w.retried
     );
-    acked.extend(written);
+    acked.extend(w.acked);
     let etcd = Members::new(env);
     for i in 0..SIZE {
         etcd.assert_has_all(i, acked);
     }
+}
+
+/// A client writing one key every 50 ms through the client Service (its stable cluster IP, as
+/// an application does; pods get new addresses when they are replaced) until stopped. Like
+/// etcd's own client on an unavailable endpoint, it tries a write again on a new connection,
+/// 300 ms apart, until its 10 s deadline: a write is failed when it is not acknowledged within
+/// 10 s. (A Service endpoint whose pod just went stays in kube-proxy's rules until the
+/// EndpointSlice update reaches it; a try sent there times out.) How many writes needed a
+/// second try is counted and printed.
+struct Writer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Written>,
+}
+
+/// What a [`Writer`] did: the acknowledged writes, the failed ones (why), how many were
+/// acknowledged only on a later try.
+struct Written {
+    acked: BTreeMap<String, String>,
+    failed: Vec<String>,
+    retried: usize,
+}
+
+impl Writer {
+    fn start(etcd: Members, what: &'static str) -> Writer {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut out = Written {
+                acked: BTreeMap::new(),
+                failed: Vec::new(),
+                retried: 0,
+            };
+            let mut i = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) && i < 100_000 {
+                let (k, v) = (format!("/orders/{what}/{i:05}"), format!("{what}{i}"));
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut outcome = etcd.put_via_service(&k, &v);
+                if outcome.is_err() {
+                    out.retried += 1;
+                }
+                while outcome.is_err() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(300));
+                    outcome = etcd.put_via_service(&k, &v);
+                }
+                match outcome {
+                    Ok(()) => {
+                        out.acked.insert(k, v);
+                    }
+                    Err(e) => out.failed.push(e),
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            out
+        });
+        Writer { stop, thread }
+    }
+
+    fn stop(self) -> Written {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// A rolling upgrade v3.6.17 -> v3.7.4 (the default) of a 3-member cluster under a writer: the
+/// members restarted one at a time on the new image, 0 failed writes, every write on every
+/// member, each member reporting the new release.
+fn rolling_upgrade(env: &Env) {
+    let name = "upgrade";
+    let from = "v3.6.17";
+    let to = etcd_webhook::api::defaults::VERSION;
+    let cluster = json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"size": SIZE, "storageSize": "1Gi", "version": from},
+    });
+    ok(
+        env.kubectl_in(&["apply", "-f", "-"], &cluster.to_string()),
+        "kubectl apply the cluster to upgrade",
+    );
+    wait_running(env, name, Duration::from_secs(180));
+    let writer = Writer::start(Members::of(env, name), "upgrade");
+    let started = Instant::now();
+    ok(
+        env.kubectl(&[
+            "-n",
+            NS,
+            "patch",
+            "etcdcluster",
+            name,
+            "--type=merge",
+            "-p",
+            &json!({"spec": {"version": to}}).to_string(),
+        ]),
+        "upgrade",
+    );
+    let image = format!("quay.io/coreos/etcd:{to}");
+    wait_for(
+        &format!("every member of {name} Ready on {image}"),
+        Duration::from_secs(300),
+        || {
+            let pods = env.get_json(&[
+                "-n",
+                NS,
+                "pods",
+                "-l",
+                &format!("app.kubernetes.io/instance={name},app.kubernetes.io/component=member"),
+            ]);
+            let items = pods["items"].as_array()?;
+            (items.len() == SIZE
+                && items
+                    .iter()
+                    .all(|p| p["spec"]["containers"][0]["image"] == image.as_str() && ready(p)))
+            .then_some(())
+        },
+    );
+    wait_running(env, name, Duration::from_secs(120));
+    let took = started.elapsed();
+    let w = writer.stop();
+    assert!(
+        w.failed.is_empty(),
+        "{} of {} writes failed during the upgrade: {:?}",
+        w.failed.len(),
+        w.failed.len() + w.acked.len(),
+        w.failed
+    );
+    let written = w.acked;
+    let etcd = Members::of(env, name);
+    for i in 0..SIZE {
+        let status = etcd
+            .call(i, "maintenance/status", json!({}))
+            .expect("a member's status");
+        assert_eq!(
+            status["version"].as_str(),
+            Some(to.trim_start_matches('v')),
+            "{name}-{i} runs the new release"
+        );
+        etcd.assert_has_all(i, &written);
+    }
+    println!(
+        "{name}: {from} -> {to} in {:.1} s, members one at a time; {} writes through the client Service meanwhile, 0 failed, {} on a second try",
+        took.as_secs_f64(),
+        written.len(),
+        w.retried
+    );
 }
 
 /// The serial number of the leaf `member` serves on a new connection (hex), or empty when it
@@ -915,7 +1049,15 @@ impl Members {
                 .json(&body)
                 .send()
                 .await
-                .map_err(|e| format!("{url}: {e}"))?;
+                .map_err(|e| {
+                    let mut why = format!("{url}: {e}");
+                    let mut source = std::error::Error::source(&e);
+                    while let Some(cause) = source {
+                        why.push_str(&format!(": {cause}"));
+                        source = cause.source();
+                    }
+                    why
+                })?;
             let code = resp.status();
             let body: Value = resp.json().await.map_err(|e| format!("{url}: {e}"))?;
             if code.is_success() {

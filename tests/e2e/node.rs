@@ -820,8 +820,22 @@ fn hex(bytes: &[u8]) -> String {
 /// The etcd image the rendered members and restore Jobs run, `quay.io/coreos/etcd:VERSION`:
 /// `/usr/local/bin/etcd` and `/usr/local/bin/etcdutl` (the control plane's multi-call binary,
 /// which is etcd v3.7.4 and its etcdutl when called by those names), `/etc/passwd` with the
-/// non-root user 65532, a `/tmp`, nothing else (no shell, as the real image).
+/// non-root user 65532, a `/tmp`, nothing else (no shell, as the real image). Another release
+/// is `tests/etcd/`'s build of it, with no etcdutl (that binary takes etcdutl as its first
+/// argument, not by its name): enough for members, not for restore Jobs.
 pub fn etcd_image(cp: &ControlPlane, version: &str) -> Image {
+    let source = if version == crate::common::members::Release::V3_7_4.version() {
+        cp.bin().to_owned()
+    } else {
+        let out = Command::new("bash")
+            .arg(common::root().join("tests/etcd/build.sh"))
+            .arg(version)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run tests/etcd/build.sh");
+        assert!(out.status.success(), "tests/etcd/build.sh {version}");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    };
     let root = cp.dir.join(format!("node/images/etcd-{version}"));
     let bin = root.join("usr/local/bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -832,9 +846,9 @@ pub fn etcd_image(cp: &ControlPlane, version: &str) -> Image {
         std::os::unix::fs::PermissionsExt::from_mode(0o1777),
     )
     .unwrap();
-    std::fs::copy(cp.bin(), bin.join("etcd")).unwrap();
+    std::fs::copy(&source, bin.join("etcd")).unwrap();
     // Same times as the source, so the cache key holds across runs.
-    let src_time = std::fs::metadata(cp.bin()).unwrap().modified().unwrap();
+    let src_time = std::fs::metadata(&source).unwrap().modified().unwrap();
     File::options()
         .write(true)
         .open(bin.join("etcd"))
@@ -843,7 +857,7 @@ pub fn etcd_image(cp: &ControlPlane, version: &str) -> Image {
         .unwrap();
     // The binary links glibc dynamically (cgo): its loader and libraries go in at their paths,
     // as in a distroless base image.
-    for lib in shared_libraries(cp.bin()) {
+    for lib in shared_libraries(&source) {
         let to = root.join(lib.strip_prefix("/").unwrap());
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         let from = std::fs::canonicalize(&lib).unwrap();
@@ -857,7 +871,9 @@ pub fn etcd_image(cp: &ControlPlane, version: &str) -> Image {
             .unwrap();
     }
     let _ = std::fs::remove_file(bin.join("etcdutl"));
-    std::os::unix::fs::symlink("etcd", bin.join("etcdutl")).unwrap();
+    if source == cp.bin() {
+        std::os::unix::fs::symlink("etcd", bin.join("etcdutl")).unwrap();
+    }
     std::fs::write(
         root.join("etc/passwd"),
         "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n",
