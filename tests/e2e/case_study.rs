@@ -52,13 +52,7 @@ impl Env {
     }
 
     fn get_json(&self, args: &[&str]) -> Value {
-        let mut all = vec!["get", "-o", "json"];
-        all.extend_from_slice(args);
-        serde_json::from_str(&ok(
-            self.kubectl(&all),
-            &format!("kubectl {}", all.join(" ")),
-        ))
-        .unwrap()
+        self.cp.get_json(args)
     }
 }
 
@@ -662,12 +656,12 @@ fn rolling_upgrade(env: &Env) {
     );
 }
 
-/// The serial number of the leaf `member` serves on a new connection (hex), or empty when it
-/// does not answer.
-fn served_serial(env: &Env, member: usize) -> String {
+/// A TLS client configuration with cluster `name`'s client certificate (its Secret
+/// `NAME-client-tls`, which cert-manager issued), trusting the cluster's CA.
+fn client_tls(env: &Env, name: &str) -> std::sync::Arc<rustls::ClientConfig> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
-    let secret = env.get_json(&["-n", NS, "secret", &format!("{NAME}-client-tls")]);
+    let secret = env.get_json(&["-n", NS, "secret", &format!("{name}-client-tls")]);
     let field = |k: &str| {
         String::from_utf8(
             base64::engine::general_purpose::STANDARD
@@ -684,7 +678,13 @@ fn served_serial(env: &Env, member: usize) -> String {
         cert_pem,
         key_pem: field("tls.key"),
     };
-    let config = common::client_config(&field("ca.crt"), Some(&issued));
+    common::client_config(&field("ca.crt"), Some(&issued))
+}
+
+/// The serial number of the leaf `member` serves on a new connection (hex), or empty when it
+/// does not answer.
+fn served_serial(env: &Env, member: usize) -> String {
+    let config = client_tls(env, NAME);
     let pod = env.get_json(&["-n", NS, "pod", &format!("{NAME}-{member}")]);
     let Some(ip) = pod["status"]["podIP"].as_str() else {
         return String::new();
@@ -969,26 +969,7 @@ impl Members {
     }
 
     fn of_size(env: &Env, name: &str, size: usize) -> Members {
-        let secret = env.get_json(&["-n", NS, "secret", &format!("{name}-client-tls")]);
-        let field = |k: &str| {
-            String::from_utf8(
-                base64::engine::general_purpose::STANDARD
-                    .decode(secret["data"][k].as_str().unwrap())
-                    .unwrap(),
-            )
-            .unwrap()
-        };
-        use rustls_pki_types::CertificateDer;
-        use rustls_pki_types::pem::PemObject;
-        let cert_pem = field("tls.crt");
-        let issued = common::Issued {
-            der: CertificateDer::from_pem_slice(cert_pem.as_bytes())
-                .unwrap()
-                .to_vec(),
-            cert_pem,
-            key_pem: field("tls.key"),
-        };
-        let config = common::client_config(&field("ca.crt"), Some(&issued));
+        let config = client_tls(env, name);
         let mut builder = reqwest::Client::builder()
             .use_preconfigured_tls((*config).clone())
             .http1_only()

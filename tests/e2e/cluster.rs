@@ -571,6 +571,17 @@ impl ControlPlane {
         kubectl_as(&self.kubeconfig, args, stdin)
     }
 
+    /// `kubectl get -o json ARGS` as admin; panics with kubectl's error otherwise.
+    pub fn get_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = vec!["get", "-o", "json"];
+        all.extend_from_slice(args);
+        serde_json::from_str(&ok(
+            self.kubectl_output(&all, None),
+            &format!("kubectl {}", all.join(" ")),
+        ))
+        .unwrap()
+    }
+
     /// Prints the tail of every component's log (for a failure).
     pub fn print_logs(&self, lines: usize) {
         print_logs(&self.logs, lines);

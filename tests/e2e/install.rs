@@ -436,13 +436,7 @@ impl Env {
 
     /// `kubectl get -o json` as admin.
     pub fn get_json(&self, args: &[&str]) -> Value {
-        let mut all = vec!["get", "-o", "json"];
-        all.extend_from_slice(args);
-        serde_json::from_str(&ok(
-            self.kubectl(&all),
-            &format!("kubectl {}", all.join(" ")),
-        ))
-        .unwrap()
+        self.cp.get_json(args)
     }
 
     /// Writes every replica's log into the run's log folder.
