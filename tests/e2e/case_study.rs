@@ -54,6 +54,23 @@ impl Env {
     fn get_json(&self, args: &[&str]) -> Value {
         self.cp.get_json(args)
     }
+
+    /// A merge patch of the EtcdCluster `name` in the case study's namespace.
+    fn patch_cluster(&self, name: &str, patch: &str, what: &str) {
+        ok(
+            self.kubectl(&[
+                "-n",
+                NS,
+                "patch",
+                "etcdcluster",
+                name,
+                "--type=merge",
+                "-p",
+                patch,
+            ]),
+            what,
+        );
+    }
 }
 
 pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
@@ -317,19 +334,7 @@ fn backup_and_restore(env: &Env, acked: &BTreeMap<String, String>) -> S3 {
     let enabled = Instant::now();
     let patch = json!({"spec": {"backup": {"enabled": true, "schedule": "* * * * *",
         "destination": format!("s3://{BUCKET}/{NS}")}}});
-    ok(
-        env.kubectl(&[
-            "-n",
-            NS,
-            "patch",
-            "etcdcluster",
-            NAME,
-            "--type=merge",
-            "-p",
-            &patch.to_string(),
-        ]),
-        "turn backups on",
-    );
+    env.patch_cluster(NAME, &patch.to_string(), "turn backups on");
     let last = wait_for(
         "a scheduled backup filed by a CronJob-made Job",
         Duration::from_secs(150),
@@ -592,17 +597,9 @@ fn rolling_upgrade(env: &Env) {
     wait_running(env, name, Duration::from_secs(180));
     let writer = Writer::start(Members::of(env, name), "upgrade");
     let started = Instant::now();
-    ok(
-        env.kubectl(&[
-            "-n",
-            NS,
-            "patch",
-            "etcdcluster",
-            name,
-            "--type=merge",
-            "-p",
-            &json!({"spec": {"version": to}}).to_string(),
-        ]),
+    env.patch_cluster(
+        name,
+        &json!({"spec": {"version": to}}).to_string(),
         "upgrade",
     );
     let image = format!("quay.io/coreos/etcd:{to}");
@@ -710,19 +707,7 @@ fn served_serial(env: &Env, member: usize) -> String {
 /// Scale 3 -> 5: two members added one at a time (learner, then promoted), all Running.
 fn scale_to_five(env: &Env, acked: &BTreeMap<String, String>) {
     let started = Instant::now();
-    ok(
-        env.kubectl(&[
-            "-n",
-            NS,
-            "patch",
-            "etcdcluster",
-            NAME,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"size":5}}"#,
-        ]),
-        "scale to 5",
-    );
+    env.patch_cluster(NAME, r#"{"spec":{"size":5}}"#, "scale to 5");
     wait_running_with(env, NAME, 5, Duration::from_secs(240));
     let etcd = Members::of_size(env, NAME, 5);
     for i in 0..5 {

@@ -267,18 +267,16 @@ impl ControlPlane {
             &[],
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
         );
-        if for_node {
-            let (crt, key) = ca.leaf(
+        // The node's client pair; its kubeconfig is written once the apiserver's address is
+        // known (below).
+        let node_pair = for_node.then(|| {
+            ca.leaf(
                 &format!("system:node:{}", crate::node::NODE_NAME),
                 Some("system:nodes"),
                 &[],
                 rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-            );
-            // Written once the apiserver's address is known (below).
-            cp.node_kubeconfig = Some(pki.join("node.kubeconfig"));
-            std::fs::write(pki.join("node.crt"), &crt).unwrap();
-            std::fs::write(pki.join("node.key"), &key).unwrap();
-        }
+            )
+        });
         let sa = rcgen::KeyPair::generate().unwrap();
         let sa_key = write("sa.key", &sa.serialize_pem());
         let sa_pub = write("sa.pub", &sa.public_key_pem());
@@ -346,14 +344,11 @@ impl ControlPlane {
             "127.0.0.1"
         };
         cp.server = format!("https://{address}:{port}");
-        if let Some(node) = &cp.node_kubeconfig {
-            let crt = std::fs::read_to_string(pki.join("node.crt")).unwrap();
-            let key = std::fs::read_to_string(pki.join("node.key")).unwrap();
-            std::fs::write(
-                node,
-                kubeconfig(&cp.server, &ca.ca_pem, &cert_user(&crt, &key)),
-            )
-            .unwrap();
+        if let Some((crt, key)) = &node_pair {
+            cp.node_kubeconfig = Some(write(
+                "node.kubeconfig",
+                &kubeconfig(&cp.server, &ca.ca_pem, &cert_user(crt, key)),
+            ));
         }
         let node_args: Vec<String> = if for_node {
             vec![

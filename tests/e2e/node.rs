@@ -846,29 +846,13 @@ pub fn etcd_image(cp: &ControlPlane, version: &str) -> Image {
         std::os::unix::fs::PermissionsExt::from_mode(0o1777),
     )
     .unwrap();
-    std::fs::copy(&source, bin.join("etcd")).unwrap();
-    // Same times as the source, so the cache key holds across runs.
-    let src_time = std::fs::metadata(&source).unwrap().modified().unwrap();
-    File::options()
-        .write(true)
-        .open(bin.join("etcd"))
-        .unwrap()
-        .set_modified(src_time)
-        .unwrap();
+    copy_keeping_time(&source, &bin.join("etcd"));
     // The binary links glibc dynamically (cgo): its loader and libraries go in at their paths,
     // as in a distroless base image.
     for lib in shared_libraries(&source) {
         let to = root.join(lib.strip_prefix("/").unwrap());
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        let from = std::fs::canonicalize(&lib).unwrap();
-        std::fs::copy(&from, &to).unwrap();
-        let time = std::fs::metadata(&from).unwrap().modified().unwrap();
-        File::options()
-            .write(true)
-            .open(&to)
-            .unwrap()
-            .set_modified(time)
-            .unwrap();
+        copy_keeping_time(&std::fs::canonicalize(&lib).unwrap(), &to);
     }
     let _ = std::fs::remove_file(bin.join("etcdutl"));
     if source == cp.bin() {
@@ -938,12 +922,7 @@ pub fn product_image(cp: &ControlPlane) -> Image {
         ),
         "strip the product's binary",
     );
-    File::options()
-        .write(true)
-        .open(&bin)
-        .unwrap()
-        .set_modified(std::fs::metadata(&built).unwrap().modified().unwrap())
-        .unwrap();
+    keep_time(&built, &bin);
     std::fs::copy(
         "/etc/ssl/certs/ca-certificates.crt",
         root.join("etc/ssl/certs/ca-certificates.crt"),
@@ -974,4 +953,21 @@ fn shared_libraries(bin: &Path) -> Vec<PathBuf> {
                 .map(PathBuf::from)
         })
         .collect()
+}
+
+/// Copies a file and gives the copy the source's modification time: images are cached by
+/// their files' sizes and times ([`image_archive`]), so the same source keeps the same key.
+fn copy_keeping_time(from: &Path, to: &Path) {
+    std::fs::copy(from, to).unwrap();
+    keep_time(from, to);
+}
+
+fn keep_time(from: &Path, to: &Path) {
+    let time = std::fs::metadata(from).unwrap().modified().unwrap();
+    File::options()
+        .write(true)
+        .open(to)
+        .unwrap()
+        .set_modified(time)
+        .unwrap();
 }
