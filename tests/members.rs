@@ -999,7 +999,17 @@ fn the_loop_killed_after_every_call_still_converges() {
         ),
         "{after:?}"
     );
-    eprintln!("killed after every call: calls {:?}", lp.calls);
+    // A repeated add or promote that etcd refused would not be in `calls`: none was made.
+    let repeated: Vec<&(Step, String)> = lp
+        .refused
+        .iter()
+        .filter(|(_, e)| e.contains("already exist") || e.contains("already a voter"))
+        .collect();
+    assert!(repeated.is_empty(), "a call made twice: {repeated:?}");
+    eprintln!(
+        "killed after every call: calls {:?}, refused {:?}",
+        lp.calls, lp.refused
+    );
 }
 
 /// Two of five members down: the other three keep the quorum, nothing is removed or added,
@@ -1013,10 +1023,26 @@ fn two_of_five_down_keep_the_quorum_and_membership() {
     for k in 0..10 {
         assert!(net.put(0, &format!("/w/{k}"), &k.to_string()), "write {k}");
     }
-    for _ in 0..3 {
-        lp.pass(&mut net);
+    // Passes for longer than the loop's own time limits (join and promote cut to 1 s), so a
+    // loop that acted on voters down for a while would act within this window; any call it
+    // tried, accepted or refused, is seen.
+    lp.timeouts.join = Duration::from_secs(1);
+    lp.timeouts.promote = Duration::from_secs(1);
+    let window = Instant::now();
+    let mut passes = 0;
+    while window.elapsed() < Duration::from_secs(4) && passes < 40 {
+        let outcome = lp.pass(&mut net);
+        assert!(
+            matches!(outcome.step, Step::Steady | Step::Wait(_)),
+            "{:?}",
+            outcome.step
+        );
+        passes += 1;
+        std::thread::sleep(Duration::from_millis(400));
     }
+    assert!(passes >= 3, "{passes} passes in the window");
     assert!(lp.calls.is_empty(), "{:?}", lp.calls);
+    assert!(lp.refused.is_empty(), "none tried: {:?}", lp.refused);
     assert_eq!(net.members(0).len(), 5);
     lp.blocked.clear();
     lp.settle(&mut net, Duration::from_secs(60));
@@ -1167,6 +1193,18 @@ fn a_hung_member_is_killed_by_its_liveness_probe_and_rejoins_with_its_data() {
     );
     let frozen = Instant::now();
     net.signal(k, "STOP");
+    // A pass while it hangs (its status call waits out the timeout): it waits, and calls
+    // nothing (a hung voter is never removed).
+    let outcome = lp.pass(&mut net);
+    assert!(
+        matches!(outcome.step, Step::Steady | Step::Wait(_)),
+        "a pass while a member hangs: {:?}",
+        outcome.step
+    );
+    assert!(
+        outcome.members.is_some() && !outcome.health.is_empty(),
+        "the pass read the others"
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     // The kubelet alone meanwhile (a pass asks the hung member and waits for its timeout; a
     // real kubelet's probes do not wait for the loop).
@@ -1192,6 +1230,7 @@ fn a_hung_member_is_killed_by_its_liveness_probe_and_rejoins_with_its_data() {
     lp.settle(&mut net, Duration::from_secs(60));
     let keys = writes_end(&net, &writing, writes, 20, "the hung member");
     assert!(lp.calls.is_empty(), "membership calls: {:?}", lp.calls);
+    assert!(lp.refused.is_empty(), "none tried: {:?}", lp.refused);
     assert_eq!(net.pods[k].starts, 2, "restarted once");
     eprintln!(
         "hung member killed {killed_after:?} after it froze (exit {}); {} writes, 0 failed",
@@ -1418,6 +1457,91 @@ fn a_member_removed_by_hand_rejoins_once_on_a_fresh_volume() {
     eprintln!(
         "removed by hand: {} writes, 0 failed; calls {:?}",
         keys.len(),
+        lp.calls
+    );
+}
+
+/// A member removed by hand that has not heard of it yet (its peer port cut, so no peer tells
+/// it) keeps answering as its old member ID. The loop's first pass sees that ID missing from
+/// the list and replaces the volume at once, before any exit and long before the join timeout
+/// (the shipped 300 s); the member is added back once and catches up with every key.
+#[test]
+fn a_removed_member_still_answering_as_its_old_id_is_replaced_at_once() {
+    let (mut net, mut lp) = formed("unaware", 3, 3, Release::V3_6_4);
+    assert_eq!(
+        lp.timeouts.join,
+        Timeouts::default().join,
+        "the shipped timeout"
+    );
+    let status = net.v3(0, "maintenance/status", json!({})).unwrap();
+    let leader: u64 = status["leader"].as_str().unwrap().parse().unwrap();
+    let k = if member_id(&net, 0, "unaware-1") == leader {
+        2
+    } else {
+        1
+    };
+    for k in 0..20 {
+        assert!(net.put(0, &format!("/w/{k}"), &k.to_string()), "write {k}");
+    }
+    let name = format!("unaware-{k}");
+    let id = member_id(&net, 0, &name);
+    let ns = net.pods[k].ns.clone();
+    let iptables = |op: &str| {
+        // Connections to its peer port and from it to the others' are dropped.
+        for chain in ["INPUT", "OUTPUT"] {
+            run(Command::new("ip").args([
+                "netns", "exec", &ns, "iptables", op, chain, "-p", "tcp", "--dport", "2380", "-j",
+                "DROP",
+            ]));
+        }
+    };
+    iptables("-A");
+    by_hand(
+        &net,
+        0,
+        "cluster/member/remove",
+        json!({"ID": id.to_string()}),
+    );
+    let answers = net
+        .v3(k, "maintenance/status", json!({}))
+        .expect("the removed member answers");
+    assert_eq!(
+        answers["header"]["member_id"].as_str(),
+        Some(id.to_string().as_str()),
+        "as its old ID"
+    );
+    let t = Instant::now();
+    let outcome = lp.pass(&mut net);
+    iptables("-D");
+    assert_eq!(
+        outcome.step,
+        Step::ReplaceVolume { ordinal: k as i32 },
+        "the first pass replaces the volume"
+    );
+    assert!(
+        lp.crashes.iter().all(|(i, _)| *i != k),
+        "replaced before any exit: {:?}",
+        lp.crashes
+    );
+    lp.settle(&mut net, Duration::from_secs(120));
+    let back = t.elapsed();
+    all_there(
+        &net,
+        &(0..20).map(|k| format!("/w/{k}")).collect::<Vec<_>>(),
+    );
+    assert_eq!(
+        (
+            count(&lp, |s| *s == Step::ReplaceVolume { ordinal: k as i32 }),
+            count(&lp, |s| *s == Step::AddLearner { ordinal: k as i32 }),
+            count(&lp, |s| matches!(s, Step::Remove { .. })),
+        ),
+        (1, 1, 0),
+        "replaced once, added once, nothing removed: {:?}",
+        lp.calls
+    );
+    assert_ne!(member_id(&net, 0, &name), id, "a new member ID");
+    eprintln!(
+        "removed by hand, unaware: replaced on the first pass, a voter again {back:?} later; calls {:?}",
         lp.calls
     );
 }
@@ -2940,4 +3064,162 @@ fn corrupt_leader_is_never_replaced_and_the_loop_says_why() {
         lp.calls
     );
     assert!(!corrupt_alarms(&net, false).is_empty(), "the alarm stays");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The played kubelet's own rules (no etcd, no network): the tests above lean on them, so each
+// is held here against the kubelet's documented behaviour.
+
+/// `restartPolicy: Always` back-off: the first restart at once, then 10 s, doubling up to the
+/// 5-minute cap; a container that ran 10 minutes starts over.
+#[test]
+fn the_played_back_off_follows_the_kubelets_crash_loop_rules() {
+    let s = Duration::from_secs;
+    let t0 = Instant::now();
+    let mut b = Backoff::new(1);
+    assert!(b.may_start_at(t0), "a new container starts at once");
+    b.started_at(t0);
+    let mut now = t0 + s(1);
+    b.exited_at(now);
+    assert!(b.may_start_at(now), "the first restart is at once");
+    b.started_at(now);
+    let mut waits = Vec::new();
+    for _ in 0..7 {
+        now += s(1);
+        b.exited_at(now);
+        let exited = now;
+        // Bounded: at most 301 one-second steps to the next restart.
+        for _ in 0..=301 {
+            if b.may_start_at(now) {
+                break;
+            }
+            now += s(1);
+        }
+        waits.push((now - exited).as_secs());
+        b.started_at(now);
+    }
+    assert_eq!(
+        waits,
+        [10, 20, 40, 80, 160, 300, 300],
+        "the crash loop's waits"
+    );
+    // Ten minutes without an exit: the next exit restarts at once again.
+    now += s(600);
+    b.exited_at(now);
+    assert!(b.may_start_at(now), "reset after 10 minutes running");
+    // A scaled back-off keeps the curve, divided.
+    let mut fast = Backoff::new(10);
+    fast.started_at(t0);
+    fast.exited_at(t0);
+    assert!(fast.may_start_at(t0));
+    fast.started_at(t0);
+    fast.exited_at(t0 + s(1));
+    assert!(!fast.may_start_at(t0 + s(1) + Duration::from_millis(999)));
+    assert!(fast.may_start_at(t0 + s(2)), "10 s / 10");
+}
+
+/// Probe workers: nothing before `initialDelaySeconds`, one probe per `periodSeconds` with the
+/// probe's `timeoutSeconds`, the result flipping only after `failureThreshold` failures (or
+/// `successThreshold` passes) in a row; liveness starts as a pass, readiness as a failure.
+#[test]
+fn the_played_probes_keep_delay_period_timeout_and_thresholds() {
+    use k8s_openapi::api::core::v1::Probe;
+    use std::cell::Cell;
+    let s = Duration::from_secs;
+    let probe = Probe {
+        initial_delay_seconds: Some(15),
+        period_seconds: Some(10),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(6),
+        success_threshold: Some(1),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    let mut alive = common::members::Prober::liveness(1);
+    alive.started_at(t0);
+    let calls = Cell::new(0);
+    let fail = |timeout: Duration| {
+        assert_eq!(timeout, s(5), "the probe's timeout");
+        calls.set(calls.get() + 1);
+        false
+    };
+    assert!(alive.tick_at(t0 + s(14), &probe, fail), "within the delay");
+    assert_eq!(calls.get(), 0, "no probe within the initial delay");
+    // Failures at 15, 25, ... 65 s; ticks in between probe nothing.
+    let mut results = Vec::new();
+    for k in 0..6 {
+        let at = t0 + s(15 + 10 * k);
+        results.push(alive.tick_at(at, &probe, fail));
+        alive.tick_at(at + s(9), &probe, fail);
+    }
+    assert_eq!(calls.get(), 6, "one probe per period");
+    assert_eq!(
+        results,
+        [true, true, true, true, true, false],
+        "the 6th failure kills"
+    );
+    assert!(
+        alive.tick_at(t0 + s(75), &probe, |_| true),
+        "one pass heals"
+    );
+    // Readiness: a failure until the first pass, then a pass until the threshold's failures.
+    let ready_probe = Probe {
+        failure_threshold: Some(2),
+        ..probe.clone()
+    };
+    let mut ready = common::members::Prober::readiness(1);
+    ready.started_at(t0);
+    assert!(
+        !ready.tick_at(t0 + s(1), &ready_probe, |_| true),
+        "before the delay"
+    );
+    assert!(ready.tick_at(t0 + s(15), &ready_probe, |_| true));
+    assert!(ready.tick_at(t0 + s(25), &ready_probe, |_| false), "1 of 2");
+    assert!(
+        !ready.tick_at(t0 + s(35), &ready_probe, |_| false),
+        "2 of 2"
+    );
+    // A restart starts the worker over: no probe within the delay again.
+    ready.started_at(t0 + s(40));
+    assert!(!ready.tick_at(t0 + s(41), &ready_probe, |_| panic!("probed in the delay")));
+}
+
+/// An HTTP probe is made as the kubelet makes it: its scheme (HTTPS without verifying the
+/// certificate), its host when set (the pod's IP otherwise), its named port and its headers.
+#[test]
+fn the_played_http_probe_keeps_scheme_host_port_and_headers() {
+    use k8s_openapi::api::core::v1::{ContainerPort, HTTPGetAction, HTTPHeader};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let container = Container {
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".to_owned()),
+            container_port: 2381,
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let plain = HTTPGetAction {
+        path: Some("/livez".to_owned()),
+        port: IntOrString::String("metrics".to_owned()),
+        ..Default::default()
+    };
+    let args = common::members::http_probe_args("10.213.0.5", &container, &plain);
+    assert_eq!(args.last().unwrap(), "http://10.213.0.5:2381/livez");
+    assert!(!args.contains(&"-k".to_owned()) && !args.contains(&"-H".to_owned()));
+    let tls = HTTPGetAction {
+        scheme: Some("HTTPS".to_owned()),
+        host: Some("127.0.0.1".to_owned()),
+        port: IntOrString::Int(2379),
+        path: Some("/readyz".to_owned()),
+        http_headers: Some(vec![HTTPHeader {
+            name: "X-Probe".to_owned(),
+            value: "kubelet".to_owned(),
+        }]),
+        ..Default::default()
+    };
+    let args = common::members::http_probe_args("10.213.0.5", &container, &tls);
+    assert_eq!(args.last().unwrap(), "https://127.0.0.1:2379/readyz");
+    assert!(args.contains(&"-k".to_owned()), "{args:?}");
+    let h = args.iter().position(|a| a == "-H").expect("a header");
+    assert_eq!(args[h + 1], "X-Probe: kubelet");
 }

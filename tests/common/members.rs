@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use k8s_openapi::api::core::v1::{Container, Probe};
+use k8s_openapi::api::core::v1::{Container, HTTPGetAction, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
@@ -560,7 +560,7 @@ impl Net {
     }
 
     /// Whether `probe` (of `container`) passes on pod `i`, as the kubelet would call it: an HTTP
-    /// GET answered 2xx, or a TCP connection accepted, within the probe's `timeoutSeconds`.
+    /// GET answered 2xx or 3xx, or a TCP connection accepted, within the probe's `timeoutSeconds`.
     pub fn probe_passes(&self, i: usize, container: &Container, probe: &Probe) -> bool {
         let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64);
         self.probe_within(i, container, probe, timeout)
@@ -575,36 +575,12 @@ impl Net {
         timeout: Duration,
     ) -> bool {
         let seconds = format!("{:.1}", timeout.as_secs_f64());
-        let port_of = |port: &IntOrString| match port {
-            IntOrString::String(name) => {
-                container
-                    .ports
-                    .iter()
-                    .flatten()
-                    .find(|p| p.name.as_deref() == Some(name.as_str()))
-                    .unwrap()
-                    .container_port
-            }
-            IntOrString::Int(p) => *p,
-        };
         let addr = &self.pods[i].addr;
         if let Some(get) = &probe.http_get {
-            let url = format!(
-                "http://{addr}:{}{}",
-                port_of(&get.port),
-                get.path.as_deref().unwrap_or("/")
-            );
             let out = Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &self.pods[i].ns,
-                    "curl",
-                    "-s",
-                    "-m",
-                    &seconds,
-                ])
-                .args(["-o", "/dev/null", "-w", "%{http_code}", &url])
+                .args(["netns", "exec", &self.pods[i].ns, "curl", "-s", "-m"])
+                .arg(&seconds)
+                .args(http_probe_args(addr, container, get))
                 .stdin(Stdio::null())
                 .output()
                 .expect("curl");
@@ -612,11 +588,14 @@ impl Net {
                 .trim()
                 .parse()
                 .unwrap_or(0);
-            return (200..300).contains(&code);
+            // The kubelet: "any code greater than or equal to 200 and less than 400 indicates
+            // success" (a redirect is not followed to another host, and passes).
+            return (200..400).contains(&code);
         }
         let tcp = probe.tcp_socket.as_ref().expect("an HTTP or TCP probe");
-        // bash's /dev/tcp: a connection accepted is a pass.
-        let connect = format!("exec 3<>/dev/tcp/{addr}/{}", port_of(&tcp.port));
+        // bash's /dev/tcp: a connection accepted is a pass (at `host` when the probe names one).
+        let host = tcp.host.as_deref().unwrap_or(addr);
+        let connect = format!("exec 3<>/dev/tcp/{host}/{}", port_of(container, &tcp.port));
         Command::new("ip")
             .args([
                 "netns",
@@ -939,24 +918,43 @@ impl Prober {
 
     /// A container started: the worker starts over.
     pub fn started(&mut self) {
+        self.started_at(Instant::now());
+    }
+
+    pub fn started_at(&mut self, now: Instant) {
         *self = Prober::new(self.scale, self.initial);
-        self.started = Some(Instant::now());
+        self.started = Some(now);
     }
 
     /// The probe's result now, probing pod `i` if one is due.
     pub fn tick(&mut self, net: &Net, i: usize, container: &Container, probe: &Probe) -> bool {
+        self.tick_at(Instant::now(), probe, |timeout| {
+            net.probe_within(i, container, probe, timeout)
+        })
+    }
+
+    /// The kubelet's probe worker at `now`: nothing before `initialDelaySeconds` or within
+    /// `periodSeconds` of the last probe; otherwise `check` probes (given the timeout), and
+    /// the result flips after `failureThreshold` failures (`successThreshold` successes) in a
+    /// row. Liveness starts as a pass, readiness as a failure.
+    pub fn tick_at(
+        &mut self,
+        now: Instant,
+        probe: &Probe,
+        check: impl FnOnce(Duration) -> bool,
+    ) -> bool {
         let Some(started) = self.started else {
             return self.result;
         };
         let secs = |s: Option<i32>, default: i32| Duration::from_secs(s.unwrap_or(default) as u64);
         let delay = secs(probe.initial_delay_seconds, 0) / self.scale;
         let period = secs(probe.period_seconds, 10) / self.scale;
-        if started.elapsed() < delay || self.last.is_some_and(|at| at.elapsed() < period) {
+        if now - started < delay || self.last.is_some_and(|at| now - at < period) {
             return self.result;
         }
-        self.last = Some(Instant::now());
+        self.last = Some(now);
         let timeout = (secs(probe.timeout_seconds, 1) / self.scale).max(Duration::from_secs(1));
-        let passed = net.probe_within(i, container, probe, timeout);
+        let passed = check(timeout);
         self.run = if self.run.0 == passed {
             (passed, self.run.1 + 1)
         } else {
@@ -1029,6 +1027,50 @@ impl Probes {
     }
 }
 
+/// A probe's port: a number, or the name of one of the container's ports.
+fn port_of(container: &Container, port: &IntOrString) -> i32 {
+    match port {
+        IntOrString::String(name) => {
+            container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name.as_str()))
+                .unwrap_or_else(|| panic!("no container port named {name}"))
+                .container_port
+        }
+        IntOrString::Int(p) => *p,
+    }
+}
+
+/// curl's arguments for an HTTP probe of a pod at `addr`, as the kubelet makes the request:
+/// `scheme` HTTP or HTTPS (then the certificate is not verified), `host` instead of the pod's
+/// IP when set, each of `httpHeaders` sent; `-w` prints the status code.
+pub fn http_probe_args(addr: &str, container: &Container, get: &HTTPGetAction) -> Vec<String> {
+    let https = get
+        .scheme
+        .as_deref()
+        .is_some_and(|s| s.eq_ignore_ascii_case("HTTPS"));
+    let host = get.host.as_deref().unwrap_or(addr);
+    let url = format!(
+        "{}://{host}:{}{}",
+        if https { "https" } else { "http" },
+        port_of(container, &get.port),
+        get.path.as_deref().unwrap_or("/")
+    );
+    let mut args: Vec<String> = Vec::new();
+    if https {
+        args.push("-k".to_owned());
+    }
+    for h in get.http_headers.iter().flatten() {
+        args.push("-H".to_owned());
+        args.push(format!("{}: {}", h.name, h.value));
+    }
+    args.extend(["-o", "/dev/null", "-w", "%{http_code}"].map(str::to_owned));
+    args.push(url);
+    args
+}
+
 /// SIGTERM, then SIGKILL once `grace` has passed; the process is reaped either way.
 fn terminate(child: &mut Child, grace: Duration) {
     let _ = Command::new("kill")
@@ -1088,13 +1130,20 @@ impl Backoff {
     }
 
     pub fn started(&mut self) {
-        self.started = Some(Instant::now());
+        self.started_at(Instant::now());
+    }
+
+    pub fn started_at(&mut self, now: Instant) {
+        self.started = Some(now);
         self.exited = None;
     }
 
     /// The container exited: the next restart waits [`Self::delay`].
     pub fn exited(&mut self) {
-        let now = Instant::now();
+        self.exited_at(Instant::now());
+    }
+
+    pub fn exited_at(&mut self, now: Instant) {
         if self
             .started
             .is_some_and(|s| now - s >= Self::RESET_AFTER / self.scale)
@@ -1106,10 +1155,14 @@ impl Backoff {
 
     /// Whether the container may start now (then the wait doubles for the exit after).
     pub fn may_start(&mut self) -> bool {
+        self.may_start_at(Instant::now())
+    }
+
+    pub fn may_start_at(&mut self, now: Instant) -> bool {
         let Some(at) = self.exited else {
             return true;
         };
-        if at.elapsed() < self.delay {
+        if now - at < self.delay {
             return false;
         }
         self.delay = if self.delay.is_zero() {
