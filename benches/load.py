@@ -209,10 +209,26 @@ def post(url, body, ca):
         return json.load(resp)["response"]
 
 
+# Every field.ErrorType of apimachinery, as a message spells it.
+FIELD_ERRORS = ("Invalid value", "Forbidden", "Required value", "Unsupported value", "Duplicate value",
+                "Not found", "Too long", "Too many", "Internal error")
+
+
 def denied_fields(response):
-    """The fields a denial names (`spec.size: Invalid value...`), from either server's message."""
-    message = (response.get("status") or {}).get("message", "")
-    return sorted(set(re.findall(r"((?:spec|metadata)\.[A-Za-z.]+): (?:Invalid value|Forbidden)", message)))
+    """What a denial says: its HTTP code and each (field, error type) it names (`spec.size:
+    Invalid value...`), from either server's message."""
+    status = response.get("status") or {}
+    message = status.get("message", "")
+    kinds = "|".join(re.escape(k) for k in FIELD_ERRORS)
+    named = sorted(set(re.findall(rf"((?:spec|metadata)\.[A-Za-z0-9.\[\]]+): ({kinds})", message)))
+    return (status.get("code"), named)
+
+
+def warned_fields(response):
+    """The fields the warnings name, and how many warnings there are."""
+    warnings = response.get("warnings") or []
+    named = sorted(set(f for w in warnings for f in re.findall(r"((?:spec|metadata)\.[A-Za-z0-9.\[\]]+)", w)))
+    return (len(warnings), named)
 
 
 def patched_spec(obj, response):
@@ -294,16 +310,17 @@ def agreement_cases(review_path):
 
 
 def check_agreement(ours, peer, paths, payloads, ca):
-    """Every case answered alike by both: allowed or not, the same fields named, a warning or
-    none; every defaulting review patched to the same spec. Returns the disagreements."""
+    """Every case answered alike by both: allowed or not, the same HTTP code and the same
+    (field, error type) pairs in a denial, as many warnings naming the same fields; every
+    defaulting review patched to the same spec. Returns the disagreements."""
     url = lambda s, p: f"https://localhost:{s.addr.split(':')[1]}{p}"
     bad = []
     cases = agreement_cases(payloads["validate"])
     for name, review in cases:
         a = post(url(ours, paths["ours"]["validate"]), review, ca)
         b = post(url(peer, paths["peer"]["validate"]), review, ca)
-        left = (a["allowed"], denied_fields(a), bool(a.get("warnings")))
-        right = (b["allowed"], denied_fields(b), bool(b.get("warnings")))
+        left = (a["allowed"], denied_fields(a), warned_fields(a))
+        right = (b["allowed"], denied_fields(b), warned_fields(b))
         if left != right:
             bad.append(f"/validate {name}: product {left}, peer {right}")
     mutate = json.load(open(payloads["mutate"]))

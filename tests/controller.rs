@@ -308,17 +308,33 @@ fn two_replicas_one_reconciles_and_the_other_takes_over_when_it_dies() {
     );
     eprintln!("takeover after the leader died: {took:?}");
     // Steady state (resync every second here): reads come from the watch caches, and nothing
-    // is written; the only calls are the watches and the Lease.
-    std::thread::sleep(Duration::from_millis(1500));
+    // is written; the only calls are the watches and the Lease. First the passes after the
+    // StatefulSet's return settle (a quiet second, at most 20 s), then a window in which
+    // passes are seen to run (the loop's own counter) and call nothing.
+    let calls = || -> Vec<String> {
+        api.calls()
+            .iter()
+            .filter(|c| !c.query.contains("watch=true") && !c.path.contains("/leases/"))
+            .map(|c| format!("{} {}?{}", c.method, c.path, c.query))
+            .collect()
+    };
+    let quiet = wait_until(Duration::from_secs(20), || {
+        api.clear_calls();
+        std::thread::sleep(Duration::from_secs(1));
+        calls().is_empty()
+    });
+    assert!(quiet, "never a quiet second: {:?}", calls());
+    // A cluster with no member ready (no kubelet here) is looked at every tenth resync: the
+    // window lasts until two passes have run (at most 30 s).
+    let passes = || replicas[f].metric("etcd_webhook_controller_reconciles_total", "");
+    let before = passes();
     api.clear_calls();
-    std::thread::sleep(Duration::from_secs(3));
-    let calls: Vec<String> = api
-        .calls()
-        .iter()
-        .filter(|c| !c.query.contains("watch=true") && !c.path.contains("/leases/"))
-        .map(|c| format!("{} {}?{}", c.method, c.path, c.query))
-        .collect();
-    assert!(calls.is_empty(), "steady state called the API: {calls:?}");
+    assert!(
+        wait_until(Duration::from_secs(30), || passes() >= before + 2.0),
+        "no two passes in 30 s with a resync every second"
+    );
+    let called = calls();
+    assert!(called.is_empty(), "steady state called the API: {called:?}");
 
     replicas[f].sigterm();
     assert_eq!(replicas[f].wait_exit(Duration::from_secs(20)), Some(0));

@@ -322,19 +322,38 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
     let job = wait_for("the final snapshot Job", Duration::from_secs(60), || {
         get_opt(env, ns, "job", &format!("{name}-final-snapshot"))
     });
+    let job_seen = std::time::Instant::now();
     assert_eq!(job["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
-    let warned = |reason: &str| {
+    // The note of the cluster's Warning `reason`, if there is one.
+    let warning = |reason: &str| {
         let events = env.get_json(&["-n", ns, "events.events.k8s.io"]);
         events["items"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|e| e["regarding"]["uid"] == uid.as_str() && e["reason"] == reason)
+            .find(|e| {
+                e["regarding"]["uid"] == uid.as_str()
+                    && e["reason"] == reason
+                    && e["type"] == "Warning"
+            })
+            .map(|e| e["note"].as_str().unwrap_or_default().to_owned())
     };
-    wait_for(
+    let warned = |reason: &str| warning(reason).is_some();
+    let note = wait_for(
         "the Warning FinalSnapshotFailed",
         Duration::from_secs(90),
-        || warned("FinalSnapshotFailed").then_some(()),
+        || warning("FinalSnapshotFailed"),
+    );
+    // The timeout's doing (no kubelet runs the Job, so it never fails by itself), and not
+    // before --finalizer-timeout (20 s) has passed since the Job was made.
+    assert!(
+        note.contains("did not finish within 20s"),
+        "the Warning names the timeout: {note}"
+    );
+    assert!(
+        job_seen.elapsed() >= Duration::from_secs(19),
+        "the Warning came {:?} after the Job, before the 20 s timeout",
+        job_seen.elapsed()
     );
     wait_for("a new final snapshot Job", Duration::from_secs(60), || {
         get_opt(env, ns, "job", &format!("{name}-final-snapshot"))
@@ -430,8 +449,20 @@ pub fn the_loop_creates_and_deletes_the_children(env: &Env) {
             .starts_with("0/3 members restored"),
         "{condition}"
     );
-    assert!(get_opt(env, ns, "job", &format!("{restored}-restore-1")).is_none());
-    assert!(get_opt(env, ns, "statefulset", restored).is_none());
+    // Held for a while (the loop's passes go on: a resync, the Job's and claims' events), not
+    // just once: the second Job and the StatefulSet wait for the first Job's success.
+    let held = std::time::Instant::now();
+    while held.elapsed() < Duration::from_secs(8) {
+        assert!(
+            get_opt(env, ns, "job", &format!("{restored}-restore-1")).is_none(),
+            "a second restore Job before the first ran"
+        );
+        assert!(
+            get_opt(env, ns, "statefulset", restored).is_none(),
+            "a StatefulSet before the restore Jobs ran"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     ok(
         env.kubectl(&["-n", ns, "delete", "etcdcluster", restored, "--wait=false"]),
         "delete the restoring EtcdCluster",
@@ -629,7 +660,18 @@ pub fn leader_election_on_real_leases(env: &Env) {
     let duration = lease(env)["spec"]["leaseDurationSeconds"].as_u64().unwrap();
 
     let second = env.start_replica("etcd-webhook-e2e-1", &[]);
-    std::thread::sleep(Duration::from_secs(2));
+    // The second competes (its elector runs), and the holder renews meanwhile: it keeps it.
+    assert!(
+        second.wait_log("waiting for leadership", Duration::from_secs(30)),
+        "{}",
+        second.log()
+    );
+    let renewed = lease(env)["spec"]["renewTime"].clone();
+    wait_for(
+        "the holder's next renewal",
+        Duration::from_secs(duration + 5),
+        || (lease(env)["spec"]["renewTime"] != renewed).then_some(()),
+    );
     assert_eq!(holder(env), Some(first), "the holder keeps it");
     assert_eq!(second.metric("etcd_webhook_controller_leader", ""), 0.0);
 
