@@ -217,6 +217,9 @@ FIELD_ERRORS = ("Invalid value", "Forbidden", "Required value", "Unsupported val
 def denied_fields(response):
     """What a denial says: its HTTP code and each (field, error type) it names (`spec.size:
     Invalid value...`), from either server's message."""
+    if response.get("allowed"):
+        # An admission may carry a status of 200 or none: the apiserver reads neither.
+        return (None, [])
     status = response.get("status") or {}
     message = status.get("message", "")
     kinds = "|".join(re.escape(k) for k in FIELD_ERRORS)
