@@ -337,6 +337,8 @@ struct Loop {
     memory: Memory,
     /// The etcd cluster ID recorded on the EtcdCluster at the first answer.
     cluster_id: Option<u64>,
+    /// The membership the ConfigMap had before it was fenced (its annotation).
+    fenced_from: Option<String>,
     /// The next pass dies right after its etcd call (before it writes anything else).
     crash_after_call: bool,
     /// Every pass that makes an etcd call dies right after it.
@@ -377,6 +379,7 @@ impl Loop {
             container: member_container(&ec),
             memory: Memory::default(),
             cluster_id: None,
+            fenced_from: None,
             crash_after_call: false,
             die_after_calls: false,
             timeouts: Timeouts::default(),
@@ -514,6 +517,25 @@ impl Loop {
             .data
             .unwrap();
             self.replicas = membership::replicas(&self.ec, members);
+        } else if outcome.members.is_none() && self.cluster_id.is_some() {
+            // As the loop's pass does (pass/scale.rs, pass/members.rs `fence`): a formed
+            // cluster without a member list keeps members on empty volumes from rejoining
+            // under their old IDs, unless one member with data is all there is.
+            use etcd_webhook::controller::decide::quorum::{Diagnosis, diagnose};
+            let rejoin = matches!(
+                diagnose(&self.ec, &outcome.survey, &self.exits, None),
+                Some(Diagnosis::Rejoining(_))
+            );
+            let (list, keep) = render::without_member_list(
+                &self.ec,
+                net.config.get("ETCD_INITIAL_CLUSTER").map(String::as_str),
+                self.fenced_from.as_deref(),
+                rejoin,
+            );
+            net.config.insert("ETCD_INITIAL_CLUSTER".to_owned(), list);
+            if keep.is_some() {
+                self.fenced_from = keep;
+            }
         }
         self.kubelet(net);
         outcome
@@ -1108,13 +1130,14 @@ fn quorum_loss_with_volumes_intact_waits_and_heals_with_every_acknowledged_write
 
 /// Quorum lost with a majority's volumes gone (issue 47, scenario 2): two of three members stop
 /// and their volumes are emptied. Alone, the survivor answers `status` and the loop's
-/// diagnosis waits, naming it (nothing says the others' data is gone). When the two come back
-/// on empty volumes they join under their old member IDs (the members' ConfigMap says
-/// `existing`), the survivor is elected (its log is the longest) and sends them its data: real
-/// etcd heals by itself with every key the survivor had, and the loop makes no call
-/// throughout (never a removal or an add without a member list).
+/// diagnosis waits, naming it (nothing says the others' data is gone yet), and the members'
+/// ConfigMap is fenced. The two come back on empty volumes and stop at start (the fence: no
+/// rejoining under their old IDs without a leader). Their exits say their volumes are empty,
+/// so the survivor is the only member with data: the diagnosis says `Rejoining`, the fence is
+/// lifted, and the two rejoin under their old member IDs, vote the survivor in (its log is the
+/// only one) and copy its data: every key the survivor had, and no membership call by the loop.
 #[test]
-fn quorum_loss_with_a_majority_of_volumes_gone_heals_from_the_survivor_and_the_loop_touches_nothing()
+fn quorum_loss_with_a_majority_of_volumes_gone_rejoins_the_sole_survivor_once_the_others_are_known_empty()
  {
     use etcd_webhook::controller::decide::quorum::{Diagnosis, diagnose};
     let (mut net, mut lp) = formed("qlost", 3, 3, Release::V3_7_4);
@@ -1139,31 +1162,171 @@ fn quorum_loss_with_a_majority_of_volumes_gone_heals_from_the_survivor_and_the_l
         ),
         other => panic!("{other:?}"),
     }
+    assert_eq!(
+        net.config["ETCD_INITIAL_CLUSTER"],
+        render::FENCED_INITIAL_CLUSTER,
+        "fenced"
+    );
     assert!(
         !net.put(survivor, "/refused", "x"),
         "no writes without a quorum"
     );
     lp.blocked.clear();
     let back = Instant::now();
-    let deadline = back + Duration::from_secs(60);
+    let deadline = back + Duration::from_secs(90);
+    let mut said = Vec::new();
     loop {
         let outcome = lp.pass(&mut net);
+        if let Some(d) = diagnose(&lp.ec, &outcome.survey, &lp.exits, None) {
+            let kind = match d {
+                Diagnosis::Waiting(_) => "Waiting",
+                Diagnosis::DataLost(_) => "DataLost",
+                Diagnosis::Rejoining(_) => "Rejoining",
+            };
+            if said.last() != Some(&kind) {
+                said.push(kind);
+            }
+        }
         if outcome.members.as_ref().is_some_and(|m| m.len() == 3)
             && (0..3).all(|i| net.get(i, "/corrupt/me").is_some())
         {
             break;
         }
-        assert!(Instant::now() < deadline, "not healed: {:?}", outcome.step);
+        assert!(
+            Instant::now() < deadline,
+            "not healed: {:?}, said {said:?}",
+            outcome.step
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     let healed = back.elapsed();
+    assert!(said.contains(&"Rejoining"), "said {said:?}");
+    for &i in &gone {
+        assert!(
+            lp.crashes
+                .iter()
+                .any(|(k, e)| *k == i && e.message.contains("in the initial cluster configuration")),
+            "{} was fenced first: {:?}",
+            net.pods[i].name,
+            lp.crashes
+        );
+    }
     corruption_healed(&net, &keys);
     assert!(lp.calls.is_empty(), "no membership call: {:?}", lp.calls);
     assert!(lp.refused.is_empty(), "none tried: {:?}", lp.refused);
     assert!(net.put(survivor, "/after", "y"), "writes taken again");
     eprintln!(
-        "quorum lost with two of three volumes emptied: healed from {} {healed:?} after the two came back, every key there, no call by the loop",
+        "quorum lost with two of three volumes emptied: fenced, then rejoined from {} {healed:?} after the two came back (diagnoses {said:?}), every key there, no call by the loop",
         net.pods[survivor].name
+    );
+}
+
+/// Quorum lost with a majority's volumes emptied while a member that lags keeps its data
+/// (issue 47): of five, member B stops (its data intact) and the other four go on taking
+/// writes; then the four stop, three of them lose their volumes, and the one with every
+/// acknowledged write (member 0) stays down. B and the three empty members start. Without the
+/// fence the empties joined under their old member IDs (the ConfigMap said `existing`), voted
+/// for B (an empty log counts any candidate as up to date), and B led with none of the 30 writes
+/// a majority had acknowledged (measured before the fence: 30 of 30 missing). With the fence
+/// (the loop's pass names no member in the ConfigMap while no member list answers) the empty
+/// members stop at start, B stays without a leader, and once member 0 is back the diagnosis
+/// names it as the member with the most applied data, which holds every acknowledged write.
+#[test]
+fn quorum_loss_with_empty_volumes_never_elects_a_lagging_member() {
+    let (mut net, mut lp) = formed("lag", 5, 5, Release::V3_7_4);
+    for k in 0..30 {
+        assert!(net.put(0, &format!("/old/{k}"), "x"), "write {k}");
+    }
+    let b = 4;
+    lp.blocked.insert(b);
+    net.stop(b);
+    let mut acknowledged = Vec::new();
+    for k in 0..30 {
+        let key = format!("/new/{k}");
+        if net.put(0, &key, "y") {
+            acknowledged.push(key);
+        }
+    }
+    assert_eq!(acknowledged.len(), 30, "four of five take every write");
+    std::thread::sleep(Duration::from_millis(500));
+    lp.blocked.extend([0, 1, 2, 3]);
+    for i in 0..4 {
+        net.stop(i);
+    }
+    for i in 1..4 {
+        empty_volume(&net, i);
+    }
+    // What each member logs from here on: a leader would say "became leader".
+    let from: Vec<usize> = (0..5)
+        .map(|i| std::fs::read(&net.pods[i].log).map_or(0, |t| t.len()))
+        .collect();
+    let elected = |net: &Net| -> Vec<String> {
+        (0..5)
+            .filter(|&i| {
+                let text = std::fs::read(&net.pods[i].log).unwrap_or_default();
+                String::from_utf8_lossy(&text[from[i].min(text.len())..])
+                    .contains("became leader at term")
+            })
+            .map(|i| net.pods[i].name.clone())
+            .collect()
+    };
+    // B and the three empty members run; member 0 (every write) stays down.
+    lp.blocked = BTreeSet::from([0]);
+    let window = Instant::now();
+    let mut passes = 0;
+    while window.elapsed() < Duration::from_secs(20) && passes < 60 {
+        let outcome = lp.pass(&mut net);
+        assert!(
+            outcome.members.is_none(),
+            "a member list: a leader was elected"
+        );
+        assert!(elected(&net).is_empty(), "elected: {:?}", elected(&net));
+        passes += 1;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let fenced: Vec<usize> = (1..4)
+        .filter(|&i| lp.exits.get(&(i as i32)).is_some_and(Exit::lost_volume))
+        .collect();
+    assert_eq!(
+        fenced,
+        [1, 2, 3],
+        "the empty members stop at start: {:?}",
+        lp.exits
+    );
+    assert!(
+        lp.exits[&1]
+            .message
+            .contains("in the initial cluster configuration"),
+        "{:?}",
+        lp.exits[&1]
+    );
+    assert!(net.running(b), "B, with its data, runs under the fence");
+    // Member 0 back: two of five hold data, no quorum, still no leader. (A member that
+    // restarts serves no client before it has a leader, so neither answers `status`.)
+    lp.blocked.clear();
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(10) {
+        let outcome = lp.pass(&mut net);
+        assert!(outcome.members.is_none(), "a member list without a quorum");
+        assert!(elected(&net).is_empty(), "elected: {:?}", elected(&net));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(
+        net.running(0) && net.running(b),
+        "both members with data run"
+    );
+    assert!(lp.calls.is_empty(), "no membership call: {:?}", lp.calls);
+    // Member 0's database still holds every acknowledged write (nothing led over it), and B's
+    // none of them: the rebuild by hand starts from member 0 (docs/clusters.md).
+    let db = |i: usize| std::fs::read(net.pods[i].data.join("data/member/snap/db")).unwrap();
+    let holds = |db: &[u8], key: &str| db.windows(key.len()).any(|w| w == key.as_bytes());
+    let (zero, lagging) = (db(0), db(b));
+    let kept = acknowledged.iter().filter(|k| holds(&zero, k)).count();
+    let at_b = acknowledged.iter().filter(|k| holds(&lagging, k)).count();
+    assert_eq!(kept, 30, "every acknowledged write in lag-0's database");
+    assert_eq!(at_b, 0, "B lags: none of them in its database");
+    eprintln!(
+        "quorum lost, three of five emptied, a lagging member up: no leader in {passes} passes over 20 s and 10 s more with lag-0 back, the empty members fenced, all {kept} acknowledged writes in lag-0's database ({at_b} in B's)"
     );
 }
 

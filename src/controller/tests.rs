@@ -3340,10 +3340,12 @@ async fn a_renewed_client_secret_makes_a_new_identity_and_an_unchanged_one_does_
 
 /// A lost quorum in the status: no member list, the survivor answering `status` alone. With
 /// nothing saying the others' data is gone, Available says QuorumLost naming the survivor and
-/// that the loop waits; once their pods report lost volumes, MajorityDataLost names the
-/// survivor and the newest snapshot, with one Warning. The membership is never touched.
+/// that the loop waits, and the members' ConfigMap is fenced (no member on an empty volume
+/// rejoins under its old ID; the list kept in an annotation). Once their pods report empty
+/// volumes the survivor is the only member with data: RejoiningFromSurvivor names it, with one
+/// Warning, and the kept list is back. The membership is never touched.
 #[tokio::test]
-async fn a_lost_quorum_is_diagnosed_in_the_status_and_nothing_is_touched() {
+async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
     let (api, ctx) = running_three().await;
     let etcd = etcd_of(&ctx);
     etcd.lose_quorum();
@@ -3372,6 +3374,21 @@ async fn a_lost_quorum_is_diagnosed_in_the_status_and_nothing_is_touched() {
             .contains("1 of 3 members answer (etcd-0"),
         "{a}"
     );
+    let config = || {
+        api.get("/api/v1/namespaces/prod/configmaps/etcd-members")
+            .unwrap()
+    };
+    let before = render::initial_cluster(&cluster("etcd", 3, None), 3);
+    assert_eq!(
+        config()["data"]["ETCD_INITIAL_CLUSTER"],
+        render::FENCED_INITIAL_CLUSTER,
+        "fenced"
+    );
+    assert_eq!(
+        config()["metadata"]["annotations"][render::FENCED_FROM_ANNOTATION],
+        before.as_str(),
+        "the list kept"
+    );
     for i in [1, 2] {
         let mut p = json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -3391,18 +3408,23 @@ async fn a_lost_quorum_is_diagnosed_in_the_status_and_nothing_is_touched() {
         pass(&api, &ctx).await.unwrap();
     }
     let a = available(&api);
-    assert_eq!(a["reason"], "MajorityDataLost", "{a}");
+    assert_eq!(a["reason"], "RejoiningFromSurvivor", "{a}");
     let message = a["message"].as_str().unwrap();
     assert!(
         message.contains("the data of etcd-1, etcd-2 is gone")
-            && message.contains("the member with the most applied data is etcd-0"),
+            && message.contains("etcd-0 is the only member with data"),
         "{message}"
     );
     let told = events(&api.calls())
         .iter()
-        .filter(|e| *e == &("Warning".to_owned(), "MajorityDataLost".to_owned()))
+        .filter(|e| *e == &("Warning".to_owned(), "RejoiningFromSurvivor".to_owned()))
         .count();
     assert_eq!(told, 1, "{:?}", events(&api.calls()));
+    assert_eq!(
+        config()["data"]["ETCD_INITIAL_CLUSTER"],
+        before.as_str(),
+        "the kept list back: the empty members rejoin"
+    );
     assert_eq!(etcd.members().len(), 3, "nothing removed");
     assert!(
         etcd.refusals()

@@ -4,8 +4,15 @@
 use k8s_openapi::jiff::Timestamp;
 
 /// Lines of an etcd log that mean its data directory is gone while the cluster still has the
-/// member: bootstrapping anew over a known member, or a raft log that starts from nothing.
-pub const LOST_VOLUME_SIGNS: &[&str] = &["has already been bootstrapped", "[lastIndex(0)]"];
+/// member: bootstrapping anew over a known member, a raft log that starts from nothing, or a
+/// start refused by the fence the loop puts in the members' ConfigMap while no member list
+/// answers (`render::FENCED_INITIAL_CLUSTER`: etcd reads the initial cluster only on an empty
+/// data directory).
+pub const LOST_VOLUME_SIGNS: &[&str] = &[
+    "has already been bootstrapped",
+    "[lastIndex(0)]",
+    "in the initial cluster configuration",
+];
 
 /// Words of an etcd log that mean its member ID was removed from the cluster. The run that
 /// learns it stops with exit 0 (no termination message; a run started again on that volume

@@ -22,14 +22,45 @@ pub enum Diagnosis {
     Waiting(String),
     /// A majority's data is gone: it does not heal by itself.
     DataLost(String),
+    /// A majority's data is gone and one member with data is all there is: the members on
+    /// empty volumes may rejoin under their old IDs and copy its data ([`sole_survivor`]).
+    Rejoining(String),
 }
 
 impl Diagnosis {
     pub fn message(&self) -> &str {
         match self {
-            Diagnosis::Waiting(m) | Diagnosis::DataLost(m) => m,
+            Diagnosis::Waiting(m) | Diagnosis::DataLost(m) | Diagnosis::Rejoining(m) => m,
         }
     }
+}
+
+/// The one member that may lead the cluster again after a lost quorum, by ordinal: exactly
+/// one member answers, no other member can hold data (every other member pod's last run
+/// reports an empty volume: the fence's refusal, an empty raft log), and the newest snapshot
+/// is not newer than it. Then its log is the only one: the empty members may rejoin under
+/// their old member IDs (they vote for it, it is elected, they copy its data), as safe as a
+/// restart with `--force-new-cluster` and without one. With two members holding data, or one
+/// that may (a pod that has not run since), an empty member's vote could make one that lags
+/// the leader: none is chosen (issue 47: that needs the rebuild, which is by hand).
+pub fn sole_survivor(
+    ec: &EtcdCluster,
+    answered: &BTreeMap<i32, MemberStatus>,
+    exits: &BTreeMap<i32, Exit>,
+    newest: Option<&SnapshotRecord>,
+) -> Option<i32> {
+    let [(&ordinal, status)] = answered.iter().collect::<Vec<_>>()[..] else {
+        return None;
+    };
+    if status.leader != 0 {
+        return None;
+    }
+    let others_empty = (0..ec.spec.size)
+        .filter(|&i| i != ordinal)
+        .all(|i| exits.get(&i).is_some_and(Exit::lost_volume));
+    let revision = i64::try_from(status.header.revision).unwrap_or(i64::MAX);
+    let behind_snapshot = newest.is_some_and(|b| b.revision > revision);
+    (others_empty && !behind_snapshot).then_some(ordinal)
 }
 
 /// The diagnosis from the members that answered `status` (`answered`, by ordinal), how each
@@ -108,8 +139,21 @@ pub fn diagnose(
         s.raft_applied_index,
         s.header.revision
     );
+    if sole_survivor(ec, answered, exits, newest).is_some() {
+        return Some(Diagnosis::Rejoining(format!(
+            "quorum lost: the data of {} is gone (their pods started on empty volumes) and {} is the only member with data (applied index {}, revision {}{}); the empty members rejoin under their old IDs and copy its data: what it had applied is kept, writes acknowledged after it are gone",
+            names(&lost),
+            pod(*i),
+            s.raft_applied_index,
+            s.header.revision,
+            match newest {
+                Some(b) => format!(", the newest snapshot is at revision {}", b.revision),
+                None => String::new(),
+            }
+        )));
+    }
     Some(Diagnosis::DataLost(format!(
-        "quorum lost and it will not heal: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer{}{}; {choice}; nothing is changed by the loop (see When quorum is lost in docs/clusters.md)",
+        "quorum lost and it will not heal: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer{}{}; {choice}; members on empty volumes are kept from rejoining under their old IDs, and nothing else is changed by the loop (see When quorum is lost in docs/clusters.md)",
         names(&lost),
         if survivors.is_empty() {
             String::new()
@@ -170,11 +214,16 @@ mod tests {
             diagnose(&ec, &one, &one_lost, None),
             Some(Diagnosis::Waiting(_))
         ));
-        // Both lost: it does not heal; etcd-0 is the survivor; the snapshot is older.
-        let both = BTreeMap::from([(1, lost()), (2, lost())]);
-        match diagnose(&ec, &one, &both, Some(&snapshot(50))) {
+        // Of five, three lost and one down that has not run since (it may hold data): it
+        // does not heal; etcd-0 is the survivor; the snapshot is older.
+        let ec5 = crate::controller::render::tests::cluster("etcd", 5, None);
+        let three = BTreeMap::from([(1, lost()), (2, lost()), (3, lost())]);
+        match diagnose(&ec5, &one, &three, Some(&snapshot(50))) {
             Some(Diagnosis::DataLost(m)) => {
-                assert!(m.contains("the data of etcd-1, etcd-2 is gone"), "{m}");
+                assert!(
+                    m.contains("the data of etcd-1, etcd-2, etcd-3 is gone"),
+                    "{m}"
+                );
                 assert!(
                     m.contains("the member with the most applied data is etcd-0 (applied index 120, revision 57); the newest snapshot (s3://b/etcd-snapshot.db, revision 50) is older: rebuilding from etcd-0 keeps 7 more revisions"),
                     "{m}"
@@ -182,7 +231,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // A snapshot newer than the survivor: restore it instead.
+        // Both others lost: etcd-0 is the only member with data (a_sole_survivor_... below);
+        // with a snapshot newer than it, not: restore it instead.
+        let both = BTreeMap::from([(1, lost()), (2, lost())]);
         let m = diagnose(&ec, &one, &both, Some(&snapshot(80))).unwrap();
         assert!(
             m.message()
@@ -200,6 +251,44 @@ mod tests {
             diagnose(&ec, &BTreeMap::from([(0, led)]), &BTreeMap::new(), None),
             None
         );
+    }
+
+    /// One member answers and every other one is known empty: it is the only log, and the
+    /// empty members may rejoin from it; not with another member that may hold data, nor when
+    /// the newest snapshot is newer than it, nor with two members answering.
+    #[test]
+    fn a_sole_survivor_is_one_answering_with_every_other_member_known_empty() {
+        let ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        let one = BTreeMap::from([(0, status(120, 57))]);
+        let fenced = Exit {
+            code: 1,
+            message: "couldn't find local name \"etcd-1\" in the initial cluster configuration"
+                .to_owned(),
+            at: None,
+        };
+        let both = BTreeMap::from([(1, fenced.clone()), (2, lost())]);
+        assert_eq!(sole_survivor(&ec, &one, &both, None), Some(0));
+        match diagnose(&ec, &one, &both, Some(&snapshot(50))) {
+            Some(Diagnosis::Rejoining(m)) => assert!(
+                m.contains("etcd-0 is the only member with data (applied index 120, revision 57, the newest snapshot is at revision 50)"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // etcd-2 has not run since (no exit): it may hold data.
+        let unknown = BTreeMap::from([(1, fenced.clone())]);
+        assert_eq!(sole_survivor(&ec, &one, &unknown, None), None);
+        // The newest snapshot is newer than the survivor: no rejoining from it.
+        assert_eq!(sole_survivor(&ec, &one, &both, Some(&snapshot(80))), None);
+        assert!(matches!(
+            diagnose(&ec, &one, &both, Some(&snapshot(80))),
+            Some(Diagnosis::DataLost(_))
+        ));
+        // Two answer (five members, three empty): either could be voted in; none is chosen.
+        let ec5 = crate::controller::render::tests::cluster("etcd", 5, None);
+        let two = BTreeMap::from([(0, status(90, 40)), (3, status(130, 61))]);
+        let lost3 = BTreeMap::from([(1, lost()), (2, fenced), (4, lost())]);
+        assert_eq!(sole_survivor(&ec5, &two, &lost3, None), None);
     }
 
     /// Of five, two answer and three lost their volumes: the one with the most applied data.

@@ -234,6 +234,9 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                 Some(super::quorum::Diagnosis::DataLost(why)) => {
                     cond("Available", false, "MajorityDataLost", why.clone())
                 }
+                Some(super::quorum::Diagnosis::Rejoining(why)) => {
+                    cond("Available", false, "RejoiningFromSurvivor", why.clone())
+                }
                 None => cond(
                     "Available",
                     false,

@@ -223,6 +223,46 @@ fn listed_replicas(ec: &EtcdCluster, config: &ConfigMap) -> Option<i32> {
         .map(|i| i + 1)
 }
 
+/// The members' ConfigMap of a formed cluster without a member list: fenced, or (`rejoin`)
+/// the kept membership back ([`render::without_member_list`]); patched only when it changes.
+pub(crate) async fn fence(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    config: Option<&ConfigMap>,
+    config_name: &str,
+    rejoin: bool,
+) -> Result<(), Error> {
+    let data = config.and_then(|c| c.data.as_ref());
+    let current = data
+        .and_then(|d| d.get("ETCD_INITIAL_CLUSTER"))
+        .map(String::as_str);
+    let saved = config
+        .and_then(|c| c.metadata.annotations.as_ref())
+        .and_then(|a| a.get(render::FENCED_FROM_ANNOTATION))
+        .map(String::as_str);
+    let (list, keep) = render::without_member_list(ec, current, saved, rejoin);
+    if current == Some(list.as_str()) && joins_former(config) {
+        return Ok(());
+    }
+    let mut patch = json!({"data": {
+        "ETCD_INITIAL_CLUSTER": list,
+        "ETCD_INITIAL_CLUSTER_STATE": "existing",
+    }});
+    if let Some(keep) = keep {
+        patch["metadata"] = json!({"annotations": {render::FENCED_FROM_ANNOTATION: keep}});
+    }
+    kids.api::<ConfigMap>()
+        .patch(config_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| Error::kube("patch", "ConfigMap", config_name, e))?;
+    if rejoin {
+        tracing::warn!(cluster = %ec.name_any(), "no member list: one member with data is all there is; the members on empty volumes may rejoin under their old IDs");
+    } else {
+        tracing::warn!(cluster = %ec.name_any(), "no member list: members on empty volumes are kept from rejoining under their old IDs until a leader answers");
+    }
+    Ok(())
+}
+
 /// The etcd cluster ID the loop recorded on the EtcdCluster.
 pub(crate) fn recorded_cluster_id(ec: &EtcdCluster) -> Option<u64> {
     ec.annotations()

@@ -156,6 +156,13 @@ pub(crate) async fn converge(
         ctx.event(ec, EventType::Warning, "MajorityDataLost", why.clone())
             .await;
     }
+    if let Some(Diagnosis::Rejoining(why)) = &quorum
+        && !has_condition(ec, "Available", "RejoiningFromSurvivor")
+    {
+        tracing::warn!(cluster = %ec.name_any(), "{why}");
+        ctx.event(ec, EventType::Warning, "RejoiningFromSurvivor", why.clone())
+            .await;
+    }
     let (outcome, foreign) = match outcome {
         Some(o) if o.members.is_some() => (Some(o), None),
         Some(o) => (None, o.foreign),
@@ -166,6 +173,12 @@ pub(crate) async fn converge(
             let size = initial_size_recorded(ec).unwrap_or(replicas);
             kids.ensure_created(&render::bootstrap_config(ec, size, recorded.is_some()))
                 .await?;
+        }
+        if recorded.is_some() {
+            // No member on an empty volume rejoins under its old ID without a member list,
+            // unless one member with data is all there is (decide::quorum::sole_survivor).
+            let rejoin = matches!(quorum, Some(Diagnosis::Rejoining(_)));
+            super::members::fence(ec, kids, config.as_deref(), &config_name, rejoin).await?;
         } else if ready > 0 && !joins_former(config.as_deref()) {
             // A member has been ready, so the cluster has formed, even if the loop never got
             // an answer from it: from now on a pod that starts on an empty volume must join it

@@ -164,6 +164,40 @@ pub fn members_config(
     }
 }
 
+/// `ETCD_INITIAL_CLUSTER` while a formed cluster's member list does not answer (a lost quorum,
+/// or all members down): a list that names no member. etcd reads it only on an empty data
+/// directory, so a member with its data starts as always, and one on an empty volume stops
+/// ("couldn't find local name ... in the initial cluster configuration") instead of rejoining
+/// under its old member ID with an empty log: without a leader such a member votes for any
+/// candidate, and two empty members and one that lags elect a leader that lacks writes a
+/// majority acknowledged (tests/members.rs
+/// `quorum_loss_with_empty_volumes_never_elects_a_lagging_member`). The list comes back with
+/// the next pass that reads the member list.
+pub const FENCED_INITIAL_CLUSTER: &str = "quorum-lost-fenced=http://quorum-lost.invalid:2380";
+
+/// The members' `ETCD_INITIAL_CLUSTER` of a formed cluster whose member list does not answer,
+/// and what [`FENCED_FROM_ANNOTATION`] keeps: fenced, the list it had kept aside (`current`,
+/// unless fenced already, else what was `saved`); or, when the members on empty volumes may
+/// rejoin (`rejoin`: one member with data is all there is, `decide::quorum::sole_survivor`),
+/// the kept list back (the full `spec.size` list if none was kept).
+pub fn without_member_list(
+    ec: &EtcdCluster,
+    current: Option<&str>,
+    saved: Option<&str>,
+    rejoin: bool,
+) -> (String, Option<String>) {
+    let kept = current
+        .filter(|c| *c != FENCED_INITIAL_CLUSTER && !c.is_empty())
+        .or(saved)
+        .map(str::to_owned);
+    if rejoin {
+        let list = kept.unwrap_or_else(|| initial_cluster(ec, ec.spec.size));
+        (list, None)
+    } else {
+        (FENCED_INITIAL_CLUSTER.to_owned(), kept)
+    }
+}
+
 /// The ConfigMap of a cluster whose member list the loop has not read: the `size` members it
 /// bootstraps with, state `new`, or, for a cluster that has formed (its ID is recorded) and
 /// lost the ConfigMap, `existing`: a pod with an empty volume then asks the members instead of

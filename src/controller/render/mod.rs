@@ -60,6 +60,9 @@ pub const REPLACING_ANNOTATION: &str = "etcd.example.com/replacing";
 /// On the members' ConfigMap: `ORDINAL=RFC3339,...`, when the member at each ordinal was last
 /// found corrupt and replaced.
 pub const CORRUPT_ANNOTATION: &str = "etcd.example.com/corrupt-detected";
+/// On the members' ConfigMap while it is fenced: the `ETCD_INITIAL_CLUSTER` it had (the
+/// membership the members' IDs belong to), written back when the empty members may rejoin.
+pub const FENCED_FROM_ANNOTATION: &str = "etcd.example.com/fenced-initial-cluster";
 /// On the member pods that are voters (the loop sets it from `member list`): the client
 /// Service selects it, so learners never get client traffic.
 pub const VOTER_LABEL: &str = "etcd.example.com/voter";
@@ -384,6 +387,29 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    /// Without a member list: the ConfigMap is fenced and keeps the list it had; fenced again
+    /// it keeps what was kept; the list comes back for a rejoining (the full list if none was
+    /// kept).
+    #[test]
+    fn without_a_member_list_the_config_is_fenced_and_the_list_kept_for_a_rejoin() {
+        let ec = cluster("etcd", 3, None);
+        let full = initial_cluster(&ec, 3);
+        let (list, keep) = without_member_list(&ec, Some(&full), None, false);
+        assert_eq!(list, FENCED_INITIAL_CLUSTER);
+        assert_eq!(keep.as_deref(), Some(full.as_str()));
+        let (list, keep) =
+            without_member_list(&ec, Some(FENCED_INITIAL_CLUSTER), Some("etcd-0=x"), false);
+        assert_eq!(
+            (list.as_str(), keep.as_deref()),
+            (FENCED_INITIAL_CLUSTER, Some("etcd-0=x"))
+        );
+        let (list, keep) =
+            without_member_list(&ec, Some(FENCED_INITIAL_CLUSTER), Some("etcd-0=x"), true);
+        assert_eq!((list.as_str(), keep), ("etcd-0=x", None));
+        let (list, _) = without_member_list(&ec, Some(FENCED_INITIAL_CLUSTER), None, true);
+        assert_eq!(list, full);
+    }
+
     use super::*;
     use crate::api::v1::{Backup, EtcdClusterSpec};
 
