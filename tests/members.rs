@@ -522,8 +522,13 @@ impl Loop {
             // cluster without a member list keeps members on empty volumes from rejoining
             // under their old IDs, unless one member with data is all there is.
             use etcd_webhook::controller::decide::quorum::{Diagnosis, diagnose};
+            // The exits of pods not running now, as the loop reads them.
+            let ended: BTreeMap<i32, Exit> = (self.exits.iter())
+                .filter(|(i, _)| !net.running(**i as usize))
+                .map(|(i, e)| (*i, e.clone()))
+                .collect();
             let rejoin = matches!(
-                diagnose(&self.ec, &outcome.survey, &self.exits, None),
+                diagnose(&self.ec, &outcome.survey, &ended, None),
                 Some(Diagnosis::Rejoining(_))
             );
             let (list, keep) = render::without_member_list(
@@ -1285,7 +1290,7 @@ fn quorum_loss_with_empty_volumes_never_elects_a_lagging_member() {
         std::thread::sleep(Duration::from_millis(300));
     }
     let fenced: Vec<usize> = (1..4)
-        .filter(|&i| lp.exits.get(&(i as i32)).is_some_and(Exit::lost_volume))
+        .filter(|&i| lp.exits.get(&(i as i32)).is_some_and(Exit::empty_volume))
         .collect();
     assert_eq!(
         fenced,

@@ -4,15 +4,15 @@
 use k8s_openapi::jiff::Timestamp;
 
 /// Lines of an etcd log that mean its data directory is gone while the cluster still has the
-/// member: bootstrapping anew over a known member, a raft log that starts from nothing, or a
-/// start refused by the fence the loop puts in the members' ConfigMap while no member list
-/// answers (`render::FENCED_INITIAL_CLUSTER`: etcd reads the initial cluster only on an empty
-/// data directory).
-pub const LOST_VOLUME_SIGNS: &[&str] = &[
-    "has already been bootstrapped",
-    "[lastIndex(0)]",
-    "in the initial cluster configuration",
-];
+/// member: bootstrapping anew over a known member, or a raft log that starts from nothing.
+pub const LOST_VOLUME_SIGNS: &[&str] = &["has already been bootstrapped", "[lastIndex(0)]"];
+
+/// etcd's refusal of a start whose name the initial cluster list does not have. etcd reads
+/// that list only on an empty data directory, so the run started on an empty volume: under
+/// the loop's fence (`render::FENCED_INITIAL_CLUSTER`, while no member list answers) or
+/// before the loop added the member. Read only for a lost quorum (`quorum::diagnose`): a
+/// member about to be added says the same, so it is no sign for the membership plan.
+pub const EMPTY_AT_START_SIGN: &str = "in the initial cluster configuration";
 
 /// Words of an etcd log that mean its member ID was removed from the cluster. The run that
 /// learns it stops with exit 0 (no termination message; a run started again on that volume
@@ -48,6 +48,12 @@ impl Exit {
     /// The member's data directory is gone while the cluster still has it.
     pub fn lost_volume(&self) -> bool {
         lost_volume(&self.message)
+    }
+
+    /// The run started on an empty data directory: a lost volume, or a start refused by the
+    /// initial cluster list ([`EMPTY_AT_START_SIGN`]).
+    pub fn empty_volume(&self) -> bool {
+        self.lost_volume() || self.message.contains(EMPTY_AT_START_SIGN)
     }
 
     /// etcd stopped by itself: it exits 0 when its peers tell it that its member ID was

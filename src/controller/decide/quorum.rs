@@ -57,14 +57,15 @@ pub fn sole_survivor(
     }
     let others_empty = (0..ec.spec.size)
         .filter(|&i| i != ordinal)
-        .all(|i| exits.get(&i).is_some_and(Exit::lost_volume));
+        .all(|i| exits.get(&i).is_some_and(Exit::empty_volume));
     let revision = i64::try_from(status.header.revision).unwrap_or(i64::MAX);
     let behind_snapshot = newest.is_some_and(|b| b.revision > revision);
     (others_empty && !behind_snapshot).then_some(ordinal)
 }
 
 /// The diagnosis from the members that answered `status` (`answered`, by ordinal), how each
-/// member pod last ended (`exits`), and the newest snapshot. `None` when no member answers or
+/// member pod whose etcd is not running now last ended (`exits`: the last run of a running
+/// container is old news), and the newest snapshot. `None` when no member answers or
 /// one knows a leader (the member list failed for another reason: the loop's own network, say).
 pub fn diagnose(
     ec: &EtcdCluster,
@@ -85,7 +86,7 @@ pub fn diagnose(
     let silent: Vec<i32> = (0..size).filter(|i| !answered.contains_key(i)).collect();
     let (lost, down): (Vec<i32>, Vec<i32>) = silent
         .iter()
-        .partition(|i| exits.get(i).is_some_and(Exit::lost_volume));
+        .partition(|i| exits.get(i).is_some_and(Exit::empty_volume));
     let names = |is: &[i32]| is.iter().map(|&i| pod(i)).collect::<Vec<_>>().join(", ");
     let answering = answered.len() as i32;
     let survivors = answered

@@ -11,6 +11,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use crate::api::v1::EtcdCluster;
+use crate::controller::decide::exits::Exit;
 use crate::controller::decide::membership;
 use crate::controller::machinery::children::{Applied, Children};
 use crate::controller::machinery::error::Error;
@@ -47,6 +48,25 @@ pub(crate) fn any_running(pods: &[std::sync::Arc<Pod>]) -> bool {
         .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
         .flatten()
         .any(|c| c.name == "etcd" && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+/// The `exits` of member pods whose etcd container is not running now (waiting to restart, or
+/// terminated): their last exit is their latest word; a running container's is old news.
+pub(crate) fn stopped_exits(
+    ec: &EtcdCluster,
+    pods: &[std::sync::Arc<Pod>],
+    exits: &std::collections::BTreeMap<i32, Exit>,
+) -> std::collections::BTreeMap<i32, Exit> {
+    let running: BTreeSet<i32> = pods
+        .iter()
+        .filter(|p| any_running(std::slice::from_ref(p)))
+        .filter_map(|p| pod_ordinal(ec, p))
+        .collect();
+    exits
+        .iter()
+        .filter(|(i, _)| !running.contains(i))
+        .map(|(i, e)| (*i, e.clone()))
+        .collect()
 }
 
 /// A member removed for its lost volume starts again on a new, empty one: its claim and pod

@@ -147,7 +147,8 @@ pub(crate) async fn converge(
             .as_ref()
             .and_then(|s| s.backup.as_ref())
             .and_then(|b| b.last.as_ref());
-        diagnose(ec, &o.survey, &exits, newest)
+        let ended = super::members::stopped_exits(ec, &pods, &exits);
+        diagnose(ec, &o.survey, &ended, newest)
     });
     if let Some(Diagnosis::DataLost(why)) = &quorum
         && !has_condition(ec, "Available", "MajorityDataLost")
