@@ -4,8 +4,10 @@
 //! down, volumes intact: the cluster heals when they return, and the loop waits), or a
 //! majority's data is gone (their pods report a lost volume): then it will not heal by itself,
 //! and the diagnosis names the survivor with the most applied data and how it compares with the
-//! newest snapshot, the two ways out docs/clusters.md ("When quorum is lost") describes. The
-//! loop changes nothing either way.
+//! newest snapshot, the two ways out docs/clusters.md ("When quorum is lost") describes.
+//! Meanwhile the members' ConfigMap is fenced (no member on an empty volume rejoins under its
+//! old ID), unless one member with data is all there is ([`sole_survivor`]): then the empty
+//! members rejoin from it. The membership itself is never touched without a member list.
 
 use std::collections::BTreeMap;
 
