@@ -523,7 +523,9 @@ impl Loop {
             // under their old IDs, unless one member with data is all there is.
             use etcd_webhook::controller::decide::quorum::{Diagnosis, diagnose};
             // The exits of pods not running now, as the loop reads them.
-            let ended: BTreeMap<i32, Exit> = (self.exits.iter())
+            let ended: BTreeMap<i32, Exit> = self
+                .exits
+                .iter()
                 .filter(|(i, _)| !net.running(**i as usize))
                 .map(|(i, e)| (*i, e.clone()))
                 .collect();
@@ -1648,8 +1650,8 @@ fn a_removed_member_still_answering_as_its_old_id_is_replaced_at_once() {
     } else {
         1
     };
-    for k in 0..20 {
-        assert!(net.put(0, &format!("/w/{k}"), &k.to_string()), "write {k}");
+    for n in 0..20 {
+        assert!(net.put(0, &format!("/w/{n}"), &n.to_string()), "write {n}");
     }
     let name = format!("unaware-{k}");
     let id = member_id(&net, 0, &name);
@@ -1695,7 +1697,7 @@ fn a_removed_member_still_answering_as_its_old_id_is_replaced_at_once() {
     let back = t.elapsed();
     all_there(
         &net,
-        &(0..20).map(|k| format!("/w/{k}")).collect::<Vec<_>>(),
+        &(0..20).map(|n| format!("/w/{n}")).collect::<Vec<_>>(),
     );
     assert_eq!(
         (
