@@ -48,9 +48,13 @@ struct Proc {
     child: Child,
 }
 
-/// The running control plane; stops every process on drop.
+/// The running control plane; stops every process on drop, and removes its folder under
+/// `target/e2e` unless a scenario failed (then it stays for reading: logs, PKI, kubeconfig).
 pub struct ControlPlane {
     pub dir: PathBuf,
+    /// Keep the folder when dropped: set when a scenario on this control plane failed (a
+    /// drop while unwinding keeps it too), or by `E2E_KEEP=1` for every run.
+    pub keep: bool,
     pub logs: PathBuf,
     pub kubeconfig: PathBuf,
     pub server: String,
@@ -224,6 +228,7 @@ impl ControlPlane {
             etcd_url: String::new(),
             logs,
             dir,
+            keep: std::env::var_os("E2E_KEEP").is_some_and(|v| v == "1"),
             bin: bin.clone(),
             procs: Vec::new(),
             otlp: None,
@@ -593,6 +598,13 @@ impl Drop for ControlPlane {
         let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
         if self.node_kubeconfig.is_some() {
             crate::node::bridge_down();
+        }
+        // A run's folder was 1.3 GB with a node (volumes, images): a suite that kept every
+        // one filled the disk. Only a failed run's stays.
+        if self.keep || std::thread::panicking() {
+            println!("control plane folder kept: {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }

@@ -258,7 +258,7 @@ fn shared_cluster(
     };
     let logs = cp.logs.clone();
     let install_start = Instant::now();
-    let Ok(env) = catch_unwind(AssertUnwindSafe(|| install::Env::install(cp))) else {
+    let Ok(mut env) = catch_unwind(AssertUnwindSafe(|| install::Env::install(cp))) else {
         // The control plane was dropped (stopped) while unwinding; its logs stay.
         cluster::print_logs(&logs, 60);
         println!("the install failed (see above)");
@@ -289,6 +289,7 @@ fn shared_cluster(
     env.save_webhook_logs();
     if failed.len() > failed_before {
         env.cp.print_logs(60);
+        env.cp.keep = true;
     }
 }
 
