@@ -339,6 +339,8 @@ struct Loop {
     cluster_id: Option<u64>,
     /// The membership the ConfigMap had before it was fenced (its annotation).
     fenced_from: Option<String>,
+    /// What the last pass diagnosed without a member list (the Available condition's word).
+    diagnosis: Option<etcd_webhook::controller::decide::quorum::Diagnosis>,
     /// The next pass dies right after its etcd call (before it writes anything else).
     crash_after_call: bool,
     /// Every pass that makes an etcd call dies right after it.
@@ -380,6 +382,7 @@ impl Loop {
             memory: Memory::default(),
             cluster_id: None,
             fenced_from: None,
+            diagnosis: None,
             crash_after_call: false,
             die_after_calls: false,
             timeouts: Timeouts::default(),
@@ -458,6 +461,7 @@ impl Loop {
     /// One reconcile, then the StatefulSet controller and the kubelet.
     fn pass(&mut self, net: &mut Net) -> Outcome {
         self.observe(net);
+        self.diagnosis = None;
         let (ec, before, timeouts) = (&self.ec, &self.memory, self.timeouts);
         let (exits, cluster_id) = (&self.exits, self.cluster_id);
         // What the pass records in the ConfigMap before a removal.
@@ -529,10 +533,8 @@ impl Loop {
                 .filter(|(i, _)| !net.running(**i as usize))
                 .map(|(i, e)| (*i, e.clone()))
                 .collect();
-            let rejoin = matches!(
-                diagnose(&self.ec, &outcome.survey, &ended, None),
-                Some(Diagnosis::Rejoining(_))
-            );
+            self.diagnosis = diagnose(&self.ec, &outcome.survey, &ended, None);
+            let rejoin = matches!(self.diagnosis, Some(Diagnosis::Rejoining(_)));
             let (list, keep) = render::without_member_list(
                 &self.ec,
                 net.config.get("ETCD_INITIAL_CLUSTER").map(String::as_str),
@@ -1146,8 +1148,29 @@ fn quorum_loss_with_volumes_intact_waits_and_heals_with_every_acknowledged_write
 #[test]
 fn quorum_loss_with_a_majority_of_volumes_gone_rejoins_the_sole_survivor_once_the_others_are_known_empty()
  {
-    use etcd_webhook::controller::decide::quorum::{Diagnosis, diagnose};
-    let (mut net, mut lp) = formed("qlost", 3, 3, Release::V3_7_4);
+    sole_survivor_rejoin("qlost", false);
+}
+
+/// The same with `spec.recovery.quorumLoss: Manual` (issue 47, scenario 4): nothing changes
+/// until the approval. The diagnosis says `AwaitingApproval` naming the plan, the fence stays
+/// over five passes (the empty members keep stopping at start, no member list, no write taken),
+/// and an approval of another plan changes nothing; once the annotation names the plan, the
+/// same rejoin as above.
+#[test]
+fn quorum_loss_in_manual_recovery_changes_nothing_until_the_plan_is_approved() {
+    sole_survivor_rejoin("qmanual", true);
+}
+
+fn sole_survivor_rejoin(name: &str, manual: bool) {
+    use etcd_webhook::api::APPROVE_RECOVERY_ANNOTATION;
+    use etcd_webhook::api::v1::{QuorumLoss, Recovery};
+    use etcd_webhook::controller::decide::quorum::Diagnosis;
+    let (mut net, mut lp) = formed(name, 3, 3, Release::V3_7_4);
+    if manual {
+        lp.ec.spec.recovery = Some(Recovery {
+            quorum_loss: Some(QuorumLoss::Manual),
+        });
+    }
     let leader = leader_of(&net);
     let survivor = (leader + 1) % 3;
     let keys = corruption_keys(&net);
@@ -1159,7 +1182,7 @@ fn quorum_loss_with_a_majority_of_volumes_gone_rejoins_the_sole_survivor_once_th
     }
     let outcome = lp.pass(&mut net);
     assert!(outcome.members.is_none(), "no member list without a quorum");
-    match diagnose(&lp.ec, &outcome.survey, &lp.exits, None) {
+    match lp.diagnosis.clone() {
         Some(Diagnosis::Waiting(why)) => assert!(
             why.contains(&format!(
                 "1 of 3 members answer ({} (applied index",
@@ -1179,21 +1202,81 @@ fn quorum_loss_with_a_majority_of_volumes_gone_rejoins_the_sole_survivor_once_th
         "no writes without a quorum"
     );
     lp.blocked.clear();
+    let mut said = Vec::new();
+    let note = |d: &Option<Diagnosis>, said: &mut Vec<&'static str>| {
+        if let Some(kind) = d.as_ref().map(Diagnosis::reason)
+            && said.last() != Some(&kind)
+        {
+            said.push(kind);
+        }
+    };
+    if manual {
+        // Until approved: passes until the diagnosis names the plan, then five more in which
+        // nothing changes, the last with another plan approved.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut plan = None;
+        let mut after = 0;
+        while after < 5 {
+            let outcome = lp.pass(&mut net);
+            let d = lp.diagnosis.clone();
+            assert!(
+                !matches!(d, Some(Diagnosis::Rejoining(_))),
+                "no rejoin before the approval: {d:?}"
+            );
+            if let Some(Diagnosis::AwaitingApproval(why)) = &d {
+                plan = why
+                    .split_once(&format!("{APPROVE_RECOVERY_ANNOTATION}="))
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    .map(str::to_owned);
+                // The plan names the survivor at the applied index it answers with.
+                let applied = outcome.survey[&(survivor as i32)].raft_applied_index;
+                assert_eq!(
+                    plan.as_deref(),
+                    Some(format!("rejoin-from-{}-at-{applied}", net.pods[survivor].name).as_str()),
+                    "{why}"
+                );
+                after += 1;
+            }
+            if after == 4 {
+                lp.ec.metadata.annotations = Some(
+                    [(
+                        APPROVE_RECOVERY_ANNOTATION.to_owned(),
+                        "rejoin-from-elsewhere-at-1".to_owned(),
+                    )]
+                    .into_iter()
+                    .collect(),
+                );
+            }
+            note(&d, &mut said);
+            assert!(outcome.members.is_none(), "no member list before approval");
+            assert_eq!(
+                net.config["ETCD_INITIAL_CLUSTER"],
+                render::FENCED_INITIAL_CLUSTER,
+                "the fence stays until approved (said {said:?})"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "never awaiting approval: said {said:?}, exits {:?}",
+                lp.exits
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        assert!(
+            !net.put(survivor, "/refused", "x"),
+            "no write taken before the approval"
+        );
+        let plan = plan.expect("the plan named");
+        lp.ec.metadata.annotations = Some(
+            [(APPROVE_RECOVERY_ANNOTATION.to_owned(), plan)]
+                .into_iter()
+                .collect(),
+        );
+    }
     let back = Instant::now();
     let deadline = back + Duration::from_secs(90);
-    let mut said = Vec::new();
     loop {
         let outcome = lp.pass(&mut net);
-        if let Some(d) = diagnose(&lp.ec, &outcome.survey, &lp.exits, None) {
-            let kind = match d {
-                Diagnosis::Waiting(_) => "Waiting",
-                Diagnosis::DataLost(_) => "DataLost",
-                Diagnosis::Rejoining(_) => "Rejoining",
-            };
-            if said.last() != Some(&kind) {
-                said.push(kind);
-            }
-        }
+        note(&lp.diagnosis, &mut said);
         if outcome.members.as_ref().is_some_and(|m| m.len() == 3)
             && (0..3).all(|i| net.get(i, "/corrupt/me").is_some())
         {
@@ -1207,7 +1290,7 @@ fn quorum_loss_with_a_majority_of_volumes_gone_rejoins_the_sole_survivor_once_th
         std::thread::sleep(Duration::from_millis(300));
     }
     let healed = back.elapsed();
-    assert!(said.contains(&"Rejoining"), "said {said:?}");
+    assert!(said.contains(&"RejoiningFromSurvivor"), "said {said:?}");
     for &i in &gone {
         assert!(
             lp.crashes
@@ -1223,8 +1306,14 @@ fn quorum_loss_with_a_majority_of_volumes_gone_rejoins_the_sole_survivor_once_th
     assert!(lp.refused.is_empty(), "none tried: {:?}", lp.refused);
     assert!(net.put(survivor, "/after", "y"), "writes taken again");
     eprintln!(
-        "quorum lost with two of three volumes emptied: fenced, then rejoined from {} {healed:?} after the two came back (diagnoses {said:?}), every key there, no call by the loop",
-        net.pods[survivor].name
+        "quorum lost with two of three volumes emptied ({}): fenced, then rejoined from {} {healed:?} after {} (diagnoses {said:?}), every key there, no call by the loop",
+        if manual { "Manual" } else { "Automatic" },
+        net.pods[survivor].name,
+        if manual {
+            "the approval"
+        } else {
+            "the two came back"
+        }
     );
 }
 

@@ -22,6 +22,11 @@ type EtcdClusterSpec struct {
 	Restore      *Restore     `json:"restore,omitempty"`
 	Maintenance  *Maintenance `json:"maintenance,omitempty"`
 	TLS          *TLS         `json:"tls,omitempty"`
+	Recovery     *Recovery    `json:"recovery,omitempty"`
+}
+
+type Recovery struct {
+	QuorumLoss *string `json:"quorumLoss,omitempty"`
 }
 
 type Backup struct {
@@ -154,6 +159,11 @@ func (in *EtcdClusterSpec) DeepCopyInto(out *EtcdClusterSpec) {
 			t.IssuerRef = &i
 		}
 		out.TLS = &t
+	}
+	if in.Recovery != nil {
+		r := *in.Recovery
+		r.QuorumLoss = ptr(r.QuorumLoss)
+		out.Recovery = &r
 	}
 }
 

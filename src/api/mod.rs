@@ -271,6 +271,20 @@ pub(crate) fn certificate_source_schema(_: &mut schemars::SchemaGenerator) -> sc
     })
 }
 
+/// Schema of `spec.recovery.quorumLoss`: a string of the two values (no `null` among them).
+pub(crate) fn quorum_loss_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "`Automatic` (unset): when one member with data is all that is left (every other member's pod reports an empty volume), the empty members rejoin from it at once. `Manual`: the `Available` condition says what the loop would do, what it keeps and the plan to approve, and the loop waits for `kubectl annotate ec NAME -n NS etcd.example.com/approve-recovery=PLAN --overwrite` naming that plan.",
+        "type": "string",
+        "enum": ["Automatic", "Manual"]
+    })
+}
+
+/// The annotation a person approves a recovery plan with, when `spec.recovery.quorumLoss` is
+/// `Manual`: its value must be the plan the `Available` condition names (a plan names the
+/// survivor and its applied index, so an approval of an earlier loss approves nothing new).
+pub const APPROVE_RECOVERY_ANNOTATION: &str = "etcd.example.com/approve-recovery";
+
 /// The longest condition message the apiserver takes (metav1.Condition's limit), in characters.
 pub const CONDITION_MESSAGE_MAX: usize = 32768;
 

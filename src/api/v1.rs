@@ -69,6 +69,31 @@ pub struct EtcdClusterSpec {
     /// Set at creation only: members cannot move between plain HTTP and TLS in place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<Tls>,
+    /// What the loop does by itself when a majority of the members is gone. Unset: the
+    /// default each field names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<Recovery>,
+}
+
+/// What the loop does by itself after a lost quorum (docs/clusters.md, "When quorum is lost").
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Recovery {
+    /// `Automatic` (unset): when one member with data is all that is left (every other
+    /// member's pod reports an empty volume), the empty members rejoin from it at once.
+    /// `Manual`: the `Available` condition says what the loop would do, what it keeps and the
+    /// plan to approve, and the loop waits for `kubectl annotate ec NAME -n NS
+    /// etcd.example.com/approve-recovery=PLAN --overwrite` naming that plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::quorum_loss_schema")]
+    pub quorum_loss: Option<QuorumLoss>,
+}
+
+/// Whether the loop recovers from a lost quorum by itself or waits for an approval.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum QuorumLoss {
+    Automatic,
+    Manual,
 }
 
 /// TLS for a cluster's members: `https://` peer and client URLs, `--client-cert-auth` and

@@ -3435,6 +3435,106 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
     );
 }
 
+/// The same lost quorum with `spec.recovery.quorumLoss: Manual`: the Available condition says
+/// RecoveryAwaitingApproval with the plan and the command, one Warning says it, and the fence
+/// stays over passes and an approval of another plan; the annotation naming the plan lifts it.
+#[tokio::test]
+async fn a_lost_quorum_in_manual_recovery_waits_for_the_approval_of_the_plan_it_names() {
+    let (api, ctx) = running_three().await;
+    let mut stored = cluster_json(&api);
+    stored["spec"]["recovery"] = json!({"quorumLoss": "Manual"});
+    api.insert(EC, stored);
+    let etcd = etcd_of(&ctx);
+    etcd.lose_quorum();
+    etcd.set_unhealthy("etcd-1", true);
+    etcd.set_unhealthy("etcd-2", true);
+    for i in [1, 2] {
+        let mut p = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+        });
+        p["status"]["containerStatuses"] = json!([{"name": "etcd", "ready": false,
+            "restartCount": 1, "image": "x", "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2026-12-01T00:00:00Z",
+                "message": "panic: tocommit(105) is out of range [lastIndex(0)]"}}}]);
+        api.insert(&format!("/api/v1/namespaces/prod/pods/etcd-{i}"), p);
+    }
+    let available = |api: &FakeApi| {
+        cluster_json(api)["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Available")
+            .cloned()
+            .unwrap()
+    };
+    let fenced = |api: &FakeApi| {
+        api.get(CONFIG).unwrap()["data"]["ETCD_INITIAL_CLUSTER"] == render::FENCED_INITIAL_CLUSTER
+    };
+    api.clear_calls();
+    for _ in 0..3 {
+        pass(&api, &ctx).await.unwrap();
+    }
+    let a = available(&api);
+    assert_eq!(a["reason"], "RecoveryAwaitingApproval", "{a}");
+    let message = a["message"].as_str().unwrap().to_owned();
+    let plan = message
+        .split_once("etcd.example.com/approve-recovery=")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no plan in {message}"))
+        .to_owned();
+    assert_eq!(
+        plan, "rejoin-from-etcd-0-at-100",
+        "the survivor at its applied index"
+    );
+    assert!(
+        message.contains("etcd-0 is the only member with data")
+            && message.contains("writes acknowledged after it are gone"),
+        "{message}"
+    );
+    assert!(fenced(&api), "the fence stays until approved");
+    let told = events(&api.calls())
+        .iter()
+        .filter(|e| *e == &("Warning".to_owned(), "RecoveryAwaitingApproval".to_owned()))
+        .count();
+    assert_eq!(told, 1, "{:?}", events(&api.calls()));
+    // As `kubectl annotate` does: one more annotation (the cluster ID recorded stays).
+    let approve = |api: &FakeApi, value: &str| {
+        let mut stored = cluster_json(api);
+        stored["metadata"]["annotations"][crate::api::APPROVE_RECOVERY_ANNOTATION] = json!(value);
+        api.insert(EC, stored);
+    };
+    // Another plan (an earlier loss) approves nothing.
+    approve(&api, "rejoin-from-etcd-0-at-1");
+    pass(&api, &ctx).await.unwrap();
+    assert!(fenced(&api), "another plan approves nothing");
+    let a = available(&api);
+    assert_eq!(a["reason"], "RecoveryAwaitingApproval");
+    assert!(
+        a["message"]
+            .as_str()
+            .unwrap()
+            .contains("names another plan: rejoin-from-etcd-0-at-1"),
+        "{a}"
+    );
+    approve(&api, &plan);
+    pass(&api, &ctx).await.unwrap();
+    let a = available(&api);
+    assert_eq!(a["reason"], "RejoiningFromSurvivor", "{a}");
+    assert!(
+        a["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("approved ({plan})")),
+        "{a}"
+    );
+    assert!(!fenced(&api), "approved: the kept list back");
+    assert_eq!(etcd.members().len(), 3, "nothing removed");
+}
+
 /// A follower whose data is not the others' (etcd raised CORRUPT and its hash differs from the
 /// two that agree): the pass removes it (Warning MemberCorrupt) and makes its volume anew, the
 /// next disarms the alarm (CorruptAlarmDisarmed; writes are taken again), then it joins again

@@ -355,6 +355,7 @@ impl FakeEtcd {
                     "leader": match s.leader { 0 => 4097, u64::MAX => 0, l => l }.to_string(),
                     "isLearner": m.3,
                     "raftIndex": if m.4 { "100" } else { "3" },
+                    "raftAppliedIndex": if m.4 { "100" } else { "3" },
                     "errors": errors,
                 }))
             }

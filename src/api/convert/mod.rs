@@ -86,6 +86,8 @@ pub struct Stash {
     pub maintenance: Option<v1::Maintenance>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<v1::Tls>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<v1::Recovery>,
     /// Kept in every version (v1 included) while the object has a `backup` block.
     #[serde(default, flatten)]
     pub alpha_gaps: AlphaGaps,
@@ -332,6 +334,10 @@ pub(crate) mod tests {
                         option::of(prop_oneof![Just("Issuer"), Just("ClusterIssuer")]),
                     )),
                 )),
+                option::of(option::of(prop_oneof![
+                    Just(v1::QuorumLoss::Automatic),
+                    Just(v1::QuorumLoss::Manual)
+                ])),
             ),
         )
             .prop_map(
@@ -341,7 +347,7 @@ pub(crate) mod tests {
                     class,
                     storage,
                     backup,
-                    (restore, maintenance, tls),
+                    (restore, maintenance, tls, recovery),
                 )| {
                     v1::EtcdClusterSpec {
                         size,
@@ -377,6 +383,7 @@ pub(crate) mod tests {
                                 group: None,
                             }),
                         }),
+                        recovery: recovery.map(|quorum_loss| v1::Recovery { quorum_loss }),
                     }
                 },
             )

@@ -35,10 +35,12 @@ pub(super) fn beta_down(
         restore,
         maintenance,
         tls,
+        recovery,
     } = hub.spec;
     stash.restore = restore;
     stash.maintenance = maintenance;
     stash.tls = tls;
+    stash.recovery = recovery;
     let backup = backup.map(|b| {
         stash_backup_extras(&mut stash, b.retention, b.destination);
         v1beta1::Backup {
@@ -101,6 +103,7 @@ pub(super) fn beta_up(
             restore: stash.restore.clone(),
             maintenance: stash.maintenance.clone(),
             tls: stash.tls.clone(),
+            recovery: stash.recovery.clone(),
         },
         status,
         alpha_gaps: stash.alpha_gaps,
@@ -140,10 +143,12 @@ pub(super) fn alpha_down(
         restore,
         maintenance,
         tls,
+        recovery,
     } = hub.spec;
     stash.restore = restore;
     stash.maintenance = maintenance;
     stash.tls = tls;
+    stash.recovery = recovery;
 
     let etcd_version = EtcdVersion::alpha_spelling(&version);
     if EtcdVersion::from_alpha_spelling(&etcd_version) != version {
@@ -237,6 +242,7 @@ pub(super) fn alpha_up(
             restore: stash.restore,
             maintenance: stash.maintenance,
             tls: stash.tls,
+            recovery: stash.recovery,
         },
         status,
         alpha_gaps,

@@ -7,7 +7,9 @@
 //! newest snapshot, the two ways out docs/clusters.md ("When quorum is lost") describes.
 //! Meanwhile the members' ConfigMap is fenced (no member on an empty volume rejoins under its
 //! old ID), unless one member with data is all there is ([`sole_survivor`]): then the empty
-//! members rejoin from it. The membership itself is never touched without a member list.
+//! members rejoin from it, at once or, with `spec.recovery.quorumLoss: Manual`, once a person
+//! approved that plan ([`approved`]). The membership itself is never touched without a member
+//! list.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +17,8 @@ use kube::ResourceExt;
 
 use super::exits::Exit;
 use super::members::MemberStatus;
-use crate::api::v1::{EtcdCluster, SnapshotRecord};
+use crate::api::APPROVE_RECOVERY_ANNOTATION;
+use crate::api::v1::{EtcdCluster, QuorumLoss, SnapshotRecord};
 
 /// What a lost quorum is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,14 +30,62 @@ pub enum Diagnosis {
     /// A majority's data is gone and one member with data is all there is: the members on
     /// empty volumes may rejoin under their old IDs and copy its data ([`sole_survivor`]).
     Rejoining(String),
+    /// As [`Diagnosis::Rejoining`], but `spec.recovery.quorumLoss` is `Manual` and nobody has
+    /// approved the plan yet ([`approved`]): the fence stays.
+    AwaitingApproval(String),
 }
 
 impl Diagnosis {
     pub fn message(&self) -> &str {
         match self {
-            Diagnosis::Waiting(m) | Diagnosis::DataLost(m) | Diagnosis::Rejoining(m) => m,
+            Diagnosis::Waiting(m)
+            | Diagnosis::DataLost(m)
+            | Diagnosis::Rejoining(m)
+            | Diagnosis::AwaitingApproval(m) => m,
         }
     }
+
+    /// The reason of the `Available` condition that says it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Diagnosis::Waiting(_) => "QuorumLost",
+            Diagnosis::DataLost(_) => "MajorityDataLost",
+            Diagnosis::Rejoining(_) => "RejoiningFromSurvivor",
+            Diagnosis::AwaitingApproval(_) => "RecoveryAwaitingApproval",
+        }
+    }
+
+    /// Whether it is told in a Warning (once, with the condition's reason): all but the wait,
+    /// which usually heals by itself.
+    pub fn warns(&self) -> bool {
+        !matches!(self, Diagnosis::Waiting(_))
+    }
+}
+
+/// The plan a person approves for a rejoin from `pod` at its applied index: a later loss (the
+/// same survivor further on, or another one) is another plan, so an old approval approves
+/// nothing new.
+pub fn rejoin_plan(pod: &str, applied_index: u64) -> String {
+    format!("rejoin-from-{pod}-at-{applied_index}")
+}
+
+/// Whether `spec.recovery.quorumLoss` is `Manual` (unset is `Automatic`).
+pub fn manual(ec: &EtcdCluster) -> bool {
+    ec.spec.recovery.as_ref().and_then(|r| r.quorum_loss) == Some(QuorumLoss::Manual)
+}
+
+/// Whether the loop carries out `plan` by itself: with `spec.recovery.quorumLoss` `Automatic`
+/// (or unset) always; with `Manual` once the annotation [`APPROVE_RECOVERY_ANNOTATION`] names
+/// exactly this plan.
+pub fn approved(ec: &EtcdCluster, plan: &str) -> bool {
+    !manual(ec) || approval(ec).is_some_and(|v| v == plan)
+}
+
+/// The plan the approval annotation names, if any.
+fn approval(ec: &EtcdCluster) -> Option<&str> {
+    ec.annotations()
+        .get(APPROVE_RECOVERY_ANNOTATION)
+        .map(|v| v.trim())
 }
 
 /// The one member that may lead the cluster again after a lost quorum, by ordinal: exactly
@@ -69,6 +120,8 @@ pub fn sole_survivor(
 /// member pod whose etcd is not running now last ended (`exits`: the last run of a running
 /// container is old news), and the newest snapshot. `None` when no member answers or
 /// one knows a leader (the member list failed for another reason: the loop's own network, say).
+/// A rejoin from a sole survivor that `Manual` recovery has not approved yet is
+/// [`Diagnosis::AwaitingApproval`].
 pub fn diagnose(
     ec: &EtcdCluster,
     answered: &BTreeMap<i32, MemberStatus>,
@@ -143,8 +196,8 @@ pub fn diagnose(
         s.header.revision
     );
     if sole_survivor(ec, answered, exits, newest).is_some() {
-        return Some(Diagnosis::Rejoining(format!(
-            "quorum lost: the data of {} is gone (their pods started on empty volumes) and {} is the only member with data (applied index {}, revision {}{}); the empty members rejoin under their old IDs and copy its data: what it had applied is kept, writes acknowledged after it are gone",
+        let found = format!(
+            "quorum lost: the data of {} is gone (their pods started on empty volumes) and {} is the only member with data (applied index {}, revision {}{})",
             names(&lost),
             pod(*i),
             s.raft_applied_index,
@@ -152,6 +205,26 @@ pub fn diagnose(
             match newest {
                 Some(b) => format!(", the newest snapshot is at revision {}", b.revision),
                 None => String::new(),
+            }
+        );
+        let keeps = "what it had applied is kept, writes acknowledged after it are gone";
+        let plan = rejoin_plan(&pod(*i), s.raft_applied_index);
+        if !approved(ec, &plan) {
+            let other = match approval(ec) {
+                Some(v) => format!(" ({APPROVE_RECOVERY_ANNOTATION} names another plan: {v})"),
+                None => String::new(),
+            };
+            let namespace = ec.namespace().unwrap_or_default();
+            return Some(Diagnosis::AwaitingApproval(format!(
+                "{found}; spec.recovery.quorumLoss is Manual: the loop would let the empty members rejoin under their old IDs and copy its data ({keeps}); until then members on empty volumes are kept from rejoining{other}. Approve with: kubectl annotate ec {name} -n {namespace} {APPROVE_RECOVERY_ANNOTATION}={plan} --overwrite"
+            )));
+        }
+        return Some(Diagnosis::Rejoining(format!(
+            "{found}; {}the empty members rejoin under their old IDs and copy its data: {keeps}",
+            if manual(ec) {
+                format!("approved ({plan}): ")
+            } else {
+                String::new()
             }
         )));
     }
@@ -292,6 +365,75 @@ mod tests {
         let two = BTreeMap::from([(0, status(90, 40)), (3, status(130, 61))]);
         let lost3 = BTreeMap::from([(1, lost()), (2, fenced), (4, lost())]);
         assert_eq!(sole_survivor(&ec5, &two, &lost3, None), None);
+    }
+
+    /// With `spec.recovery.quorumLoss: Manual` the rejoin waits for an approval of the plan the
+    /// message names; an approval of another plan (an earlier loss) approves nothing.
+    #[test]
+    fn a_manual_recovery_waits_for_the_approval_of_its_own_plan() {
+        let mut ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        ec.spec.recovery = Some(crate::api::v1::Recovery {
+            quorum_loss: Some(QuorumLoss::Manual),
+        });
+        let one = BTreeMap::from([(0, status(120, 57))]);
+        let both = BTreeMap::from([(1, lost()), (2, lost())]);
+        let plan = rejoin_plan("etcd-0", 120);
+        assert_eq!(plan, "rejoin-from-etcd-0-at-120");
+        match diagnose(&ec, &one, &both, None) {
+            Some(Diagnosis::AwaitingApproval(m)) => assert!(
+                m.contains("etcd-0 is the only member with data (applied index 120, revision 57)")
+                    && m.contains("kubectl annotate ec etcd -n prod etcd.example.com/approve-recovery=rejoin-from-etcd-0-at-120 --overwrite"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let approve = |ec: &mut EtcdCluster, v: &str| {
+            ec.metadata.annotations = Some(
+                [(APPROVE_RECOVERY_ANNOTATION.to_owned(), v.to_owned())]
+                    .into_iter()
+                    .collect(),
+            );
+        };
+        approve(&mut ec, "rejoin-from-etcd-0-at-96");
+        match diagnose(&ec, &one, &both, None) {
+            Some(Diagnosis::AwaitingApproval(m)) => assert!(
+                m.contains("names another plan: rejoin-from-etcd-0-at-96"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Spaces around the plan (a paste) are no other plan.
+        approve(&mut ec, &format!(" {plan}\n"));
+        assert!(approved(&ec, &plan));
+        // Not a rejoin (etcd-2 may still hold data): waiting, never awaiting approval.
+        let one_lost = BTreeMap::from([(1, lost())]);
+        assert!(matches!(
+            diagnose(&ec, &one, &one_lost, None),
+            Some(Diagnosis::Waiting(_))
+        ));
+        approve(&mut ec, &plan);
+        match diagnose(&ec, &one, &both, None) {
+            Some(Diagnosis::Rejoining(m)) => {
+                assert!(m.contains("approved (rejoin-from-etcd-0-at-120)"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Automatic and unset need no approval.
+        ec.metadata.annotations = None;
+        for recovery in [
+            Some(crate::api::v1::Recovery {
+                quorum_loss: Some(QuorumLoss::Automatic),
+            }),
+            Some(crate::api::v1::Recovery { quorum_loss: None }),
+            None,
+        ] {
+            ec.spec.recovery = recovery;
+            assert!(approved(&ec, &plan));
+            match diagnose(&ec, &one, &both, None) {
+                Some(Diagnosis::Rejoining(m)) => assert!(!m.contains("approved"), "{m}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     /// Of five, two answer and three lost their volumes: the one with the most applied data.

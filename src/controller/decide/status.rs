@@ -228,15 +228,7 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                 ),
             ),
             (false, _) => match &m.quorum {
-                Some(super::quorum::Diagnosis::Waiting(why)) => {
-                    cond("Available", false, "QuorumLost", why.clone())
-                }
-                Some(super::quorum::Diagnosis::DataLost(why)) => {
-                    cond("Available", false, "MajorityDataLost", why.clone())
-                }
-                Some(super::quorum::Diagnosis::Rejoining(why)) => {
-                    cond("Available", false, "RejoiningFromSurvivor", why.clone())
-                }
+                Some(d) => cond("Available", false, d.reason(), d.message().to_owned()),
                 None => cond(
                     "Available",
                     false,

@@ -150,18 +150,16 @@ pub(crate) async fn converge(
         let ended = super::members::stopped_exits(ec, &pods, &exits);
         diagnose(ec, &o.survey, &ended, newest)
     });
-    if let Some(Diagnosis::DataLost(why)) = &quorum
-        && !has_condition(ec, "Available", "MajorityDataLost")
+    // Told once (with the condition's reason): while Available says it, the status carries it.
+    if let Some(d) = quorum.as_ref().filter(|d| d.warns())
+        && !has_condition(ec, "Available", d.reason())
     {
-        tracing::error!(cluster = %ec.name_any(), "{why}");
-        ctx.event(ec, EventType::Warning, "MajorityDataLost", why.clone())
-            .await;
-    }
-    if let Some(Diagnosis::Rejoining(why)) = &quorum
-        && !has_condition(ec, "Available", "RejoiningFromSurvivor")
-    {
-        tracing::warn!(cluster = %ec.name_any(), "{why}");
-        ctx.event(ec, EventType::Warning, "RejoiningFromSurvivor", why.clone())
+        if matches!(d, Diagnosis::DataLost(_)) {
+            tracing::error!(cluster = %ec.name_any(), "{}", d.message());
+        } else {
+            tracing::warn!(cluster = %ec.name_any(), "{}", d.message());
+        }
+        ctx.event(ec, EventType::Warning, d.reason(), d.message().to_owned())
             .await;
     }
     let (outcome, foreign) = match outcome {
@@ -177,7 +175,8 @@ pub(crate) async fn converge(
         }
         if recorded.is_some() {
             // No member on an empty volume rejoins under its old ID without a member list,
-            // unless one member with data is all there is (decide::quorum::sole_survivor).
+            // unless one member with data is all there is (quorum::sole_survivor; with Manual
+            // recovery, once the plan is approved: quorum::approved).
             let rejoin = matches!(quorum, Some(Diagnosis::Rejoining(_)));
             super::members::fence(ec, kids, config.as_deref(), &config_name, rejoin).await?;
         } else if ready > 0 && !joins_former(config.as_deref()) {

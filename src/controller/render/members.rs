@@ -178,7 +178,8 @@ pub const FENCED_INITIAL_CLUSTER: &str = "quorum-lost-fenced=http://quorum-lost.
 /// The members' `ETCD_INITIAL_CLUSTER` of a formed cluster whose member list does not answer,
 /// and what [`FENCED_FROM_ANNOTATION`] keeps: fenced, the list it had kept aside (`current`,
 /// unless fenced already, else what was `saved`); or, when the members on empty volumes may
-/// rejoin (`rejoin`: one member with data is all there is, `decide::quorum::sole_survivor`),
+/// rejoin (`rejoin`: one member with data is all there is, `decide::quorum::sole_survivor`,
+/// and with `Manual` recovery the plan is approved, `decide::quorum::approved`),
 /// the kept list back (the full `spec.size` list if none was kept).
 pub fn without_member_list(
     ec: &EtcdCluster,

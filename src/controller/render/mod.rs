@@ -426,6 +426,7 @@ pub(crate) mod tests {
                 restore: None,
                 maintenance: None,
                 tls: None,
+                recovery: None,
             },
         );
         ec.metadata.namespace = Some("prod".to_owned());
