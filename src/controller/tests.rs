@@ -3338,6 +3338,36 @@ async fn a_renewed_client_secret_makes_a_new_identity_and_an_unchanged_one_does_
     assert_eq!(etcds.identities(), 2, "the renewed Secret is presented");
 }
 
+/// The `Available` condition of the stored cluster.
+fn available(api: &FakeApi) -> Value {
+    cluster_json(api)["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Available")
+        .cloned()
+        .unwrap()
+}
+
+/// Member pods crash-looping on an empty volume: the kubelet's last termination message says
+/// etcd's raft log starts from nothing.
+fn lost_volume_pods(api: &FakeApi, ordinals: &[i32]) {
+    for i in ordinals {
+        let mut p = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+        });
+        p["status"]["containerStatuses"] = json!([{"name": "etcd", "ready": false,
+            "restartCount": 1, "image": "x", "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2026-12-01T00:00:00Z",
+                "message": "panic: tocommit(105) is out of range [lastIndex(0)]"}}}]);
+        api.insert(&format!("/api/v1/namespaces/prod/pods/etcd-{i}"), p);
+    }
+}
+
 /// A lost quorum in the status: no member list, the survivor answering `status` alone. With
 /// nothing saying the others' data is gone, Available says QuorumLost naming the survivor and
 /// that the loop waits, and the members' ConfigMap is fenced (no member on an empty volume
@@ -3351,15 +3381,6 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
     etcd.lose_quorum();
     etcd.set_unhealthy("etcd-1", true);
     etcd.set_unhealthy("etcd-2", true);
-    let available = |api: &FakeApi| {
-        cluster_json(api)["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Available")
-            .cloned()
-            .unwrap()
-    };
     pass(&api, &ctx).await.unwrap();
     let a = available(&api);
     assert_eq!(
@@ -3389,20 +3410,7 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
         before.as_str(),
         "the list kept"
     );
-    for i in [1, 2] {
-        let mut p = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
-                "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
-                "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
-            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
-        });
-        p["status"]["containerStatuses"] = json!([{"name": "etcd", "ready": false,
-            "restartCount": 1, "image": "x", "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2026-12-01T00:00:00Z",
-                "message": "panic: tocommit(105) is out of range [lastIndex(0)]"}}}]);
-        api.insert(&format!("/api/v1/namespaces/prod/pods/etcd-{i}"), p);
-    }
+    lost_volume_pods(&api, &[1, 2]);
     api.clear_calls();
     for _ in 0..3 {
         pass(&api, &ctx).await.unwrap();
@@ -3448,29 +3456,7 @@ async fn a_lost_quorum_in_manual_recovery_waits_for_the_approval_of_the_plan_it_
     etcd.lose_quorum();
     etcd.set_unhealthy("etcd-1", true);
     etcd.set_unhealthy("etcd-2", true);
-    for i in [1, 2] {
-        let mut p = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
-                "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
-                "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
-            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
-        });
-        p["status"]["containerStatuses"] = json!([{"name": "etcd", "ready": false,
-            "restartCount": 1, "image": "x", "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-            "lastState": {"terminated": {"exitCode": 2, "finishedAt": "2026-12-01T00:00:00Z",
-                "message": "panic: tocommit(105) is out of range [lastIndex(0)]"}}}]);
-        api.insert(&format!("/api/v1/namespaces/prod/pods/etcd-{i}"), p);
-    }
-    let available = |api: &FakeApi| {
-        cluster_json(api)["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Available")
-            .cloned()
-            .unwrap()
-    };
+    lost_volume_pods(&api, &[1, 2]);
     let fenced = |api: &FakeApi| {
         api.get(CONFIG).unwrap()["data"]["ETCD_INITIAL_CLUSTER"] == render::FENCED_INITIAL_CLUSTER
     };

@@ -70,7 +70,7 @@ pub fn rejoin_plan(pod: &str, applied_index: u64) -> String {
 }
 
 /// Whether `spec.recovery.quorumLoss` is `Manual` (unset is `Automatic`).
-pub fn manual(ec: &EtcdCluster) -> bool {
+fn manual(ec: &EtcdCluster) -> bool {
     ec.spec.recovery.as_ref().and_then(|r| r.quorum_loss) == Some(QuorumLoss::Manual)
 }
 
