@@ -341,6 +341,10 @@ struct Loop {
     fenced_from: Option<String>,
     /// What the last pass diagnosed without a member list (the Available condition's word).
     diagnosis: Option<etcd_webhook::controller::decide::quorum::Diagnosis>,
+    /// A rebuild's copies (what the rescue Jobs' pods reported) and where they go: the
+    /// backup destination (none: backups are off); what the rescue did, in order.
+    rescue: etcd_webhook::controller::decide::quorum::Rescue,
+    rescued: Vec<String>,
     /// The next pass dies right after its etcd call (before it writes anything else).
     crash_after_call: bool,
     /// Every pass that makes an etcd call dies right after it.
@@ -383,6 +387,8 @@ impl Loop {
             cluster_id: None,
             fenced_from: None,
             diagnosis: None,
+            rescue: Default::default(),
+            rescued: Vec::new(),
             crash_after_call: false,
             die_after_calls: false,
             timeouts: Timeouts::default(),
@@ -533,8 +539,42 @@ impl Loop {
                 .filter(|(i, _)| !net.running(**i as usize))
                 .map(|(i, e)| (*i, e.clone()))
                 .collect();
-            self.diagnosis = diagnose(&self.ec, &outcome.survey, &ended, None);
+            self.diagnosis = diagnose(&self.ec, &outcome.survey, &ended, None, &self.rescue);
             let rejoin = matches!(self.diagnosis, Some(Diagnosis::Rejoining(_)));
+            // The first lift for a plan makes the pods of the members known empty anew
+            // (pass/rescue.rs `lift`): no crash-loop back-off.
+            let plan = etcd_webhook::controller::decide::quorum::plan(&self.ec, &outcome.survey);
+            if rejoin && self.rescue.lifted != plan {
+                self.rescue.lifted = plan;
+                for (&i, _) in ended.iter().filter(|(_, e)| e.empty_volume()) {
+                    self.recreate(net, i as usize);
+                }
+            }
+            // A rebuild (pass/rescue.rs `rebuild`): a rescue Job for each member to copy (run
+            // here as its pod runs it: `etcd-webhook backup --kind=rescue` against that member
+            // alone), and a new volume for each member copied.
+            if let Some(Diagnosis::Rebuilding {
+                plan, copy, wipe, ..
+            }) = self.diagnosis.clone()
+            {
+                for o in copy {
+                    match rescue_copy(net, &self.ec, o as usize, &self.rescue) {
+                        Ok(uri) => {
+                            self.rescued.push(format!("copied {o} to {uri}"));
+                            self.rescue.copied.insert((o, plan.clone()), uri);
+                        }
+                        Err(e) => {
+                            self.rescued.push(format!("copy of {o} failed: {e}"));
+                            self.rescue.failed.insert(o, e);
+                        }
+                    }
+                }
+                for o in wipe {
+                    self.rescued.push(format!("made {o} anew"));
+                    self.recreate(net, o as usize);
+                    empty_volume(net, o as usize);
+                }
+            }
             let (list, keep) = render::without_member_list(
                 &self.ec,
                 net.config.get("ETCD_INITIAL_CLUSTER").map(String::as_str),
@@ -644,6 +684,40 @@ impl Loop {
             std::thread::sleep(Duration::from_millis(300));
         }
     }
+}
+
+/// What a rescue Job's pod does for member `i`: `etcd-webhook backup --kind=rescue` against
+/// that member alone, filed at the rescue's destination (a folder); the URI, or why not.
+fn rescue_copy(
+    net: &Net,
+    ec: &EtcdCluster,
+    i: usize,
+    rescue: &etcd_webhook::controller::decide::quorum::Rescue,
+) -> Result<String, String> {
+    let destination = rescue.destination.clone().ok_or("no destination")?;
+    let work = net.tmp.path().join(format!("rescue-work-{i}"));
+    std::fs::create_dir_all(&work).unwrap();
+    let args = etcd_webhook::cli::BackupArgs {
+        cluster: render::snapshot_stem(ec),
+        endpoints: vec![net.endpoints()[i].clone()],
+        destination,
+        kind: etcd_webhook::cli::SnapshotKind::Rescue,
+        member: Some(net.pods[i].name.clone()),
+        retention: 7,
+        work_dir: work,
+        report: None,
+        timeout_seconds: 10,
+        tls_dir: net.secrets.get("client-tls").cloned(),
+    };
+    in_netns(&net.controller_ns, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(etcd_webhook::backup::run(&args))
+    })
+    .map(|r| r.uri)
+    .map_err(|e| e.to_string())
 }
 
 /// Pod `i`'s volume made anew: an empty folder the members' user owns.
@@ -1423,6 +1497,207 @@ fn quorum_loss_with_empty_volumes_never_elects_a_lagging_member() {
     assert_eq!(at_b, 0, "B lags: none of them in its database");
     eprintln!(
         "quorum lost, three of five emptied, a lagging member up: no leader in {passes} passes over 20 s and 10 s more with lag-0 back, the empty members fenced, all {kept} acknowledged writes in lag-0's database ({at_b} in B's)"
+    );
+}
+
+/// Quorum lost with three of five volumes gone and two members holding data that differ
+/// (issue 47, scenario 5). Member Y is cut from its peers (its peer port dropped) while the
+/// other four take 30 acknowledged writes, so it lags member X (the leader, which has them
+/// all). Then the three others stop and lose their volumes, and Y's peer port opens again:
+/// X and Y both answer `status` (neither restarted), and nobody leads. The loop's rebuild keeps
+/// X (the voter with the most applied data), first copies Y's data to the backup destination
+/// (a rescue snapshot of Y alone: no quorum needed), then makes Y's volume anew; once Y has
+/// stopped at the fence on it, X is the only member with data and the four empty members
+/// rejoin from it. Every acknowledged write is on all five after, Y's copy is a checked
+/// snapshot at Y's revision, and it was filed before Y's volume was emptied.
+#[test]
+fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_after_copying_the_other()
+ {
+    use etcd_webhook::controller::decide::quorum::Diagnosis;
+    let (mut net, mut lp) = formed("rebuild", 5, 5, Release::V3_7_4);
+    let backups = net.tmp.path().join("backups");
+    std::fs::create_dir_all(&backups).unwrap();
+    lp.rescue.destination = Some(backups.display().to_string());
+    let mut keys = corruption_keys(&net);
+    let x = leader_of(&net);
+    let y = (x + 1) % 5;
+    let gone: Vec<usize> = (0..5).filter(|&i| i != x && i != y).collect();
+    let ns = net.pods[y].ns.clone();
+    // Every packet to or from a peer port, both ways: the streams Y opened itself carry the
+    // leader's appends back to it as replies.
+    let cut = |op: &str| {
+        for chain in ["INPUT", "OUTPUT"] {
+            for port in ["--dport", "--sport"] {
+                run(Command::new("ip").args([
+                    "netns", "exec", &ns, "iptables", op, chain, "-p", "tcp", port, "2380", "-j",
+                    "DROP",
+                ]));
+            }
+        }
+    };
+    cut("-A");
+    let mut acknowledged = Vec::new();
+    for k in 0..30 {
+        let key = format!("/w/late{k}");
+        if net.put(x, &key, &format!("late{k}")) {
+            acknowledged.push(key);
+        }
+    }
+    assert_eq!(acknowledged.len(), 30, "four of five take every write");
+    // Past the backend's 100 ms commit interval, so X's file has them before the loss.
+    std::thread::sleep(Duration::from_millis(500));
+    let applied = |i: usize| {
+        net.v3(i, "maintenance/status", json!({})).expect("status")["raftAppliedIndex"]
+            .as_str()
+            .and_then(|r| r.parse::<u64>().ok())
+            .expect("an applied index")
+    };
+    let (at_x, at_y) = (applied(x), applied(y));
+    assert!(
+        at_y < at_x,
+        "Y lags: {at_y} against X's {at_x} (x {x}, y {y})"
+    );
+    let y_revision = net
+        .v3(y, "maintenance/status", json!({}))
+        .expect("Y answers")["header"]["revision"]
+        .as_str()
+        .and_then(|r| r.parse::<u64>().ok())
+        .expect("Y's revision");
+    lp.blocked.extend(gone.iter().copied());
+    for &i in &gone {
+        net.stop(i);
+        empty_volume(&net, i);
+    }
+    // The first passes: X still believes it leads (until its check-quorum steps it down), then
+    // no leader: fenced before the three may start again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "no diagnosis: {}", net.logs());
+        let outcome = lp.pass(&mut net);
+        let leaderless = |i: usize| {
+            outcome
+                .survey
+                .get(&(i as i32))
+                .is_some_and(|s| s.leader == 0)
+        };
+        if lp.diagnosis.is_some() && leaderless(x) && leaderless(y) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        net.config["ETCD_INITIAL_CLUSTER"],
+        render::FENCED_INITIAL_CLUSTER,
+        "fenced"
+    );
+    lp.blocked.clear();
+    let lost = Instant::now();
+    let mut open = false;
+    let mut said: Vec<&'static str> = Vec::new();
+    let (mut timeline, mut done, mut led) = (Vec::new(), 0, false);
+    let crashes_at_loss = lp.crashes.len();
+    let deadline = lost + Duration::from_secs(120);
+    loop {
+        let outcome = lp.pass(&mut net);
+        // Y's peer port opens once its volume is made anew (its process with it: what the
+        // leader of term 2 had sent it before the cut, still in flight, would otherwise arrive
+        // and catch it up, as TCP delivers it once the cut is gone).
+        if !open && lp.rescued.contains(&format!("made {y} anew")) {
+            cut("-D");
+            open = true;
+        }
+        if let Some(kind) = lp.diagnosis.as_ref().map(Diagnosis::reason)
+            && said.last() != Some(&kind)
+        {
+            said.push(kind);
+            timeline.push(format!("{kind} at {:.1} s", lost.elapsed().as_secs_f64()));
+        }
+        if outcome.members.is_some() && !led {
+            led = true;
+            let crashed = lp.crashes.len() - crashes_at_loss;
+            timeline.push(format!(
+                "a leader at {:.1} s ({crashed} crashes since the loss)",
+                lost.elapsed().as_secs_f64()
+            ));
+        }
+        if lp.rescued.len() > done {
+            done = lp.rescued.len();
+            timeline.push(format!(
+                "{} at {:.1} s",
+                lp.rescued[done - 1].split(" to ").next().unwrap(),
+                lost.elapsed().as_secs_f64()
+            ));
+        }
+        if let Some(Diagnosis::Rebuilding { plan, .. }) = &lp.diagnosis {
+            let applied = outcome.survey[&(x as i32)].raft_applied_index;
+            assert_eq!(
+                plan,
+                &format!("rejoin-from-{}-at-{applied}", net.pods[x].name),
+                "the rebuild keeps X"
+            );
+        }
+        if outcome
+            .members
+            .as_ref()
+            .is_some_and(|m| m.len() == 5 && m.iter().all(|m| !m.is_learner && m.started()))
+            && (0..5).all(|i| net.running(i) && net.get(i, &acknowledged[29]).is_some())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not rebuilt: {:?}, said {said:?}, rescue {:?}\n{}",
+            lp.diagnosis,
+            lp.rescued,
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let healed = lost.elapsed();
+    assert!(
+        said.contains(&"RebuildingFromSurvivor") && said.contains(&"RejoiningFromSurvivor"),
+        "said {said:?}"
+    );
+    // Y's data was copied before its volume went, and only Y's.
+    let yi = y;
+    assert!(
+        lp.rescued.len() == 2
+            && lp.rescued[0].starts_with(&format!("copied {yi} to "))
+            && lp.rescued[1] == format!("made {yi} anew"),
+        "{:?}",
+        lp.rescued
+    );
+    let copies: Vec<_> = std::fs::read_dir(&backups)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let stem = render::snapshot_stem(&lp.ec);
+    assert!(
+        copies.len() == 1 && copies[0].starts_with(&format!("{stem}-rescue-{}-", net.pods[y].name)),
+        "{copies:?}"
+    );
+    let copy = std::fs::read(backups.join(&copies[0])).unwrap();
+    let checked = etcd_webhook::backup::snapshot::check(&copy).expect("a checked snapshot");
+    let holds = |key: &str| copy.windows(key.len()).any(|w| w == key.as_bytes());
+    assert!(holds(&keys[0]), "Y's copy holds what Y had");
+    assert!(
+        !holds(&acknowledged[0]),
+        "Y lagged: none of the late writes in its copy (its revision {}, {y_revision} before)",
+        checked.revision
+    );
+    keys.extend(acknowledged.iter().cloned());
+    all_there(&net, &keys);
+    assert!(lp.calls.is_empty(), "no membership call: {:?}", lp.calls);
+    assert!(net.put(x, "/after", "y"), "writes taken again");
+    eprintln!(
+        "quorum lost, three of five volumes gone, two members with data ({} with every write, {} behind at revision {y_revision}): {} copied ({} bytes), made anew, then every empty member rejoined from {}: healthy {healed:?} after the loss ({}), all {} keys on all five",
+        net.pods[x].name,
+        net.pods[y].name,
+        net.pods[y].name,
+        checked.size,
+        net.pods[x].name,
+        timeline.join(", "),
+        keys.len()
     );
 }
 

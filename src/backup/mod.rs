@@ -6,7 +6,8 @@
 //! Steps, each with its own exit code and named in the error:
 //! 1. `member list` through the given endpoints, then `status` of every voter: the snapshot
 //!    comes from a healthy voter, a follower when there is one (the leader is spared), the one
-//!    with the highest raft index among those;
+//!    with the highest raft index among those (`--kind=rescue`: the one member at the first
+//!    endpoint, asked for its `status` alone, as after a lost quorum no member list answers);
 //! 2. `maintenance/snapshot` from it through the v3 JSON gateway, written to the work folder
 //!    while [`snapshot::Reader`] checks the hash etcd appends (what `etcdutl snapshot restore`
 //!    checks) and hashes the whole file;
@@ -105,23 +106,19 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
         transport: &gateway,
         endpoints: args.endpoints.clone(),
     };
-    // 1. A healthy voter.
-    let listed = etcd
-        .member_list()
-        .await
-        .map_err(|e| Error::NoVoter(e.to_string()))?;
-    let voters: Vec<_> = listed
-        .members
-        .iter()
-        .filter(|m| !m.is_learner && m.started() && !m.client_urls.is_empty())
-        .collect();
-    let statuses = futures_util::future::join_all(voters.iter().map(|m| async {
-        let status = etcd.status(&m.client_urls[0]).await;
-        (m.id, status)
-    }))
-    .await;
-    let (endpoint, member, revision) =
-        choose(&listed.members, &statuses).map_err(Error::NoVoter)?;
+    // 1. A healthy voter; for a rescue, the one member named, without a member list (a
+    // member without a quorum answers `status` and serves a snapshot alone).
+    let (endpoint, member, revision) = match (args.kind, args.member.as_deref()) {
+        (Kind::Rescue, Some(pod)) => {
+            let endpoint = args.endpoints[0].clone();
+            let status = etcd
+                .status(&endpoint)
+                .await
+                .map_err(|e| Error::NoVoter(format!("{pod}: {e}")))?;
+            (endpoint, pod.to_owned(), status.header.revision)
+        }
+        _ => healthy_voter(&etcd).await?,
+    };
     let keys = etcd
         .key_count(&endpoint, revision)
         .await
@@ -142,7 +139,12 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
 
     // 2. The snapshot, checked as it arrives.
     let at = time::OffsetDateTime::now_utc();
-    let name = snapshot::name(&args.cluster, args.kind, at);
+    let name = match (args.kind, args.member.as_deref()) {
+        (Kind::Rescue, Some(pod)) => {
+            snapshot::named(&snapshot::rescue_prefix(&args.cluster, pod), at)
+        }
+        (kind, _) => snapshot::name(&args.cluster, kind, at),
+    };
     let work = args.work_dir.join(format!("{name}.part"));
     let failed = |e: Box<dyn std::error::Error + Send + Sync>| Error::Snapshot {
         member: member.clone(),
@@ -200,6 +202,25 @@ pub async fn run(args: &BackupArgs) -> Result<Report, Error> {
         seconds: (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
         pruned,
     })
+}
+
+/// The healthy voter to take a snapshot from ([`choose`]): its client URL, name and revision.
+async fn healthy_voter(etcd: &Etcd<'_>) -> Result<(String, String, u64), Error> {
+    let listed = etcd
+        .member_list()
+        .await
+        .map_err(|e| Error::NoVoter(e.to_string()))?;
+    let voters: Vec<_> = listed
+        .members
+        .iter()
+        .filter(|m| !m.is_learner && m.started() && !m.client_urls.is_empty())
+        .collect();
+    let statuses = futures_util::future::join_all(voters.iter().map(|m| async {
+        let status = etcd.status(&m.client_urls[0]).await;
+        (m.id, status)
+    }))
+    .await;
+    choose(&listed.members, &statuses).map_err(Error::NoVoter)
 }
 
 enum Taken {

@@ -247,22 +247,34 @@ pub fn hex(bytes: &[u8]) -> String {
 pub use crate::cli::SnapshotKind as Kind;
 
 impl Kind {
-    /// The name part before the time: `NAME-snapshot-` or `NAME-final-`.
+    /// The name part before the time: `NAME-snapshot-`, `NAME-final-` or `NAME-rescue-` (a
+    /// rescue's name goes on with the member's pod name: [`rescue_prefix`]).
     pub fn prefix(self, cluster: &str) -> String {
         match self {
             Kind::Scheduled => format!("{cluster}-snapshot-"),
             Kind::Final => format!("{cluster}-final-"),
+            Kind::Rescue => format!("{cluster}-rescue-"),
         }
     }
+}
+
+/// The name part before the time of the rescue of `member`'s data: `NAME-rescue-MEMBER-`.
+pub fn rescue_prefix(cluster: &str, member: &str) -> String {
+    format!("{}{member}-", Kind::Rescue.prefix(cluster))
 }
 
 /// The file name of a snapshot of `cluster` taken at `at` (UTC, to the second; names sort by
 /// time): `NAME-snapshot-20261201T235959Z.db`.
 pub fn name(cluster: &str, kind: Kind, at: time::OffsetDateTime) -> String {
+    named(&kind.prefix(cluster), at)
+}
+
+/// The file name of a snapshot whose name starts with `prefix`, taken at `at`.
+pub fn named(prefix: &str, at: time::OffsetDateTime) -> String {
     let at = at.to_offset(time::UtcOffset::UTC);
     format!(
         "{}{:04}{:02}{:02}T{:02}{:02}{:02}Z.db",
-        kind.prefix(cluster),
+        prefix,
         at.year(),
         at.month() as u8,
         at.day(),
@@ -298,7 +310,7 @@ pub fn expired(names: &[String], cluster: &str, keep: usize, written: &str) -> V
 /// Whether `name` is a file a run of `cluster` writes before it names a snapshot: the
 /// snapshot's name with `.staging`, or `#N` (object_store's own staging) after either.
 pub fn is_staging(name: &str, cluster: &str) -> bool {
-    let ours = [Kind::Scheduled, Kind::Final]
+    let ours = [Kind::Scheduled, Kind::Final, Kind::Rescue]
         .iter()
         .any(|k| name.starts_with(&k.prefix(cluster)));
     let stem = name.split_once('#').map_or(name, |(stem, _)| stem);

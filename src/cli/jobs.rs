@@ -73,11 +73,14 @@ pub struct VerifyArgs {
 }
 
 /// What a snapshot is taken for: the schedule (`STEM-snapshot-<time>.db`, pruned by
-/// retention), or the cluster's deletion (`STEM-final-<time>.db`, never pruned).
+/// retention), the cluster's deletion (`STEM-final-<time>.db`, never pruned), or the rescue of
+/// one member's data before a rebuild after a lost quorum (`STEM-rescue-POD-<time>.db`, never
+/// pruned; taken from that member alone, which needs no quorum).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SnapshotKind {
     Scheduled,
     Final,
+    Rescue,
 }
 
 #[derive(Debug, Args)]
@@ -93,10 +96,16 @@ pub struct BackupArgs {
     /// `s3://bucket/prefix` (credentials and endpoint from the AWS_* variables) or a folder.
     #[arg(long)]
     pub destination: String,
-    /// `scheduled` (named STEM-snapshot-<UTC time>.db, counted in --retention) or `final`
-    /// (STEM-final-<UTC time>.db, the deletion's snapshot, never pruned); STEM is --cluster.
+    /// `scheduled` (named STEM-snapshot-<UTC time>.db, counted in --retention), `final`
+    /// (STEM-final-<UTC time>.db, the deletion's snapshot, never pruned) or `rescue`
+    /// (STEM-rescue-MEMBER-<UTC time>.db, never pruned: the snapshot of the one member at the
+    /// first of --endpoints, taken without a member list, as a member without a quorum still
+    /// serves it); STEM is --cluster.
     #[arg(long, value_enum, default_value_t = SnapshotKind::Scheduled)]
     pub kind: SnapshotKind,
+    /// With `--kind=rescue`: the member's pod name, in the snapshot's name.
+    #[arg(long, required_if_eq("kind", "rescue"))]
+    pub member: Option<String>,
     /// Scheduled snapshots kept (the newest; the one just taken always is).
     #[arg(long, default_value_t = 7)]
     pub retention: u32,

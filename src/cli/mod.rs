@@ -248,4 +248,37 @@ mod tests {
             "--default-member-tls"
         ]));
     }
+
+    /// A rescue snapshot names its member (in the file's name); the other kinds need none.
+    #[test]
+    fn a_rescue_snapshot_needs_its_member() {
+        let parse = |extra: &[&str]| {
+            Cli::try_parse_from(
+                [
+                    "etcd-webhook",
+                    "backup",
+                    "--cluster=etcd-1a2b3c4d",
+                    "--endpoints=http://etcd-1.etcd.prod.svc:2379",
+                    "--destination=/backup",
+                ]
+                .iter()
+                .chain(extra),
+            )
+        };
+        let e = parse(&["--kind=rescue"]).unwrap_err().to_string();
+        assert!(e.contains("--member"), "{e}");
+        match parse(&["--kind=rescue", "--member=etcd-1"])
+            .unwrap()
+            .command
+        {
+            Command::Backup(b) => {
+                assert_eq!(
+                    (b.kind, b.member.as_deref()),
+                    (SnapshotKind::Rescue, Some("etcd-1"))
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&["--kind=final"]).is_ok());
+    }
 }

@@ -194,14 +194,15 @@ pub async fn run_with_etcd(
     claims_task.abort();
 }
 
-/// The cluster of a backup pod (scheduled or final snapshot) that has ended.
+/// The cluster of a backup pod (scheduled or final snapshot, or a rebuild's rescue) that has
+/// ended.
 fn backup_pod_owner(
     cached: Cached<Pod>,
 ) -> Option<kube::runtime::reflector::ObjectRef<EtcdCluster>> {
     use kube::ResourceExt;
     let labels = cached.labels();
     let component = labels.get("app.kubernetes.io/component")?;
-    if component != "backup" && component != "final-snapshot" {
+    if !matches!(component.as_str(), "backup" | "final-snapshot" | "rescue") {
         return None;
     }
     let pod = cached.object().ok()?;

@@ -3443,6 +3443,170 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
     );
 }
 
+/// Of five, three lost their volumes and two members hold data, etcd-1 behind etcd-0: the
+/// rebuild keeps etcd-0. The first pass makes the rescue Job of etcd-1 (once), and nothing is
+/// deleted until a rescue pod reports etcd-1's copy filed for this plan (a copy for another
+/// plan deletes nothing); then etcd-1's claim and pod go (Event MemberDataCopied). Once its new
+/// pod stops on the empty volume, etcd-0 is the only member with data: the fence is lifted for
+/// the plan (kept in the ConfigMap), the empty members' pods are made anew once, and the lift
+/// holds on the next pass, when those pods no longer report empty volumes.
+#[tokio::test]
+async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_a_copy_of_the_other() {
+    let (api, ctx) = setup_with(5, Some(backup(Some("s3://b/p"))), Settings::default());
+    pass(&api, &ctx).await.unwrap();
+    api.set(STS, "/status", json!({"replicas": 5, "readyReplicas": 5}));
+    let etcd = etcd_of(&ctx);
+    etcd.set_down(false);
+    pass(&api, &ctx).await.unwrap();
+    etcd.start("etcd-1", false);
+    etcd.lose_quorum();
+    for pod in ["etcd-2", "etcd-3", "etcd-4"] {
+        etcd.set_unhealthy(pod, true);
+    }
+    lost_volume_pods(&api, &[2, 3, 4]);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    let a = available(&api);
+    assert_eq!(a["reason"], "RebuildingFromSurvivor", "{a}");
+    assert!(
+        a["message"].as_str().unwrap().contains(
+            "the rebuild keeps etcd-0: the data of etcd-1 is copied to s3://b/p/prod/ first"
+        ),
+        "{a}"
+    );
+    let jobs = "/apis/batch/v1/namespaces/prod/jobs";
+    let made: Vec<Call> = api
+        .calls()
+        .into_iter()
+        .filter(|c| c.is_write() && c.path.starts_with(jobs))
+        .collect();
+    assert_eq!(made.len(), 1, "one rescue Job, made once: {made:?}");
+    let job = api.get(&format!("{jobs}/etcd-rescue-1")).unwrap();
+    let plan = "rejoin-from-etcd-0-at-100";
+    assert_eq!(
+        job["metadata"]["annotations"][render::RESCUE_PLAN_ANNOTATION],
+        plan
+    );
+    let args = &job["spec"]["template"]["spec"]["containers"][0]["args"];
+    for arg in [
+        "--kind=rescue",
+        "--member=etcd-1",
+        "--endpoints=http://etcd-1.etcd.prod.svc:2379",
+        "--destination=s3://b/p/prod",
+    ] {
+        assert!(
+            args.as_array().unwrap().contains(&json!(arg)),
+            "{arg} in {args}"
+        );
+    }
+    let deleted = |api: &FakeApi| -> Vec<String> {
+        api.calls()
+            .into_iter()
+            .filter(|c| c.method == "DELETE" && !c.path.starts_with(jobs))
+            .map(|c| c.path)
+            .collect()
+    };
+    assert_eq!(
+        deleted(&api),
+        Vec::<String>::new(),
+        "nothing before the copy"
+    );
+    assert_eq!(
+        api.get(CONFIG).unwrap()["data"]["ETCD_INITIAL_CLUSTER"],
+        render::FENCED_INITIAL_CLUSTER
+    );
+    // The rescue pod's report, for another plan, then for this one.
+    let ec: EtcdCluster = serde_json::from_value(cluster_json(&api)).unwrap();
+    let rescue_pod = |api: &FakeApi, name: &str, plan: &str| {
+        let report = json!({"uri": format!("s3://b/p/prod/etcd-rescue-etcd-1-{name}.db"),
+            "size": 40992, "sha256": "cd".repeat(32), "revision": 3, "keys": 7,
+            "member": "etcd-1", "time": "2026-12-06T03:00:00Z", "seconds": 0.2, "pruned": []});
+        api.insert(
+            &format!("/api/v1/namespaces/prod/pods/{name}"),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "prod",
+                    "labels": render::labels(&ec, "rescue"),
+                    "annotations": {render::RESCUE_PLAN_ANNOTATION: plan,
+                        render::RESCUE_MEMBER_ANNOTATION: "1"}},
+                "spec": {"containers": [{"name": "backup", "image": "x"}]},
+                "status": {"phase": "Succeeded",
+                    "containerStatuses": [{"name": "backup", "image": "x", "imageID": "",
+                        "ready": false, "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 0, "message": report.to_string(),
+                            "reason": "Completed", "finishedAt": "2026-12-06T03:00:01Z"}}}]}}),
+        );
+    };
+    rescue_pod(&api, "etcd-rescue-old", "rejoin-from-etcd-0-at-90");
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(
+        deleted(&api),
+        Vec::<String>::new(),
+        "a copy for another plan deletes nothing"
+    );
+    rescue_pod(&api, "etcd-rescue-1-x", plan);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let gone = deleted(&api);
+    assert!(
+        gone.iter()
+            .any(|p| p.ends_with("/persistentvolumeclaims/data-etcd-1"))
+            && gone.iter().any(|p| p.ends_with("/pods/etcd-1")),
+        "{gone:?}"
+    );
+    assert!(
+        events(&api.calls()).contains(&("Normal".to_owned(), "MemberDataCopied".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    // etcd-1's new pod stopped at the fence on its empty volume.
+    etcd.set_unhealthy("etcd-1", true);
+    lost_volume_pods(&api, &[1, 2, 3, 4]);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let a = available(&api);
+    assert_eq!(a["reason"], "RejoiningFromSurvivor", "{a}");
+    let config = api.get(CONFIG).unwrap();
+    assert_eq!(
+        config["data"]["ETCD_INITIAL_CLUSTER"],
+        render::initial_cluster(&cluster("etcd", 5, None), 5).as_str(),
+        "lifted"
+    );
+    assert_eq!(
+        config["metadata"]["annotations"][render::REJOIN_PLAN_ANNOTATION],
+        plan
+    );
+    let restarted: Vec<String> = deleted(&api)
+        .into_iter()
+        .filter(|p| p.contains("/pods/"))
+        .collect();
+    assert_eq!(
+        restarted.len(),
+        4,
+        "the empty members' pods made anew once: {restarted:?}"
+    );
+    // The empty members run again (rejoining, no longer reporting empty volumes): still lifted.
+    for i in 1..5 {
+        api.insert(
+            &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod",
+                    "labels": render::labels(&ec, "member")}}),
+        );
+    }
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(available(&api)["reason"], "RejoiningFromSurvivor");
+    assert_eq!(
+        api.get(CONFIG).unwrap()["data"]["ETCD_INITIAL_CLUSTER"],
+        render::initial_cluster(&cluster("etcd", 5, None), 5).as_str(),
+        "still lifted"
+    );
+    assert_eq!(deleted(&api), Vec::<String>::new(), "made anew only once");
+    assert_eq!(etcd.members().len(), 5, "nothing removed");
+}
+
 /// The same lost quorum with `spec.recovery.quorumLoss: Manual`: the Available condition says
 /// RecoveryAwaitingApproval with the plan and the command, one Warning says it, and the fence
 /// stays over passes and an approval of another plan; the annotation naming the plan lifts it.

@@ -970,17 +970,29 @@ impl Prober {
         }
         self.result
     }
+
+    /// Whether the last `failureThreshold` probes in a row failed (a startup probe's verdict:
+    /// the kubelet kills the container).
+    pub fn failed(&self, probe: &Probe) -> bool {
+        !self.run.0 && self.run.1 >= probe.failure_threshold.unwrap_or(3)
+    }
 }
 
-/// The played kubelet's probes of one pod's container: readiness for the pod's Ready
-/// condition; liveness, whose failure kills the container (SIGTERM, SIGKILL after the pod's
-/// `terminationGracePeriodSeconds`, scaled like the probes), and the restart back-off then runs
-/// as after any exit.
+/// The played kubelet's probes of one pod's container: the startup probe first (until it
+/// passes, neither of the others runs; `failureThreshold` failures in a row kill the
+/// container); readiness for the pod's Ready condition; liveness, whose failure kills the
+/// container (SIGTERM, SIGKILL after the pod's `terminationGracePeriodSeconds`, scaled like
+/// the probes), and the restart back-off then runs as after any exit. The startup probe is
+/// not scaled: what it waits out (etcd's 7 s timeouts for each peer it asks at start) is not
+/// scaled either.
 #[derive(Clone, Debug)]
 pub struct Probes {
     pub ready: Prober,
     pub alive: Prober,
-    /// Liveness kills so far.
+    pub startup: Prober,
+    /// Whether the startup probe has passed in this container.
+    pub up: bool,
+    /// Liveness (and startup) kills so far.
     pub kills: u32,
 }
 
@@ -989,6 +1001,8 @@ impl Probes {
         Probes {
             ready: Prober::readiness(scale),
             alive: Prober::liveness(scale),
+            startup: Prober::readiness(1),
+            up: false,
             kills: 0,
         }
     }
@@ -996,13 +1010,26 @@ impl Probes {
     pub fn started(&mut self) {
         self.ready.started();
         self.alive.started();
+        self.startup.started();
+        self.up = false;
     }
 
-    /// One look at a running container: whether it is ready; a failed liveness kills it
-    /// (`grace` is the pod's termination grace period).
+    /// One look at a running container: whether it is ready; a failed startup or liveness
+    /// probe kills it (`grace` is the pod's termination grace period).
     pub fn look(&mut self, net: &mut Net, i: usize, container: &Container, grace: i64) -> bool {
         if !net.running(i) {
             return false;
+        }
+        if let Some(probe) = container.startup_probe.as_ref().filter(|_| !self.up) {
+            self.up = self.startup.tick(net, i, container, probe);
+            if !self.up {
+                if self.startup.failed(probe) {
+                    let scale = self.alive.scale;
+                    net.kill(i, Duration::from_secs(grace.max(0) as u64) / scale);
+                    self.kills += 1;
+                }
+                return false;
+            }
         }
         // The kubelet runs each probe on its own worker: one waiting out its timeout does not
         // hold the other.

@@ -52,6 +52,61 @@ pub(crate) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, Strin
         .collect()
 }
 
+/// What the rescue pods of `ec` reported: by member ordinal and the plan each copy was made
+/// for, where it is; and why the last attempt failed for members with no copy. A copy of a
+/// member wins over a failed attempt for it; of two copies for one plan, the later one.
+pub(crate) fn rescues(
+    ec: &EtcdCluster,
+    pods: &[Arc<Pod>],
+) -> crate::controller::decide::quorum::Rescue {
+    let name = ec.name_any();
+    let claim = render::backup_claim(ec).name_any();
+    let mut found = crate::controller::decide::quorum::Rescue::default();
+    let mut ended: Vec<(Timestamp, i32, String, Run)> = pods
+        .iter()
+        .filter(|p| p.namespace() == ec.namespace())
+        .filter(|p| {
+            let l = p.labels();
+            l.get("app.kubernetes.io/instance") == Some(&name)
+                && l.get("app.kubernetes.io/component").map(String::as_str) == Some("rescue")
+        })
+        .filter_map(|p| {
+            let a = p.annotations();
+            let plan = a.get(render::RESCUE_PLAN_ANNOTATION)?.clone();
+            let ordinal = a.get(render::RESCUE_MEMBER_ANNOTATION)?.parse().ok()?;
+            let ended = p
+                .status
+                .as_ref()?
+                .container_statuses
+                .as_ref()?
+                .iter()
+                .find(|c| c.name == "backup")?
+                .state
+                .as_ref()?
+                .terminated
+                .as_ref()?;
+            let at = ended.finished_at.as_ref().map(|t| t.0)?;
+            Some((at, ordinal, plan, run_of(ended, at, &claim)))
+        })
+        .collect();
+    ended.sort_by_key(|(at, ..)| *at);
+    for (_, ordinal, plan, run) in ended {
+        match run {
+            Run::Filed(r) => {
+                found.failed.remove(&ordinal);
+                found.copied.insert((ordinal, plan), r.uri);
+            }
+            Run::Failed(f) if !found.copied.keys().any(|(o, _)| *o == ordinal) => {
+                found
+                    .failed
+                    .insert(ordinal, format!("{}: {}", f.step, f.message));
+            }
+            Run::Failed(_) => {}
+        }
+    }
+    found
+}
+
 /// A run from its container's end: the report `etcd-webhook backup` wrote, or the exit.
 /// A snapshot filed on the backup claim `claim` is recorded as `pvc://CLAIM/FILE`, the URI
 /// `spec.restore.from` takes (the pod's mount path means nothing outside it).
@@ -358,5 +413,70 @@ mod tests {
         assert_eq!(d.record("c/etcd", None), None);
         assert_eq!(d.record("a/etcd", None), None);
         assert!(d.by_destination.is_empty() && d.by_cluster.is_empty());
+    }
+
+    /// The rescue pods' reports: by member, the copy and the plan it was made for (a later
+    /// failure does not undo a copy; a copy clears an earlier failure), the last failure of a
+    /// member without a copy; other clusters' pods and pods without the annotations are not
+    /// read.
+    #[test]
+    fn rescue_pods_say_which_member_was_copied_for_which_plan() {
+        use super::*;
+        let ec = crate::controller::render::tests::cluster("etcd", 5, None);
+        let pod = |name: &str, member: &str, code: i32, message: &str, at: &str, instance: &str| {
+            let mut labels = render::labels(&ec, "rescue");
+            labels.insert("app.kubernetes.io/instance".to_owned(), instance.to_owned());
+            Arc::new(
+                serde_json::from_value::<Pod>(serde_json::json!({
+                    "metadata": {"name": name, "namespace": "prod", "labels": labels,
+                        "annotations": {render::RESCUE_PLAN_ANNOTATION: "rejoin-from-etcd-0-at-9",
+                            render::RESCUE_MEMBER_ANNOTATION: member}},
+                    "status": {"containerStatuses": [{"name": "backup", "image": "x",
+                        "imageID": "", "ready": false, "restartCount": 0,
+                        "state": {"terminated": {"exitCode": code, "message": message,
+                            "finishedAt": at}}}]}}))
+                .unwrap(),
+            )
+        };
+        let filed = |uri: &str| {
+            serde_json::json!({"uri": uri, "size": 1, "sha256": "ab", "revision": 3,
+                "member": "etcd-1", "time": "2026-12-06T03:00:00Z", "seconds": 0.1,
+                "pruned": []})
+            .to_string()
+        };
+        let failed = r#"{"failed": "snapshot", "error": "refused"}"#;
+        let pods = vec![
+            pod("a", "1", 1, failed, "2026-12-06T03:00:00Z", "etcd"),
+            pod(
+                "b",
+                "1",
+                0,
+                &filed("s3://b/one.db"),
+                "2026-12-06T03:01:00Z",
+                "etcd",
+            ),
+            pod("c", "1", 1, failed, "2026-12-06T03:02:00Z", "etcd"),
+            pod("d", "2", 1, failed, "2026-12-06T03:00:00Z", "etcd"),
+            pod(
+                "e",
+                "3",
+                0,
+                &filed("s3://b/other.db"),
+                "2026-12-06T03:00:00Z",
+                "other",
+            ),
+        ];
+        let found = rescues(&ec, &pods);
+        assert_eq!(
+            found.copied,
+            std::collections::BTreeMap::from([(
+                (1, "rejoin-from-etcd-0-at-9".to_owned()),
+                "s3://b/one.db".to_owned()
+            )])
+        );
+        assert_eq!(
+            found.failed,
+            std::collections::BTreeMap::from([(2, "snapshot: refused".to_owned())])
+        );
     }
 }

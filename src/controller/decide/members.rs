@@ -73,6 +73,9 @@ pub struct MemberStatus {
     pub raft_applied_index: u64,
     #[serde(default)]
     pub errors: Vec<String>,
+    /// Whether the member is a learner (it holds data it was sent, but never voted for it).
+    #[serde(rename = "isLearner", default)]
+    pub is_learner: bool,
     /// Who answered: the member ID and cluster ID the answering process runs as (from its
     /// data directory).
     #[serde(default)]

@@ -33,6 +33,46 @@ pub enum Diagnosis {
     /// As [`Diagnosis::Rejoining`], but `spec.recovery.quorumLoss` is `Manual` and nobody has
     /// approved the plan yet ([`approved`]): the fence stays.
     AwaitingApproval(String),
+    /// A majority's data is gone and every member with data answers: the rebuild keeps the one
+    /// with the most applied data (`plan`); the others' data is copied to the backup
+    /// destination (`copy`: the rescue Jobs to run), then their volumes are made anew
+    /// (`wipe`: copied, still holding it). Once they are empty, the rebuild is a
+    /// [`Diagnosis::Rejoining`] from the one kept. The fence stays meanwhile.
+    Rebuilding {
+        message: String,
+        plan: String,
+        copy: Vec<i32>,
+        wipe: Vec<i32>,
+    },
+}
+
+/// The copies of members' data a rebuild has made, as the loop found them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rescue {
+    /// Where copies go (the backup destination); `None` when backups are off: nothing can be
+    /// copied, so nothing is made anew.
+    pub destination: Option<String>,
+    /// By ordinal and the plan a copy was made for: where it is.
+    pub copied: BTreeMap<(i32, String), String>,
+    /// By ordinal: why the last copy failed (it is tried again).
+    pub failed: BTreeMap<i32, String>,
+    /// The plan the fence was last lifted for (the members' ConfigMap says it).
+    pub lifted: Option<String>,
+}
+
+/// The plan of a recovery from the members that answered: the voter with the most applied data
+/// (of equals, the lowest ordinal) at its applied index ([`rejoin_plan`]). A learner never voted
+/// for what it holds, so it is never the one kept.
+pub fn plan(ec: &EtcdCluster, answered: &BTreeMap<i32, MemberStatus>) -> Option<String> {
+    best(answered)
+        .map(|(i, s)| rejoin_plan(&format!("{}-{i}", ec.name_any()), s.raft_applied_index))
+}
+
+fn best(answered: &BTreeMap<i32, MemberStatus>) -> Option<(&i32, &MemberStatus)> {
+    answered
+        .iter()
+        .filter(|(_, s)| !s.is_learner)
+        .max_by_key(|(i, s)| (s.raft_applied_index, std::cmp::Reverse(**i)))
 }
 
 impl Diagnosis {
@@ -41,7 +81,8 @@ impl Diagnosis {
             Diagnosis::Waiting(m)
             | Diagnosis::DataLost(m)
             | Diagnosis::Rejoining(m)
-            | Diagnosis::AwaitingApproval(m) => m,
+            | Diagnosis::AwaitingApproval(m)
+            | Diagnosis::Rebuilding { message: m, .. } => m,
         }
     }
 
@@ -52,6 +93,7 @@ impl Diagnosis {
             Diagnosis::DataLost(_) => "MajorityDataLost",
             Diagnosis::Rejoining(_) => "RejoiningFromSurvivor",
             Diagnosis::AwaitingApproval(_) => "RecoveryAwaitingApproval",
+            Diagnosis::Rebuilding { .. } => "RebuildingFromSurvivor",
         }
     }
 
@@ -95,7 +137,8 @@ fn approval(ec: &EtcdCluster) -> Option<&str> {
 /// their old member IDs (they vote for it, it is elected, they copy its data), as safe as a
 /// restart with `--force-new-cluster` and without one. With two members holding data, or one
 /// that may (a pod that has not run since), an empty member's vote could make one that lags
-/// the leader: none is chosen (issue 47: that needs the rebuild, which is by hand).
+/// the leader: none is chosen (with every member that may hold data answering, the rebuild in
+/// [`diagnose`] copies and empties the others first, and then this one is the sole survivor).
 pub fn sole_survivor(
     ec: &EtcdCluster,
     answered: &BTreeMap<i32, MemberStatus>,
@@ -118,15 +161,16 @@ pub fn sole_survivor(
 
 /// The diagnosis from the members that answered `status` (`answered`, by ordinal), how each
 /// member pod whose etcd is not running now last ended (`exits`: the last run of a running
-/// container is old news), and the newest snapshot. `None` when no member answers or
-/// one knows a leader (the member list failed for another reason: the loop's own network, say).
-/// A rejoin from a sole survivor that `Manual` recovery has not approved yet is
-/// [`Diagnosis::AwaitingApproval`].
+/// container is old news), the newest snapshot, and the copies a rebuild made (`rescue`).
+/// `None` when no member answers or one knows a leader (the member list failed for another
+/// reason: the loop's own network, say). A recovery that `Manual` recovery has not approved
+/// yet is [`Diagnosis::AwaitingApproval`].
 pub fn diagnose(
     ec: &EtcdCluster,
     answered: &BTreeMap<i32, MemberStatus>,
     exits: &BTreeMap<i32, Exit>,
     newest: Option<&SnapshotRecord>,
+    rescue: &Rescue,
 ) -> Option<Diagnosis> {
     // No member answers at all: the loop cannot tell a lost quorum from its own way to the
     // members being cut (a NetworkPolicy, DNS); a member that knows a leader: the member list
@@ -138,18 +182,46 @@ pub fn diagnose(
     let size = ec.spec.size;
     let quorum = size / 2 + 1;
     let pod = |i: i32| format!("{name}-{i}");
+    // What a recovery keeps: the voter with the most applied data.
+    let best = best(answered);
+    let plan = plan(ec, answered);
+    // The fence was lifted for this very plan, and that member still answers alone at that
+    // index (no leader since, no other member with data): the empty members are rejoining
+    // (running now, their pods no longer say they are empty), and the fence stays lifted.
+    if let (Some((i, s)), Some(p)) = (best, plan.as_ref())
+        && rescue.lifted.as_ref() == Some(p)
+        && answered.len() == 1
+    {
+        let others: Vec<String> = (0..size).filter(|o| o != i).map(pod).collect();
+        return Some(Diagnosis::Rejoining(format!(
+            "quorum lost: the data of {} is gone and {} is the only member with data (applied index {}, revision {}); the empty members are rejoining under their old IDs and copy its data (the fence is lifted for {p}): what it had applied is kept, writes acknowledged after it are gone",
+            others.join(", "),
+            pod(*i),
+            s.raft_applied_index,
+            s.header.revision
+        )));
+    }
+    // Copies made for this plan: those members' data is kept elsewhere, and they are (being)
+    // made anew.
+    let copied: BTreeMap<i32, &str> = rescue
+        .copied
+        .iter()
+        .filter(|((_, p), _)| Some(p) == plan.as_ref())
+        .map(|((i, _), uri)| (*i, uri.as_str()))
+        .collect();
     let silent: Vec<i32> = (0..size).filter(|i| !answered.contains_key(i)).collect();
     let (lost, down): (Vec<i32>, Vec<i32>) = silent
         .iter()
-        .partition(|i| exits.get(i).is_some_and(Exit::empty_volume));
+        .partition(|i| exits.get(i).is_some_and(Exit::empty_volume) || copied.contains_key(i));
     let names = |is: &[i32]| is.iter().map(|&i| pod(i)).collect::<Vec<_>>().join(", ");
     let answering = answered.len() as i32;
     let survivors = answered
         .iter()
         .map(|(i, s)| {
             format!(
-                "{} (applied index {}, revision {})",
+                "{}{} (applied index {}, revision {})",
                 pod(*i),
+                if s.is_learner { ", a learner," } else { "" },
                 s.raft_applied_index,
                 s.header.revision
             )
@@ -167,39 +239,75 @@ pub fn diagnose(
             names(&down)
         )));
     }
-    // The survivor with the most applied data (of equals, the lowest ordinal).
-    let (i, s) = answered
-        .iter()
-        .max_by_key(|(i, s)| (s.raft_applied_index, std::cmp::Reverse(**i)))?;
+    let lost_data = || {
+        format!(
+            "quorum lost and it will not heal: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer{}{}",
+            names(&lost),
+            if survivors.is_empty() {
+                String::new()
+            } else {
+                format!(" ({survivors})")
+            },
+            if down.is_empty() {
+                String::new()
+            } else {
+                format!(", {} are down", names(&down))
+            },
+        )
+    };
+    let by_hand = "members on empty volumes are kept from rejoining under their old IDs, and nothing else is changed by the loop (see When quorum is lost in docs/clusters.md)";
+    let (Some((&i, s)), Some(plan)) = (best, plan) else {
+        return Some(Diagnosis::DataLost(format!(
+            "{}; no voter answers (a learner never voted for what it holds, so it is never the one kept); {by_hand}",
+            lost_data()
+        )));
+    };
     let revision = i64::try_from(s.header.revision).unwrap_or(i64::MAX);
+    let behind = newest.filter(|b| b.revision > revision);
     let against = match newest {
-        Some(b) if b.revision > revision => format!(
+        Some(b) if behind.is_some() => format!(
             "; the newest snapshot ({}, revision {}) is newer than {}'s revision {}: restore it instead",
             b.uri,
             b.revision,
-            pod(*i),
+            pod(i),
             s.header.revision
         ),
         Some(b) => format!(
             "; the newest snapshot ({}, revision {}) is older: rebuilding from {} keeps {} more revisions",
             b.uri,
             b.revision,
-            pod(*i),
+            pod(i),
             revision - b.revision
         ),
         None => "; there is no snapshot".to_owned(),
     };
     let choice = format!(
         "the member with the most applied data is {} (applied index {}, revision {}){against}",
-        pod(*i),
+        pod(i),
         s.raft_applied_index,
         s.header.revision
     );
+    let keeps = "what it had applied is kept, writes acknowledged after it are gone";
+    let namespace = ec.namespace().unwrap_or_default();
+    let awaiting = |would: String| {
+        let other = match approval(ec) {
+            Some(v) => format!(" ({APPROVE_RECOVERY_ANNOTATION} names another plan: {v})"),
+            None => String::new(),
+        };
+        Diagnosis::AwaitingApproval(format!(
+            "{would}; until then members on empty volumes are kept from rejoining{other}. Approve with: kubectl annotate ec {name} -n {namespace} {APPROVE_RECOVERY_ANNOTATION}={plan} --overwrite"
+        ))
+    };
+    let approved_note = if manual(ec) {
+        format!("approved ({plan}): ")
+    } else {
+        String::new()
+    };
     if sole_survivor(ec, answered, exits, newest).is_some() {
         let found = format!(
             "quorum lost: the data of {} is gone (their pods started on empty volumes) and {} is the only member with data (applied index {}, revision {}{})",
             names(&lost),
-            pod(*i),
+            pod(i),
             s.raft_applied_index,
             s.header.revision,
             match newest {
@@ -207,46 +315,93 @@ pub fn diagnose(
                 None => String::new(),
             }
         );
-        let keeps = "what it had applied is kept, writes acknowledged after it are gone";
-        let plan = rejoin_plan(&pod(*i), s.raft_applied_index);
         if !approved(ec, &plan) {
-            let other = match approval(ec) {
-                Some(v) => format!(" ({APPROVE_RECOVERY_ANNOTATION} names another plan: {v})"),
-                None => String::new(),
-            };
-            let namespace = ec.namespace().unwrap_or_default();
-            return Some(Diagnosis::AwaitingApproval(format!(
-                "{found}; spec.recovery.quorumLoss is Manual: the loop would let the empty members rejoin under their old IDs and copy its data ({keeps}); until then members on empty volumes are kept from rejoining{other}. Approve with: kubectl annotate ec {name} -n {namespace} {APPROVE_RECOVERY_ANNOTATION}={plan} --overwrite"
+            return Some(awaiting(format!(
+                "{found}; spec.recovery.quorumLoss is Manual: the loop would let the empty members rejoin under their old IDs and copy its data ({keeps})"
             )));
         }
         return Some(Diagnosis::Rejoining(format!(
-            "{found}; {}the empty members rejoin under their old IDs and copy its data: {keeps}",
-            if manual(ec) {
-                format!("approved ({plan}): ")
-            } else {
-                String::new()
-            }
+            "{found}; {approved_note}the empty members rejoin under their old IDs and copy its data: {keeps}"
         )));
     }
+    // A rebuild: every member that may hold data answers (none is down), and the others with
+    // data, or copied already, are made anew from the one kept.
+    let others: Vec<i32> = answered.keys().copied().filter(|&o| o != i).collect();
+    let remade: Vec<i32> = lost
+        .iter()
+        .copied()
+        .filter(|o| copied.contains_key(o))
+        .collect();
+    if down.is_empty() && behind.is_none() && !(others.is_empty() && remade.is_empty()) {
+        let found = format!(
+            "quorum lost: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer ({survivors}); {choice}",
+            names(&lost)
+        );
+        let mut anew = [others.clone(), remade.clone()].concat();
+        anew.sort_unstable();
+        let Some(destination) = rescue.destination.as_deref() else {
+            return Some(Diagnosis::DataLost(format!(
+                "{found}; rebuilding from {} would make the volumes of {} anew, and backups are off (spec.backup), so their data cannot be copied first: the loop deletes nothing it has not copied; {by_hand}",
+                pod(i),
+                names(&anew)
+            )));
+        };
+        let would = format!(
+            "the data of {} is copied to {destination} first, then their volumes are made anew and every empty member rejoins under its old ID and copies {}'s data ({keeps})",
+            names(&anew),
+            pod(i)
+        );
+        if !approved(ec, &plan) {
+            return Some(awaiting(format!(
+                "{found}; spec.recovery.quorumLoss is Manual: with the rebuild {would}"
+            )));
+        }
+        let (wipe, copy): (Vec<i32>, Vec<i32>) =
+            others.iter().partition(|o| copied.contains_key(o));
+        let mut progress: Vec<String> = copied
+            .iter()
+            .map(|(o, uri)| format!("{} copied to {uri}", pod(*o)))
+            .collect();
+        progress.extend(copy.iter().map(|o| match rescue.failed.get(o) {
+            Some(why) => format!("the copy of {} failed ({why}) and is tried again", pod(*o)),
+            None => format!("{} being copied", pod(*o)),
+        }));
+        progress.extend(
+            remade
+                .iter()
+                .filter(|o| !exits.get(o).is_some_and(Exit::empty_volume))
+                .map(|o| format!("{} starting on its new volume", pod(*o))),
+        );
+        return Some(Diagnosis::Rebuilding {
+            message: format!(
+                "{found}; {approved_note}the rebuild keeps {}: {would}; {}",
+                pod(i),
+                progress.join(", ")
+            ),
+            plan,
+            copy,
+            wipe,
+        });
+    }
     Some(Diagnosis::DataLost(format!(
-        "quorum lost and it will not heal: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer{}{}; {choice}; members on empty volumes are kept from rejoining under their old IDs, and nothing else is changed by the loop (see When quorum is lost in docs/clusters.md)",
-        names(&lost),
-        if survivors.is_empty() {
-            String::new()
-        } else {
-            format!(" ({survivors})")
-        },
-        if down.is_empty() {
-            String::new()
-        } else {
-            format!(", {} are down", names(&down))
-        },
+        "{}; {choice}; {by_hand}",
+        lost_data()
     )))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The diagnosis without a rebuild's copies.
+    fn diag(
+        ec: &EtcdCluster,
+        answered: &BTreeMap<i32, MemberStatus>,
+        exits: &BTreeMap<i32, Exit>,
+        newest: Option<&SnapshotRecord>,
+    ) -> Option<Diagnosis> {
+        diagnose(ec, answered, exits, newest, &Rescue::default())
+    }
 
     fn status(applied: u64, revision: u64) -> MemberStatus {
         let mut s = MemberStatus {
@@ -278,7 +433,7 @@ mod tests {
         let ec = crate::controller::render::tests::cluster("etcd", 3, None);
         let one = BTreeMap::from([(0, status(120, 57))]);
         // Two pods down, nothing says their data is gone: wait.
-        match diagnose(&ec, &one, &BTreeMap::new(), None) {
+        match diag(&ec, &one, &BTreeMap::new(), None) {
             Some(Diagnosis::Waiting(m)) => {
                 assert!(m.contains("1 of 3 members answer (etcd-0 (applied index 120, revision 57)); etcd-1, etcd-2 do not answer"), "{m}")
             }
@@ -287,14 +442,14 @@ mod tests {
         // One of them lost its volume: still a quorum's worth of data may come back.
         let one_lost = BTreeMap::from([(1, lost())]);
         assert!(matches!(
-            diagnose(&ec, &one, &one_lost, None),
+            diag(&ec, &one, &one_lost, None),
             Some(Diagnosis::Waiting(_))
         ));
         // Of five, three lost and one down that has not run since (it may hold data): it
         // does not heal; etcd-0 is the survivor; the snapshot is older.
         let ec5 = crate::controller::render::tests::cluster("etcd", 5, None);
         let three = BTreeMap::from([(1, lost()), (2, lost()), (3, lost())]);
-        match diagnose(&ec5, &one, &three, Some(&snapshot(50))) {
+        match diag(&ec5, &one, &three, Some(&snapshot(50))) {
             Some(Diagnosis::DataLost(m)) => {
                 assert!(
                     m.contains("the data of etcd-1, etcd-2, etcd-3 is gone"),
@@ -310,7 +465,7 @@ mod tests {
         // Both others lost: etcd-0 is the only member with data (a_sole_survivor_... below);
         // with a snapshot newer than it, not: restore it instead.
         let both = BTreeMap::from([(1, lost()), (2, lost())]);
-        let m = diagnose(&ec, &one, &both, Some(&snapshot(80))).unwrap();
+        let m = diag(&ec, &one, &both, Some(&snapshot(80))).unwrap();
         assert!(
             m.message()
                 .contains("is newer than etcd-0's revision 57: restore it instead"),
@@ -324,7 +479,7 @@ mod tests {
         let mut led = status(120, 57);
         led.leader = 7;
         assert_eq!(
-            diagnose(&ec, &BTreeMap::from([(0, led)]), &BTreeMap::new(), None),
+            diag(&ec, &BTreeMap::from([(0, led)]), &BTreeMap::new(), None),
             None
         );
     }
@@ -344,7 +499,7 @@ mod tests {
         };
         let both = BTreeMap::from([(1, fenced.clone()), (2, lost())]);
         assert_eq!(sole_survivor(&ec, &one, &both, None), Some(0));
-        match diagnose(&ec, &one, &both, Some(&snapshot(50))) {
+        match diag(&ec, &one, &both, Some(&snapshot(50))) {
             Some(Diagnosis::Rejoining(m)) => assert!(
                 m.contains("etcd-0 is the only member with data (applied index 120, revision 57, the newest snapshot is at revision 50)"),
                 "{m}"
@@ -357,7 +512,7 @@ mod tests {
         // The newest snapshot is newer than the survivor: no rejoining from it.
         assert_eq!(sole_survivor(&ec, &one, &both, Some(&snapshot(80))), None);
         assert!(matches!(
-            diagnose(&ec, &one, &both, Some(&snapshot(80))),
+            diag(&ec, &one, &both, Some(&snapshot(80))),
             Some(Diagnosis::DataLost(_))
         ));
         // Two answer (five members, three empty): either could be voted in; none is chosen.
@@ -379,7 +534,7 @@ mod tests {
         let both = BTreeMap::from([(1, lost()), (2, lost())]);
         let plan = rejoin_plan("etcd-0", 120);
         assert_eq!(plan, "rejoin-from-etcd-0-at-120");
-        match diagnose(&ec, &one, &both, None) {
+        match diag(&ec, &one, &both, None) {
             Some(Diagnosis::AwaitingApproval(m)) => assert!(
                 m.contains("etcd-0 is the only member with data (applied index 120, revision 57)")
                     && m.contains("kubectl annotate ec etcd -n prod etcd.example.com/approve-recovery=rejoin-from-etcd-0-at-120 --overwrite"),
@@ -395,7 +550,7 @@ mod tests {
             );
         };
         approve(&mut ec, "rejoin-from-etcd-0-at-96");
-        match diagnose(&ec, &one, &both, None) {
+        match diag(&ec, &one, &both, None) {
             Some(Diagnosis::AwaitingApproval(m)) => assert!(
                 m.contains("names another plan: rejoin-from-etcd-0-at-96"),
                 "{m}"
@@ -408,11 +563,11 @@ mod tests {
         // Not a rejoin (etcd-2 may still hold data): waiting, never awaiting approval.
         let one_lost = BTreeMap::from([(1, lost())]);
         assert!(matches!(
-            diagnose(&ec, &one, &one_lost, None),
+            diag(&ec, &one, &one_lost, None),
             Some(Diagnosis::Waiting(_))
         ));
         approve(&mut ec, &plan);
-        match diagnose(&ec, &one, &both, None) {
+        match diag(&ec, &one, &both, None) {
             Some(Diagnosis::Rejoining(m)) => {
                 assert!(m.contains("approved (rejoin-from-etcd-0-at-120)"), "{m}")
             }
@@ -429,7 +584,7 @@ mod tests {
         ] {
             ec.spec.recovery = recovery;
             assert!(approved(&ec, &plan));
-            match diagnose(&ec, &one, &both, None) {
+            match diag(&ec, &one, &both, None) {
                 Some(Diagnosis::Rejoining(m)) => assert!(!m.contains("approved"), "{m}"),
                 other => panic!("{other:?}"),
             }
@@ -442,10 +597,131 @@ mod tests {
         let ec = crate::controller::render::tests::cluster("etcd", 5, None);
         let two = BTreeMap::from([(0, status(90, 40)), (3, status(130, 61))]);
         let lost3 = BTreeMap::from([(1, lost()), (2, lost()), (4, lost())]);
-        let m = diagnose(&ec, &two, &lost3, None).unwrap();
+        let m = diag(&ec, &two, &lost3, None).unwrap();
         assert!(
             m.message().contains("the most applied data is etcd-3 (applied index 130, revision 61); there is no snapshot"),
             "{m:?}"
         );
+    }
+
+    /// Of five, two answer and three are known empty: the rebuild keeps the voter with the
+    /// most applied data, copies the other's data first, then makes its volume anew; once it
+    /// is known empty, the one kept is the sole survivor. Never without a destination to copy
+    /// to, never from a learner, never with a member down that may hold data, never behind the
+    /// newest snapshot; `Manual` waits for the same plan.
+    #[test]
+    fn a_rebuild_copies_the_other_survivors_before_their_volumes_are_made_anew() {
+        let mut ec = crate::controller::render::tests::cluster("etcd", 5, None);
+        let two = BTreeMap::from([(0, status(90, 40)), (3, status(130, 61))]);
+        let lost3 = BTreeMap::from([(1, lost()), (2, lost()), (4, lost())]);
+        let plan = "rejoin-from-etcd-3-at-130".to_owned();
+        let mut rescue = Rescue {
+            destination: Some("s3://b/p/prod/".to_owned()),
+            ..Default::default()
+        };
+        let rebuilding = |d: Option<Diagnosis>| match d {
+            Some(Diagnosis::Rebuilding {
+                message,
+                plan,
+                copy,
+                wipe,
+            }) => (message, plan, copy, wipe),
+            other => panic!("{other:?}"),
+        };
+        // 1. Copy etcd-0 first.
+        let (m, p, copy, wipe) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
+        assert_eq!((p.as_str(), copy, wipe), (plan.as_str(), vec![0], vec![]));
+        assert!(
+            m.contains("the rebuild keeps etcd-3: the data of etcd-0 is copied to s3://b/p/prod/ first, then their volumes are made anew")
+                && m.contains("etcd-0 being copied"),
+            "{m}"
+        );
+        // A failed copy is said, and tried again.
+        rescue.failed.insert(0, "snapshot: refused".to_owned());
+        let (m, _, copy, _) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
+        assert_eq!(copy, vec![0]);
+        assert!(
+            m.contains("the copy of etcd-0 failed (snapshot: refused) and is tried again"),
+            "{m}"
+        );
+        // A copy for another plan (an earlier loss) is no copy of this data.
+        rescue.failed.clear();
+        rescue.copied.insert(
+            (0, "rejoin-from-etcd-3-at-100".to_owned()),
+            "s3://old".to_owned(),
+        );
+        assert_eq!(
+            rebuilding(diagnose(&ec, &two, &lost3, None, &rescue)).2,
+            vec![0]
+        );
+        // 2. Copied: its volume is made anew.
+        rescue.copied.insert(
+            (0, plan.clone()),
+            "s3://b/p/prod/etcd-rescue-etcd-0-x.db".to_owned(),
+        );
+        let (m, _, copy, wipe) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
+        assert_eq!((copy, wipe), (vec![], vec![0]));
+        assert!(
+            m.contains("etcd-0 copied to s3://b/p/prod/etcd-rescue-etcd-0-x.db"),
+            "{m}"
+        );
+        // 3. Its new pod has not stopped at the fence yet: nothing to do, no lift.
+        let one = BTreeMap::from([(3, status(130, 61))]);
+        let (m, _, copy, wipe) = rebuilding(diagnose(&ec, &one, &lost3, None, &rescue));
+        assert_eq!((copy, wipe), (vec![], vec![]));
+        assert!(m.contains("etcd-0 starting on its new volume"), "{m}");
+        // 4. Known empty: etcd-3 is the sole survivor, the empty members rejoin from it.
+        let mut all_lost = lost3.clone();
+        all_lost.insert(0, lost());
+        assert!(matches!(
+            diagnose(&ec, &one, &all_lost, None, &rescue),
+            Some(Diagnosis::Rejoining(_))
+        ));
+        // Never: without a destination (nothing is deleted that was not copied) ...
+        let none = Rescue::default();
+        match diagnose(&ec, &two, &lost3, None, &none) {
+            Some(Diagnosis::DataLost(m)) => assert!(
+                m.contains("rebuilding from etcd-3 would make the volumes of etcd-0 anew, and backups are off (spec.backup), so their data cannot be copied first"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // ... with a member down that may hold data (of seven, etcd-6 has not run since) ...
+        let ec7 = crate::controller::render::tests::cluster("etcd", 7, None);
+        let four_lost = BTreeMap::from([(1, lost()), (2, lost()), (4, lost()), (5, lost())]);
+        match diagnose(&ec7, &two, &four_lost, None, &rescue) {
+            Some(Diagnosis::DataLost(m)) => assert!(m.contains(", etcd-6 are down"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // ... behind the newest snapshot ...
+        match diagnose(&ec, &two, &lost3, Some(&snapshot(80)), &rescue) {
+            Some(Diagnosis::DataLost(m)) => assert!(m.contains("restore it instead"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // ... nor keeping a learner: what it holds was never voted for.
+        let mut learner = two.clone();
+        learner.get_mut(&3).unwrap().is_learner = true;
+        rescue.copied.clear();
+        let (_, p, copy, _) = rebuilding(diagnose(&ec, &learner, &lost3, None, &rescue));
+        assert_eq!((p.as_str(), copy), ("rejoin-from-etcd-0-at-90", vec![3]));
+        // Manual: the same plan, approved before anything is copied.
+        ec.spec.recovery = Some(crate::api::v1::Recovery {
+            quorum_loss: Some(QuorumLoss::Manual),
+        });
+        match diagnose(&ec, &two, &lost3, None, &rescue) {
+            Some(Diagnosis::AwaitingApproval(m)) => assert!(
+                m.contains("with the rebuild the data of etcd-0 is copied to s3://b/p/prod/ first")
+                    && m.contains("approve-recovery=rejoin-from-etcd-3-at-130 --overwrite"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        ec.metadata.annotations = Some(BTreeMap::from([(
+            APPROVE_RECOVERY_ANNOTATION.to_owned(),
+            plan.clone(),
+        )]));
+        let (m, _, copy, _) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
+        assert_eq!(copy, vec![0]);
+        assert!(m.contains("approved (rejoin-from-etcd-3-at-130)"), "{m}");
     }
 }

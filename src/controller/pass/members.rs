@@ -243,14 +243,15 @@ fn listed_replicas(ec: &EtcdCluster, config: &ConfigMap) -> Option<i32> {
         .map(|i| i + 1)
 }
 
-/// The members' ConfigMap of a formed cluster without a member list: fenced, or (`rejoin`)
-/// the kept membership back ([`render::without_member_list`]); patched only when it changes.
+/// The members' ConfigMap of a formed cluster without a member list: fenced, or (`rejoin`:
+/// the recovery plan it is lifted for, kept in [`render::REJOIN_PLAN_ANNOTATION`]) the kept
+/// membership back ([`render::without_member_list`]); patched only when it changes.
 pub(crate) async fn fence(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     config: Option<&ConfigMap>,
     config_name: &str,
-    rejoin: bool,
+    rejoin: Option<&str>,
 ) -> Result<(), Error> {
     let data = config.and_then(|c| c.data.as_ref());
     let current = data
@@ -260,8 +261,15 @@ pub(crate) async fn fence(
         .and_then(|c| c.metadata.annotations.as_ref())
         .and_then(|a| a.get(render::FENCED_FROM_ANNOTATION))
         .map(String::as_str);
-    let (list, keep) = render::without_member_list(ec, current, saved, rejoin);
-    if current == Some(list.as_str()) && joins_former(config) {
+    let lifted = config
+        .and_then(|c| c.metadata.annotations.as_ref())
+        .and_then(|a| a.get(render::REJOIN_PLAN_ANNOTATION))
+        .map(String::as_str);
+    let (list, keep) = render::without_member_list(ec, current, saved, rejoin.is_some());
+    if current == Some(list.as_str())
+        && joins_former(config)
+        && (rejoin.is_none() || rejoin == lifted)
+    {
         return Ok(());
     }
     let mut patch = json!({"data": {
@@ -271,12 +279,15 @@ pub(crate) async fn fence(
     if let Some(keep) = keep {
         patch["metadata"] = json!({"annotations": {render::FENCED_FROM_ANNOTATION: keep}});
     }
+    if let Some(plan) = rejoin {
+        patch["metadata"] = json!({"annotations": {render::REJOIN_PLAN_ANNOTATION: plan}});
+    }
     kids.api::<ConfigMap>()
         .patch(config_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|e| Error::kube("patch", "ConfigMap", config_name, e))?;
-    if rejoin {
-        tracing::warn!(cluster = %ec.name_any(), "no member list: one member with data is all there is; the members on empty volumes may rejoin under their old IDs");
+    if let Some(plan) = rejoin {
+        tracing::warn!(cluster = %ec.name_any(), %plan, "no member list: one member with data is all there is; the members on empty volumes may rejoin under their old IDs");
     } else {
         tracing::warn!(cluster = %ec.name_any(), "no member list: members on empty volumes are kept from rejoining under their old IDs until a leader answers");
     }

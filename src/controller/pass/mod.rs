@@ -9,6 +9,7 @@ pub(crate) mod live;
 pub(crate) mod maintenance;
 pub(crate) mod members;
 pub(crate) mod reconcile;
+pub(crate) mod rescue;
 pub(crate) mod restore;
 pub(crate) mod scale;
 pub(crate) mod storage;

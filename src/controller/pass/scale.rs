@@ -20,7 +20,7 @@ use crate::controller::decide::exits::Exit;
 use crate::controller::decide::membership::{self, Removal, Step};
 use crate::controller::decide::memory::Memory;
 use crate::controller::decide::observation::{Activity, Membership, Observation};
-use crate::controller::decide::quorum::{Diagnosis, diagnose};
+use crate::controller::decide::quorum::Diagnosis;
 use crate::controller::decide::status::has_condition;
 use crate::controller::etcd::membership::{Inputs, Outcome, pass, volume_to_replace};
 use crate::controller::etcd::{Etcd, EtcdError};
@@ -140,28 +140,9 @@ pub(crate) async fn converge(
         Some(outcome)
     };
     // No member list: a lost quorum, diagnosed from what the members said alone.
-    let quorum = outcome.as_ref().and_then(|o| {
-        o.unreachable.as_ref()?;
-        let newest = ec
-            .status
-            .as_ref()
-            .and_then(|s| s.backup.as_ref())
-            .and_then(|b| b.last.as_ref());
-        let ended = super::members::stopped_exits(ec, &pods, &exits);
-        diagnose(ec, &o.survey, &ended, newest)
-    });
-    // Told once (with the condition's reason): while Available says it, the status carries it.
-    if let Some(d) = quorum.as_ref().filter(|d| d.warns())
-        && !has_condition(ec, "Available", d.reason())
-    {
-        if matches!(d, Diagnosis::DataLost(_)) {
-            tracing::error!(cluster = %ec.name_any(), "{}", d.message());
-        } else {
-            tracing::warn!(cluster = %ec.name_any(), "{}", d.message());
-        }
-        ctx.event(ec, EventType::Warning, d.reason(), d.message().to_owned())
-            .await;
-    }
+    let (quorum, plan) =
+        super::rescue::diagnosis(ec, kids, outcome.as_ref(), config.as_deref(), &pods, &exits)
+            .await?;
     let (outcome, foreign) = match outcome {
         Some(o) if o.members.is_some() => (Some(o), None),
         Some(o) => (None, o.foreign),
@@ -177,8 +158,18 @@ pub(crate) async fn converge(
             // No member on an empty volume rejoins under its old ID without a member list,
             // unless one member with data is all there is (quorum::sole_survivor; with Manual
             // recovery, once the plan is approved: quorum::approved).
-            let rejoin = matches!(quorum, Some(Diagnosis::Rejoining(_)));
-            super::members::fence(ec, kids, config.as_deref(), &config_name, rejoin).await?;
+            match plan.filter(|_| matches!(quorum, Some(Diagnosis::Rejoining(_)))) {
+                Some(plan) => {
+                    super::rescue::lift(ec, kids, config.as_deref(), &plan, &pods, &exits).await?
+                }
+                None => {
+                    super::members::fence(ec, kids, config.as_deref(), &config_name, None).await?
+                }
+            }
+            // A rebuild copies the other members' data, then makes their volumes anew.
+            if let Some(d) = &quorum {
+                super::rescue::rebuild(ec, kids, d).await?;
+            }
         } else if ready > 0 && !joins_former(config.as_deref()) {
             // A member has been ready, so the cluster has formed, even if the loop never got
             // an answer from it: from now on a pod that starts on an empty volume must join it

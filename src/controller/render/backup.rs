@@ -91,12 +91,12 @@ pub const BACKUP_MOUNT: &str = "/backup";
 /// A snapshot pod: one container of `--backup-image` running `/etcd-webhook backup`, which
 /// takes the snapshot from a healthy voter through the client Service, checks etcd's integrity
 /// hash, files it on the backup claim or in the bucket, reads it back, prunes, and writes what
-/// it filed (JSON) as its termination message. `retention` is `None` for the final snapshot.
+/// it filed (JSON) as its termination message.
 fn snapshot_pod(
     ec: &EtcdCluster,
     target: &BackupTarget,
     opts: &RenderOptions,
-    retention: Option<i32>,
+    taken: Taken,
     component: &str,
 ) -> PodTemplateSpec {
     let mut volumes = vec![Volume {
@@ -141,18 +141,26 @@ fn snapshot_pod(
             }]),
         ),
     };
+    let endpoints = match taken {
+        Taken::Rescue(i) => endpoints(ec, i + 1).swap_remove(i as usize),
+        _ => client_url(ec),
+    };
     let mut args = vec![
         "backup".to_owned(),
         format!("--cluster={}", snapshot_stem(ec)),
-        format!("--endpoints={}", client_url(ec)),
+        format!("--endpoints={endpoints}"),
         format!("--destination={destination}"),
         "--work-dir=/work".to_owned(),
         "--report=/dev/termination-log".to_owned(),
     ];
-    args.push(match retention {
-        Some(keep) => format!("--retention={keep}"),
-        None => "--kind=final".to_owned(),
-    });
+    match taken {
+        Taken::Scheduled(keep) => args.push(format!("--retention={keep}")),
+        Taken::Final => args.push("--kind=final".to_owned()),
+        Taken::Rescue(i) => args.extend([
+            "--kind=rescue".to_owned(),
+            format!("--member={}-{i}", ec.name_any()),
+        ]),
+    }
     // A TLS cluster's members are reached with its client certificate.
     if crate::api::tls_on(&ec.spec) {
         volumes.push(secret_volume("client-tls", Purpose::Client.secret(ec)));
@@ -171,6 +179,15 @@ fn snapshot_pod(
         }),
         spec: Some(job_pod(vec![], vec![backup], volumes, opts)),
     }
+}
+
+/// What a snapshot pod takes: a scheduled snapshot (keeping this many), the final one, or the
+/// rescue of one member's data (by ordinal), from that member alone.
+#[derive(Clone, Copy)]
+enum Taken {
+    Scheduled(i32),
+    Final,
+    Rescue(i32),
 }
 
 /// The stem of this cluster's snapshot names: `NAME-<first 8 characters of its UID>`, so a
@@ -222,7 +239,7 @@ pub fn backup_cron_job(ec: &EtcdCluster, target: &BackupTarget, opts: &RenderOpt
                         ec,
                         target,
                         opts,
-                        Some(backup.retention.max(1)),
+                        Taken::Scheduled(backup.retention.max(1)),
                         "backup",
                     ),
                     ..Default::default()
@@ -244,7 +261,45 @@ pub fn final_snapshot_job(ec: &EtcdCluster, target: &BackupTarget, opts: &Render
         ),
         spec: Some(JobSpec {
             backoff_limit: Some(2),
-            template: snapshot_pod(ec, target, opts, None, "final-snapshot"),
+            template: snapshot_pod(ec, target, opts, Taken::Final, "final-snapshot"),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The name of the Job `NAME-rescue-<ordinal>` that copies member `ordinal`'s data.
+pub fn rescue_job_name(ec: &EtcdCluster, ordinal: i32) -> String {
+    format!("{}-rescue-{ordinal}", ec.name_any())
+}
+
+/// Job `NAME-rescue-<ordinal>`: a snapshot of member `ordinal` alone (no quorum needed), filed
+/// as `STEM-rescue-NAME-<ordinal>-<time>.db` and never pruned, before a rebuild after a lost
+/// quorum makes that member's volume anew (`quorum::Diagnosis::Rebuilding`). Its pod carries
+/// the plan the copy is for and the member's ordinal, which the loop reads with its report.
+pub fn rescue_job(
+    ec: &EtcdCluster,
+    target: &BackupTarget,
+    opts: &RenderOptions,
+    ordinal: i32,
+    plan: &str,
+) -> Job {
+    let mut template = snapshot_pod(ec, target, opts, Taken::Rescue(ordinal), "rescue");
+    let annotations = BTreeMap::from([
+        (RESCUE_PLAN_ANNOTATION.to_owned(), plan.to_owned()),
+        (RESCUE_MEMBER_ANNOTATION.to_owned(), ordinal.to_string()),
+    ]);
+    if let Some(m) = template.metadata.as_mut() {
+        m.annotations = Some(annotations.clone());
+    }
+    let mut metadata = meta(ec, rescue_job_name(ec, ordinal), "rescue");
+    metadata.annotations = Some(annotations);
+    Job {
+        metadata,
+        spec: Some(JobSpec {
+            backoff_limit: Some(2),
+            active_deadline_seconds: Some(3600),
+            template,
             ..Default::default()
         }),
         ..Default::default()

@@ -297,6 +297,7 @@ pub fn stateful_set(ec: &EtcdCluster, replicas: i32, opts: &RenderOptions) -> St
             container_port("metrics", METRICS_PORT),
         ]),
         readiness_probe: Some(readiness),
+        startup_probe: Some(startup_probe(&liveness)),
         liveness_probe: Some(liveness),
         resources: Some(member_resources(opts)),
         volume_mounts: Some(

@@ -63,6 +63,16 @@ pub const CORRUPT_ANNOTATION: &str = "etcd.example.com/corrupt-detected";
 /// On the members' ConfigMap while it is fenced: the `ETCD_INITIAL_CLUSTER` it had (the
 /// membership the members' IDs belong to), written back when the empty members may rejoin.
 pub const FENCED_FROM_ANNOTATION: &str = "etcd.example.com/fenced-initial-cluster";
+
+/// On the members' ConfigMap: the recovery plan the fence was last lifted for
+/// (`quorum::rejoin_plan`): while that member answers alone at that applied index, the fence
+/// stays lifted (the empty members are rejoining, and their pods no longer report empty).
+pub const REJOIN_PLAN_ANNOTATION: &str = "etcd.example.com/rejoin-plan";
+
+/// On a rescue Job's pod: the recovery plan its copy was made for
+/// (`quorum::rejoin_plan`), and the ordinal of the member it copies.
+pub const RESCUE_PLAN_ANNOTATION: &str = "etcd.example.com/rescue-plan";
+pub const RESCUE_MEMBER_ANNOTATION: &str = "etcd.example.com/rescue-member";
 /// On the member pods that are voters (the loop sets it from `member list`): the client
 /// Service selects it, so learners never get client traffic.
 pub const VOTER_LABEL: &str = "etcd.example.com/voter";
@@ -551,7 +561,7 @@ pub(crate) mod tests {
         );
         assert_eq!(
             client[2]["podSelector"]["matchExpressions"][0]["values"],
-            serde_json::json!(["backup", "final-snapshot"])
+            serde_json::json!(["backup", "final-snapshot", "rescue"])
         );
         assert_eq!(
             client[3]["podSelector"]["matchLabels"][CLIENT_LABEL],
@@ -816,6 +826,47 @@ pub(crate) mod tests {
             alive.failure_threshold,
             Some(17),
             "154 s + 5 s at 10 s a failure, and one more"
+        );
+    }
+
+    /// A rescue Job copies member 2 alone (its own URL, no member list), files under the
+    /// namespace's folder as a rescue (never pruned: no retention), and its pod says the plan
+    /// and the member, which the loop reads back.
+    #[test]
+    fn a_rescue_job_copies_one_member_alone_and_says_for_which_plan() {
+        let ec = cluster("etcd", 5, None);
+        let job = rescue_job(
+            &ec,
+            &BackupTarget::S3("s3://b/p/".to_owned()),
+            &RenderOptions::default(),
+            2,
+            "rejoin-from-etcd-0-at-9",
+        );
+        assert_eq!(job.metadata.name.as_deref(), Some("etcd-rescue-2"));
+        let template = job.spec.unwrap().template;
+        let meta = template.metadata.unwrap();
+        assert_eq!(
+            meta.labels.unwrap()["app.kubernetes.io/component"],
+            "rescue"
+        );
+        let annotations = meta.annotations.unwrap();
+        assert_eq!(
+            annotations[RESCUE_PLAN_ANNOTATION],
+            "rejoin-from-etcd-0-at-9"
+        );
+        assert_eq!(annotations[RESCUE_MEMBER_ANNOTATION], "2");
+        let args = template.spec.unwrap().containers[0].args.clone().unwrap();
+        for arg in [
+            "--kind=rescue",
+            "--member=etcd-2",
+            "--endpoints=http://etcd-2.etcd.prod.svc:2379",
+            "--destination=s3://b/p/prod",
+        ] {
+            assert!(args.contains(&arg.to_owned()), "{arg} in {args:?}");
+        }
+        assert!(
+            !args.iter().any(|a| a.starts_with("--retention")),
+            "{args:?}"
         );
     }
 

@@ -2,8 +2,8 @@
 //! members. Ingress only; the members' own egress is left alone.
 //!
 //! - peer port: the cluster's own members;
-//! - client port: the members, this install's pods (the loop), the cluster's backup and
-//!   final-snapshot Jobs, and pods of the cluster's namespace labelled
+//! - client port: the members, this install's pods (the loop), the cluster's backup,
+//!   final-snapshot and rescue Jobs, and pods of the cluster's namespace labelled
 //!   [`CLIENT_LABEL`]`: NAME` (the applications);
 //! - metrics port: pods of the namespaces `--metrics-namespace-selector` names (all by default).
 //!   The kubelet's probes come from the node, which network plugins let through.
@@ -84,7 +84,11 @@ pub fn network_policy(ec: &EtcdCluster, opts: &RenderOptions) -> Option<NetworkP
             match_expressions: Some(vec![LabelSelectorRequirement {
                 key: "app.kubernetes.io/component".to_owned(),
                 operator: "In".to_owned(),
-                values: Some(vec!["backup".to_owned(), "final-snapshot".to_owned()]),
+                values: Some(vec![
+                    "backup".to_owned(),
+                    "final-snapshot".to_owned(),
+                    "rescue".to_owned(),
+                ]),
             }]),
         }),
         ..Default::default()

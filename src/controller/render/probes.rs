@@ -1,6 +1,6 @@
-//! The members' liveness and readiness probes, per release: which endpoint each release
-//! answers without counting the NOSPACE alarm, and how long liveness waits out a
-//! defragmentation of the whole quota.
+//! The members' liveness, readiness and startup probes, per release: which endpoint each
+//! release answers without counting the NOSPACE alarm, how long liveness waits out a
+//! defragmentation of the whole quota, and how long a member may take to start.
 
 use k8s_openapi::api::core::v1::{HTTPGetAction, Probe, TCPSocketAction};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -11,6 +11,11 @@ const HEALTH_WITHOUT_NOSPACE: &str = "/health?exclude=NOSPACE";
 
 /// How often the kubelet asks a member whether it is alive.
 const LIVENESS_PERIOD: i32 = 10;
+
+/// How long a member may take to start before the kubelet restarts it: 300 failures of a 1 s
+/// period (a member is probed every second while it starts, so it is ready within a second of
+/// serving).
+pub const STARTUP_FAILURES: i32 = 300;
 
 fn health_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
@@ -82,5 +87,25 @@ pub fn probes(version: &str, quota: i64) -> (Probe, Probe) {
             ..Default::default()
         };
         (health_probe(HEALTH_WITHOUT_NOSPACE, 5, 3), alive(tcp))
+    }
+}
+
+/// The startup probe for a member whose liveness probe is `liveness`: the same check, every
+/// second from the start, given [`STARTUP_FAILURES`] failures (5 minutes). Until it passes the
+/// kubelet runs neither liveness nor readiness. A member may take that long to start: it
+/// replays its log and opens a large database first, and one that rejoins on an empty volume
+/// asks each peer for the cluster's version and downgrade state with a 7 s timeout apiece
+/// (etcd's `cluster_util.go`), which a peer that is starting too, or has no leader, never
+/// answers: four such peers took about 50 s on v3.7.4 (`tests/members.rs`, the rebuild after
+/// three of five volumes were lost), longer than liveness's `15 s + 6 x 10 s` allows once
+/// there are more of them.
+pub fn startup_probe(liveness: &Probe) -> Probe {
+    Probe {
+        initial_delay_seconds: None,
+        period_seconds: Some(1),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(STARTUP_FAILURES),
+        success_threshold: None,
+        ..liveness.clone()
     }
 }

@@ -1,0 +1,177 @@
+//! A lost quorum, diagnosed and acted on: the diagnosis from what the members said alone
+//! ([`crate::controller::decide::quorum`]), told once, and the rebuild's part: a rescue Job for
+//! each member whose data is to be copied, and a new volume for each member copied. The fence
+//! itself is [`super::members::fence`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+
+use crate::api::v1::EtcdCluster;
+use crate::controller::decide::exits::Exit;
+use crate::controller::decide::quorum::{self, Diagnosis, Rescue, diagnose};
+use crate::controller::decide::status::has_condition;
+use crate::controller::etcd::membership::Outcome;
+use crate::controller::machinery::children::{Children, job_outcome};
+use crate::controller::machinery::error::Error;
+use crate::controller::render::{self, BackupTarget};
+
+/// Where a rescue's copies go: the backup destination, as the snapshots' URIs name it.
+fn destination(ec: &EtcdCluster) -> Option<String> {
+    match render::backup_target(ec)? {
+        Ok(BackupTarget::Volume) => Some(crate::api::claim_uri(&render::backup_claim_name(ec), "")),
+        Ok(BackupTarget::S3(url)) => Some(format!(
+            "{}/{}/",
+            url.trim_end_matches('/'),
+            ec.namespace().unwrap_or_default()
+        )),
+        Err(_) => None,
+    }
+}
+
+/// The diagnosis of a pass whose member list failed (`None` otherwise), told once as a
+/// Warning with the condition's reason (while `Available` says it, the status carries it),
+/// and the plan a recovery would carry out ([`quorum::plan`]). `config`: the members'
+/// ConfigMap, which says the plan the fence was last lifted for.
+pub(crate) async fn diagnosis(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    outcome: Option<&Outcome>,
+    config: Option<&ConfigMap>,
+    pods: &[Arc<Pod>],
+    exits: &BTreeMap<i32, Exit>,
+) -> Result<(Option<Diagnosis>, Option<String>), Error> {
+    let Some(o) = outcome.filter(|o| o.unreachable.is_some()) else {
+        return Ok((None, None));
+    };
+    let newest = ec
+        .status
+        .as_ref()
+        .and_then(|s| s.backup.as_ref())
+        .and_then(|b| b.last.as_ref());
+    let ended = super::members::stopped_exits(ec, pods, exits);
+    let rescue = Rescue {
+        destination: destination(ec),
+        lifted: config
+            .and_then(|c| c.metadata.annotations.as_ref())
+            .and_then(|a| a.get(render::REJOIN_PLAN_ANNOTATION))
+            .cloned(),
+        ..crate::controller::decide::backup::rescues(ec, &kids.pods().await?)
+    };
+    let d = diagnose(ec, &o.survey, &ended, newest, &rescue);
+    let ctx = kids.ctx;
+    if let Some(d) = d.as_ref().filter(|d| d.warns())
+        && !has_condition(ec, "Available", d.reason())
+    {
+        if matches!(d, Diagnosis::DataLost(_)) {
+            tracing::error!(cluster = %ec.name_any(), "{}", d.message());
+        } else {
+            tracing::warn!(cluster = %ec.name_any(), "{}", d.message());
+        }
+        ctx.event(ec, EventType::Warning, d.reason(), d.message().to_owned())
+            .await;
+    }
+    Ok((d, quorum::plan(ec, &o.survey)))
+}
+
+/// A rebuild's step ([`Diagnosis::Rebuilding`]): a rescue Job for each member to copy (one
+/// left from another plan, or failed, goes first, and the next pass starts it again), and a
+/// new volume for each member whose copy for this plan is filed. Nothing else.
+pub(crate) async fn rebuild(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    d: &Diagnosis,
+) -> Result<(), Error> {
+    let Diagnosis::Rebuilding {
+        plan, copy, wipe, ..
+    } = d
+    else {
+        return Ok(());
+    };
+    let Some(Ok(target)) = render::backup_target(ec) else {
+        return Ok(());
+    };
+    let ctx = kids.ctx;
+    for &ordinal in copy {
+        let name = render::rescue_job_name(ec, ordinal);
+        match kids.read::<Job>(&name).await? {
+            None => {
+                let job = render::rescue_job(ec, &target, &ctx.settings.render, ordinal, plan);
+                kids.ensure_created(&job).await?;
+                tracing::warn!(cluster = %ec.name_any(), member = ordinal, %plan, "copying the member's data before its volume is made anew");
+            }
+            // From another plan, failed, or done without a report of its copy (its pod gone):
+            // made again on the next pass.
+            Some(job)
+                if job.annotations().get(render::RESCUE_PLAN_ANNOTATION) != Some(plan)
+                    || job_outcome(&job).is_some() =>
+            {
+                kids.remove::<Job>(&name).await?;
+            }
+            // Running.
+            Some(_) => {}
+        }
+    }
+    for &ordinal in wipe {
+        super::members::replace_volume(ec, kids, ordinal).await?;
+        ctx.event(
+            ec,
+            EventType::Normal,
+            "MemberDataCopied",
+            format!(
+                "{}-{ordinal}'s data is copied (rescue Job {}); its volume is made anew for the rebuild ({plan})",
+                ec.name_any(),
+                render::rescue_job_name(ec, ordinal)
+            ),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// The fence lifted for `plan` ([`super::members::fence`]); the first time for this plan, the
+/// pods of the members known empty (stopped at the fence, their volumes lost) are deleted, so
+/// that the StatefulSet makes them anew at once: a new pod starts without the crash-loop
+/// back-off the fence's refusals built up (up to five minutes on a kubelet), and its volume
+/// is empty anyway.
+pub(crate) async fn lift(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    config: Option<&ConfigMap>,
+    plan: &str,
+    pods: &[Arc<Pod>],
+    exits: &BTreeMap<i32, Exit>,
+) -> Result<(), Error> {
+    let lifted = config
+        .and_then(|c| c.metadata.annotations.as_ref())
+        .and_then(|a| a.get(render::REJOIN_PLAN_ANNOTATION));
+    let first = lifted.map(String::as_str) != Some(plan);
+    let name = render::members_config_name(ec);
+    super::members::fence(ec, kids, config, &name, Some(plan)).await?;
+    if !first {
+        return Ok(());
+    }
+    let empty: Vec<i32> = super::members::stopped_exits(ec, pods, exits)
+        .into_iter()
+        .filter(|(_, e)| e.empty_volume())
+        .map(|(i, _)| i)
+        .collect();
+    for i in empty {
+        let pod = format!("{}-{i}", ec.name_any());
+        match kids
+            .api::<Pod>()
+            .delete(&pod, &kube::api::DeleteParams::background())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::kube("delete", "Pod", &pod, e)),
+        }
+        tracing::info!(cluster = %ec.name_any(), %pod, %plan, "the empty member's pod is made anew to rejoin at once");
+    }
+    Ok(())
+}
