@@ -97,8 +97,8 @@ pub fn probes(version: &str, quota: i64) -> (Probe, Probe) {
 /// asks each peer for the cluster's version and downgrade state with a 7 s timeout apiece
 /// (etcd's `cluster_util.go`), which a peer that is starting too, or has no leader, never
 /// answers: four such peers took about 50 s on v3.7.4 (`tests/members.rs`, the rebuild after
-/// three of five volumes were lost), longer than liveness's `15 s + 6 x 10 s` allows once
-/// there are more of them.
+/// three of five volumes were lost), close to the `15 s + 6 x 10 s` liveness allows, which
+/// more of them, or a slower network, exceed.
 pub fn startup_probe(liveness: &Probe) -> Probe {
     Probe {
         initial_delay_seconds: None,
