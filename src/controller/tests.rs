@@ -1147,6 +1147,14 @@ fn filed(api: &FakeApi, pod: &str, uri: &str, sha: &str, revision: u64, time: &s
     report
 }
 
+/// The writes to Jobs the passes made.
+fn job_writes(api: &FakeApi) -> Vec<Call> {
+    api.calls()
+        .into_iter()
+        .filter(|c| c.is_write() && c.path.starts_with(JOBS.trim_end_matches('/')))
+        .collect()
+}
+
 fn backup_events(calls: &[Call]) -> Vec<(String, String, String)> {
     calls
         .iter()
@@ -1293,12 +1301,8 @@ async fn a_filed_snapshot_is_verified_by_a_job_and_the_outcome_recorded() {
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     pass(&api, &ctx).await.unwrap();
-    let jobs = "/apis/batch/v1/namespaces/prod/jobs";
-    let made: Vec<Call> = api
-        .calls()
-        .into_iter()
-        .filter(|c| c.is_write() && c.path.starts_with(jobs))
-        .collect();
+    let jobs = JOBS.trim_end_matches('/');
+    let made = job_writes(&api);
     assert_eq!(made.len(), 1, "one Job, made once: {made:?}");
     let job = api.get(&format!("{jobs}/etcd-verify-ababababab")).unwrap();
     let verify = &job["spec"]["template"]["spec"]["containers"][0]["args"];
@@ -3475,12 +3479,8 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_a_copy_of_
         ),
         "{a}"
     );
-    let jobs = "/apis/batch/v1/namespaces/prod/jobs";
-    let made: Vec<Call> = api
-        .calls()
-        .into_iter()
-        .filter(|c| c.is_write() && c.path.starts_with(jobs))
-        .collect();
+    let jobs = JOBS.trim_end_matches('/');
+    let made = job_writes(&api);
     assert_eq!(made.len(), 1, "one rescue Job, made once: {made:?}");
     let job = api.get(&format!("{jobs}/etcd-rescue-1")).unwrap();
     let plan = "rejoin-from-etcd-0-at-100";

@@ -22,6 +22,19 @@ pub(crate) enum Run {
 
 /// The runs of `ec`'s backup pods that have ended, with when they ended.
 pub(crate) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, String, Run)> {
+    ended(ec, pods, &["backup", "final-snapshot"])
+        .into_iter()
+        .map(|(p, at, run)| (at, p.name_any(), run))
+        .collect()
+}
+
+/// `ec`'s pods of these components whose `backup` container has ended: the pod, when it
+/// ended, and what it reported.
+fn ended<'a>(
+    ec: &EtcdCluster,
+    pods: &'a [Arc<Pod>],
+    components: &[&str],
+) -> Vec<(&'a Pod, Timestamp, Run)> {
     let name = ec.name_any();
     let claim = render::backup_claim(ec).name_any();
     pods.iter()
@@ -29,10 +42,8 @@ pub(crate) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, Strin
         .filter(|p| {
             let l = p.labels();
             l.get("app.kubernetes.io/instance") == Some(&name)
-                && matches!(
-                    l.get("app.kubernetes.io/component").map(String::as_str),
-                    Some("backup" | "final-snapshot")
-                )
+                && l.get("app.kubernetes.io/component")
+                    .is_some_and(|c| components.contains(&c.as_str()))
         })
         .filter_map(|p| {
             let ended = p
@@ -47,7 +58,7 @@ pub(crate) fn runs(ec: &EtcdCluster, pods: &[Arc<Pod>]) -> Vec<(Timestamp, Strin
                 .terminated
                 .as_ref()?;
             let at = ended.finished_at.as_ref().map(|t| t.0)?;
-            Some((at, p.name_any(), run_of(ended, at, &claim)))
+            Some((&**p, at, run_of(ended, at, &claim)))
         })
         .collect()
 }
@@ -59,34 +70,14 @@ pub(crate) fn rescues(
     ec: &EtcdCluster,
     pods: &[Arc<Pod>],
 ) -> crate::controller::decide::quorum::Rescue {
-    let name = ec.name_any();
-    let claim = render::backup_claim(ec).name_any();
     let mut found = crate::controller::decide::quorum::Rescue::default();
-    let mut ended: Vec<(Timestamp, i32, String, Run)> = pods
-        .iter()
-        .filter(|p| p.namespace() == ec.namespace())
-        .filter(|p| {
-            let l = p.labels();
-            l.get("app.kubernetes.io/instance") == Some(&name)
-                && l.get("app.kubernetes.io/component").map(String::as_str) == Some("rescue")
-        })
-        .filter_map(|p| {
+    let mut ended: Vec<(Timestamp, i32, String, Run)> = ended(ec, pods, &["rescue"])
+        .into_iter()
+        .filter_map(|(p, at, run)| {
             let a = p.annotations();
             let plan = a.get(render::RESCUE_PLAN_ANNOTATION)?.clone();
             let ordinal = a.get(render::RESCUE_MEMBER_ANNOTATION)?.parse().ok()?;
-            let ended = p
-                .status
-                .as_ref()?
-                .container_statuses
-                .as_ref()?
-                .iter()
-                .find(|c| c.name == "backup")?
-                .state
-                .as_ref()?
-                .terminated
-                .as_ref()?;
-            let at = ended.finished_at.as_ref().map(|t| t.0)?;
-            Some((at, ordinal, plan, run_of(ended, at, &claim)))
+            Some((at, ordinal, plan, run))
         })
         .collect();
     ended.sort_by_key(|(at, ..)| *at);

@@ -245,14 +245,15 @@ fn listed_replicas(ec: &EtcdCluster, config: &ConfigMap) -> Option<i32> {
 
 /// The members' ConfigMap of a formed cluster without a member list: fenced, or (`rejoin`:
 /// the recovery plan it is lifted for, kept in [`render::REJOIN_PLAN_ANNOTATION`]) the kept
-/// membership back ([`render::without_member_list`]); patched only when it changes.
+/// membership back ([`render::without_member_list`]); patched only when it changes. Whether
+/// it was lifted now for a plan it was not lifted for before.
 pub(crate) async fn fence(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     config: Option<&ConfigMap>,
     config_name: &str,
     rejoin: Option<&str>,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let data = config.and_then(|c| c.data.as_ref());
     let current = data
         .and_then(|d| d.get("ETCD_INITIAL_CLUSTER"))
@@ -270,7 +271,7 @@ pub(crate) async fn fence(
         && joins_former(config)
         && (rejoin.is_none() || rejoin == lifted)
     {
-        return Ok(());
+        return Ok(false);
     }
     let mut patch = json!({"data": {
         "ETCD_INITIAL_CLUSTER": list,
@@ -291,7 +292,7 @@ pub(crate) async fn fence(
     } else {
         tracing::warn!(cluster = %ec.name_any(), "no member list: members on empty volumes are kept from rejoining under their old IDs until a leader answers");
     }
-    Ok(())
+    Ok(rejoin.is_some() && rejoin != lifted)
 }
 
 /// The etcd cluster ID the loop recorded on the EtcdCluster.

@@ -146,13 +146,8 @@ pub(crate) async fn lift(
     pods: &[Arc<Pod>],
     exits: &BTreeMap<i32, Exit>,
 ) -> Result<(), Error> {
-    let lifted = config
-        .and_then(|c| c.metadata.annotations.as_ref())
-        .and_then(|a| a.get(render::REJOIN_PLAN_ANNOTATION));
-    let first = lifted.map(String::as_str) != Some(plan);
     let name = render::members_config_name(ec);
-    super::members::fence(ec, kids, config, &name, Some(plan)).await?;
-    if !first {
+    if !super::members::fence(ec, kids, config, &name, Some(plan)).await? {
         return Ok(());
     }
     let empty: Vec<i32> = super::members::stopped_exits(ec, pods, exits)
