@@ -436,13 +436,18 @@ def main():
     ap.add_argument("--clusters", type=int, default=200)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--resync", type=int, default=10, help="--resync-interval in seconds")
+    ap.add_argument("--skip-build", action="store_true",
+                    help="use the binary already under target/ (in --smoke: the one `cargo test` built)")
     args = ap.parse_args()
     n = 5 if args.smoke else args.clusters
     if args.smoke:
         args.resync = 2
     profile = "debug" if args.smoke else "release"
-    sh(["cargo", "build", "--bin", "etcd-webhook"] + ([] if args.smoke else ["--release"]), cwd=ROOT)
+    if not args.skip_build:
+        sh(["cargo", "build", "--bin", "etcd-webhook"] + ([] if args.smoke else ["--release"]), cwd=ROOT)
     binary = os.path.join(ROOT, "target", profile, "etcd-webhook")
+    if not os.path.isfile(binary):
+        raise SystemExit(f"--skip-build: {binary} is missing (`cargo test` builds the debug one)")
     tmp = tempfile.mkdtemp(prefix="etcd-webhook-ctl-")
     sh([binary, "certs", "--out", os.path.join(tmp, "certs")])
 

@@ -361,7 +361,8 @@ def main():
     ap.add_argument("--allocator", choices=["system", "mimalloc"], default="mimalloc",
                     help="global allocator of both binaries (mimalloc is the product's default)")
     ap.add_argument("--json", help="also write the raw results here")
-    ap.add_argument("--skip-build", action="store_true")
+    ap.add_argument("--skip-build", action="store_true",
+                    help="use the binaries already under target/ (in --smoke: the ones `cargo test` built)")
     ap.add_argument("--no-peer", action="store_true", help="leave out the controller-runtime peer (benches/peer-go)")
     ap.add_argument("--memory-only", action="store_true", help="only P7 (one process, RSS after each round)")
     ap.add_argument("--memory-rounds", type=int, default=4, help="load rounds of the P7 process")
@@ -382,6 +383,10 @@ def main():
         profile = ["--release"] if args.profile == "release" else []
         subprocess.run(["cargo", "build", *profile, "--locked", *no_default, "--features", features,
                         "--bin", "etcd-webhook", "--bin", "etcd-webhook-floor"], check=True, cwd=ROOT)
+    for b in ("etcd-webhook", "etcd-webhook-floor"):
+        if not os.path.isfile(os.path.join(target, b)):
+            raise SystemExit(f"--skip-build: {os.path.join(target, b)} is missing (`cargo test` builds both debug "
+                             f"binaries; `cargo build --release --features floor` the release ones)")
     peer_bin = None
     if not args.no_peer:
         peer_bin = sh(["bash", os.path.join(ROOT, "benches/peer-go/build.sh")]).stdout.strip()
