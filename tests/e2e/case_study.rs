@@ -17,7 +17,8 @@
 //! snapshot before the claims go; and nothing of the node left on the machine.
 //!
 //! Not here yet (issue 44 goes on): the loop's own client certificate renewed while it runs
-//! (the loop reads that Secret through the API, not a volume), NetworkPolicy enforcement.
+//! (the loop reads that Secret through the API, not a volume, by name at most every 5 minutes
+//! with config/default: more than this scenario can wait), NetworkPolicy enforcement.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -140,6 +140,14 @@ impl Context {
             .etcd
             .with_identity(&identity)
             .map_err(|e| Error::MemberTls(format!("the Secret {name}: {e}")))?;
+        // Said once per Secret version, so a renewal is seen to reach the loop.
+        tracing::info!(
+            cluster = %key,
+            secret = %name,
+            resource_version = %version,
+            certificate = %describe(&identity.cert),
+            "the members' client certificate loaded"
+        );
         self.identities
             .lock()
             .unwrap()
@@ -288,4 +296,41 @@ pub(crate) fn key(ec: &EtcdCluster) -> String {
 
 pub(crate) fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// The first certificate of a PEM bundle as the log says it: its serial (hex, as openssl
+/// prints it) and when it expires.
+fn describe(pem: &[u8]) -> String {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let info = CertificateDer::pem_slice_iter(pem)
+        .next()
+        .and_then(Result::ok)
+        .map(|der| crate::tls::cert_info(&der));
+    match info {
+        Some(Ok(i)) => {
+            let until = k8s_openapi::jiff::Timestamp::from_second(i.not_after)
+                .map_or_else(|_| i.not_after.to_string(), |t| t.to_string());
+            format!("serial {}, not after {until}", i.serial)
+        }
+        Some(Err(e)) => format!("unreadable: {e}"),
+        None => "no certificate".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_log_names_a_client_certificate_by_serial_and_expiry() {
+        let pem = rcgen::generate_simple_self_signed(vec!["etcd-client".to_owned()])
+            .unwrap()
+            .cert
+            .pem();
+        let said = super::describe(pem.as_bytes());
+        assert!(
+            said.starts_with("serial ") && said.contains(", not after 4096-01-01T00:00:00Z"),
+            "{said}"
+        );
+        assert_eq!(super::describe(b"not PEM"), "no certificate");
+    }
 }
