@@ -1222,7 +1222,17 @@ fn quorum_loss_with_volumes_intact_waits_and_heals_with_every_acknowledged_write
 #[test]
 fn quorum_loss_with_a_majority_of_volumes_gone_rejoins_the_sole_survivor_once_the_others_are_known_empty()
  {
-    sole_survivor_rejoin("qlost", false);
+    sole_survivor_rejoin("qlost", false, false);
+}
+
+/// The same when the survivor itself restarted after the others went (issue 47): with no
+/// leader there it serves no client, not even `status` (etcd serves clients only once it has
+/// published itself through a leader), so before this it was invisible and the loop waited
+/// for ever. Its metrics port says how far it got (applied index, revision, member ID): the
+/// diagnosis names it as read from there, and the rejoin is the same.
+#[test]
+fn quorum_loss_with_the_sole_survivor_restarted_sees_it_through_its_metrics_and_rejoins() {
+    sole_survivor_rejoin("qrestart", false, true);
 }
 
 /// The same with `spec.recovery.quorumLoss: Manual` (issue 47, scenario 4): nothing changes
@@ -1232,10 +1242,10 @@ fn quorum_loss_with_a_majority_of_volumes_gone_rejoins_the_sole_survivor_once_th
 /// same rejoin as above.
 #[test]
 fn quorum_loss_in_manual_recovery_changes_nothing_until_the_plan_is_approved() {
-    sole_survivor_rejoin("qmanual", true);
+    sole_survivor_rejoin("qmanual", true, false);
 }
 
-fn sole_survivor_rejoin(name: &str, manual: bool) {
+fn sole_survivor_rejoin(name: &str, manual: bool, restarted: bool) {
     use etcd_webhook::api::APPROVE_RECOVERY_ANNOTATION;
     use etcd_webhook::api::v1::{QuorumLoss, Recovery};
     use etcd_webhook::controller::decide::quorum::Diagnosis;
@@ -1254,12 +1264,44 @@ fn sole_survivor_rejoin(name: &str, manual: bool) {
         net.stop(i);
         empty_volume(&net, i);
     }
+    if restarted {
+        // The kubelet restarts it on its volume; alone, it never serves a client.
+        lp.recreate(&mut net, survivor);
+        lp.start(&mut net, survivor);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !net
+            .http(
+                survivor,
+                "GET",
+                &format!("http://{}:2381/metrics", net.pods[survivor].addr),
+                None,
+            )
+            .1
+            .contains("etcd_server_has_leader 0")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no metrics from the restarted survivor"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(
+            net.v3(survivor, "maintenance/status", json!({})),
+            None,
+            "a member restarted without a leader answers no status"
+        );
+    }
     let outcome = lp.pass(&mut net);
     assert!(outcome.members.is_none(), "no member list without a quorum");
+    let how = if restarted {
+        ", restarted with no leader there and read from its metrics port,"
+    } else {
+        ""
+    };
     match lp.diagnosis.clone() {
         Some(Diagnosis::Waiting(why)) => assert!(
             why.contains(&format!(
-                "1 of 3 members answer ({} (applied index",
+                "1 of 3 members answer ({}{how} (applied index",
                 net.pods[survivor].name
             )),
             "{why}"
@@ -1380,8 +1422,13 @@ fn sole_survivor_rejoin(name: &str, manual: bool) {
     assert!(lp.refused.is_empty(), "none tried: {:?}", lp.refused);
     assert!(net.put(survivor, "/after", "y"), "writes taken again");
     eprintln!(
-        "quorum lost with two of three volumes emptied ({}): fenced, then rejoined from {} {healed:?} after {} (diagnoses {said:?}), every key there, no call by the loop",
+        "quorum lost with two of three volumes emptied ({}{}): fenced, then rejoined from {} {healed:?} after {} (diagnoses {said:?}), every key there, no call by the loop",
         if manual { "Manual" } else { "Automatic" },
+        if restarted {
+            ", the survivor restarted"
+        } else {
+            ""
+        },
         net.pods[survivor].name,
         if manual {
             "the approval"

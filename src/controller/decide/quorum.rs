@@ -219,9 +219,20 @@ pub fn diagnose(
         .iter()
         .map(|(i, s)| {
             format!(
-                "{}{} (applied index {}, revision {})",
+                "{}{}{} (applied index {}, revision {})",
                 pod(*i),
-                if s.is_learner { ", a learner," } else { "" },
+                match (s.is_learner, s.metrics_only) {
+                    (true, true) if !MemberStatus::says_if_learner(&s.version) => {
+                        ", perhaps a learner (etcd before 3.6 says so on its metrics port only once a membership change is applied, so it is never the one kept),"
+                    }
+                    (true, _) => ", a learner,",
+                    (false, _) => "",
+                },
+                if s.metrics_only {
+                    ", restarted with no leader there and read from its metrics port,"
+                } else {
+                    ""
+                },
                 s.raft_applied_index,
                 s.header.revision
             )
@@ -346,6 +357,21 @@ pub fn diagnose(
                 names(&anew)
             )));
         };
+        // etcd serves clients only once a leader is there: a member that restarted without one
+        // takes no snapshot request, so its data cannot be copied.
+        let unserved: Vec<i32> = others
+            .iter()
+            .copied()
+            .filter(|o| !copied.contains_key(o) && answered[o].metrics_only)
+            .collect();
+        if !unserved.is_empty() {
+            return Some(Diagnosis::DataLost(format!(
+                "{found}; rebuilding from {} would first copy the data of {}, and {} restarted with no leader there: etcd serves no client, snapshots included, until a leader is, so nothing can be copied from it; the loop deletes nothing it has not copied; {by_hand}",
+                pod(i),
+                names(&others),
+                names(&unserved)
+            )));
+        }
         let would = format!(
             "the data of {} is copied to {destination} first, then their volumes are made anew and every empty member rejoins under its old ID and copies {}'s data ({keeps})",
             names(&anew),
@@ -723,5 +749,71 @@ mod tests {
         let (m, _, copy, _) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
         assert_eq!(copy, vec![0]);
         assert!(m.contains("approved (rejoin-from-etcd-3-at-130)"), "{m}");
+    }
+
+    /// A member that restarted while no leader was there serves no client, and the survey
+    /// reads it from its metrics port (`MemberStatus::from_metrics`). As the sole survivor it is
+    /// rejoined from like any other; in a rebuild it may be the one kept, but a copy of its
+    /// data cannot be taken (etcd serves snapshots only with a leader): nothing is made anew.
+    #[test]
+    fn a_member_that_restarted_without_a_leader_is_seen_through_its_metrics() {
+        let ec = crate::controller::render::tests::cluster("etcd", 5, None);
+        let restarted = |applied, revision| MemberStatus {
+            metrics_only: true,
+            ..status(applied, revision)
+        };
+        let lost4 = BTreeMap::from([(1, lost()), (2, lost()), (3, lost()), (4, lost())]);
+        let alone = BTreeMap::from([(0, restarted(90, 40))]);
+        match diag(&ec, &alone, &lost4, None) {
+            Some(Diagnosis::Rejoining(m)) => {
+                assert!(
+                    m.contains("etcd-0 is the only member with data (applied index 90"),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let rescue = Rescue {
+            destination: Some("s3://b/p/prod/".to_owned()),
+            ..Default::default()
+        };
+        let lost3 = BTreeMap::from([(1, lost()), (2, lost()), (4, lost())]);
+        // Kept: the one that answers is copied, the restarted one is kept as it is.
+        let kept = BTreeMap::from([(0, restarted(130, 61)), (3, status(90, 40))]);
+        match diagnose(&ec, &kept, &lost3, None, &rescue) {
+            Some(Diagnosis::Rebuilding { copy, message, .. }) => {
+                assert_eq!(copy, vec![3]);
+                assert!(
+                    message.contains("etcd-0, restarted with no leader there and read from its metrics port, (applied index 130"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // On etcd 3.5 a reading may be a learner's (the gauge is not set at start there): never
+        // the one kept, so here it would have to be copied, and nothing is.
+        let mut old = restarted(130, 61);
+        old.version = "3.5.36".to_owned();
+        old.is_learner = true;
+        let kept35 = BTreeMap::from([(0, old), (3, status(90, 40))]);
+        match diagnose(&ec, &kept35, &lost3, None, &rescue) {
+            Some(Diagnosis::DataLost(m)) => assert!(
+                m.contains("etcd-0, perhaps a learner (etcd before 3.6")
+                    && m.contains("rebuilding from etcd-3 would first copy the data of etcd-0"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // To be copied: it cannot be, so nothing is.
+        let copied = BTreeMap::from([(0, restarted(90, 40)), (3, status(130, 61))]);
+        match diagnose(&ec, &copied, &lost3, None, &rescue) {
+            Some(Diagnosis::DataLost(m)) => assert!(
+                m.contains(
+                    "would first copy the data of etcd-0, and etcd-0 restarted with no leader there"
+                ) && m.contains("the loop deletes nothing it has not copied"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -267,6 +267,18 @@ impl Etcd<'_> {
         decode(endpoint, v)
     }
 
+    /// What a member that answers no `status` says on its metrics port (`metrics_url`), read
+    /// within `within` ([`MemberStatus::from_metrics`]): `None` when it does not answer there
+    /// either, or says nothing certain.
+    pub async fn metrics_status(
+        &self,
+        metrics_url: &str,
+        within: Duration,
+    ) -> Option<MemberStatus> {
+        let text = self.transport.metrics(metrics_url, within).await.ok()?;
+        MemberStatus::from_metrics(&text)
+    }
+
     /// [`Etcd::status`] waiting at most `within` (a member answers it from its own state, in
     /// milliseconds, leader or not).
     pub async fn status_within(

@@ -126,6 +126,22 @@ pub trait Transport: Send + Sync {
 
     /// The same transport presenting `identity` to a TLS cluster's members.
     fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError>;
+
+    /// `GET url` of a member's metrics listener (plain HTTP): the text, within `within`. A
+    /// transport without metrics listeners (the unit tests' in-memory etcd) reaches none.
+    fn metrics<'a>(
+        &'a self,
+        url: &'a str,
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<String, EtcdError>> + Send + 'a>> {
+        let _ = within;
+        Box::pin(async move {
+            Err(EtcdError::Unreachable {
+                endpoint: url.to_owned(),
+                reason: "this transport reaches no metrics listener".to_owned(),
+            })
+        })
+    }
 }
 
 /// The HTTP transport.
@@ -196,18 +212,17 @@ impl Gateway {
             })
     }
 
-    async fn call(
+    /// Sends `request` to `endpoint` and reads the whole answer, within `within`.
+    async fn exchange(
         &self,
         endpoint: &str,
-        path: &str,
-        body: Value,
+        request: hyper::Request<Full<Bytes>>,
         within: Duration,
-    ) -> Result<Value, EtcdError> {
+    ) -> Result<(hyper::StatusCode, Bytes), EtcdError> {
         let unreachable = |reason: String| EtcdError::Unreachable {
             endpoint: endpoint.to_owned(),
             reason,
         };
-        let request = Self::request(endpoint, path, &body)?;
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 use std::error::Error as _;
@@ -226,9 +241,20 @@ impl Gateway {
                 .to_bytes();
             Ok::<_, EtcdError>((status, bytes))
         };
-        let (status, bytes) = tokio::time::timeout(within, exchange)
+        tokio::time::timeout(within, exchange)
             .await
-            .map_err(|_| unreachable(format!("no answer within {within:?}")))??;
+            .map_err(|_| unreachable(format!("no answer within {within:?}")))?
+    }
+
+    async fn call(
+        &self,
+        endpoint: &str,
+        path: &str,
+        body: Value,
+        within: Duration,
+    ) -> Result<Value, EtcdError> {
+        let request = Self::request(endpoint, path, &body)?;
+        let (status, bytes) = self.exchange(endpoint, request, within).await?;
         let value: Value = serde_json::from_slice(&bytes).map_err(|e| EtcdError::Decode {
             endpoint: endpoint.to_owned(),
             reason: format!("HTTP {status}: {e}"),
@@ -308,6 +334,32 @@ impl Transport for Gateway {
     fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError> {
         Ok(Arc::new(Gateway::with_tls(self.timeout, identity)?))
     }
+
+    fn metrics<'a>(
+        &'a self,
+        url: &'a str,
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<String, EtcdError>> + Send + 'a>> {
+        Box::pin(async move {
+            let request = hyper::Request::get(url)
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| EtcdError::Unreachable {
+                    endpoint: url.to_owned(),
+                    reason: e.to_string(),
+                })?;
+            let (status, body) = self.exchange(url, request, within).await?;
+            if !status.is_success() {
+                return Err(EtcdError::Refused {
+                    endpoint: url.to_owned(),
+                    message: format!("HTTP {status}"),
+                });
+            }
+            String::from_utf8(body.to_vec()).map_err(|e| EtcdError::Decode {
+                endpoint: url.to_owned(),
+                reason: e.to_string(),
+            })
+        })
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
@@ -332,5 +384,13 @@ impl<T: Transport + ?Sized> Transport for std::sync::Arc<T> {
 
     fn with_identity(&self, identity: &ClientTls) -> Result<Arc<dyn Transport>, TlsError> {
         (**self).with_identity(identity)
+    }
+
+    fn metrics<'a>(
+        &'a self,
+        url: &'a str,
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<String, EtcdError>> + Send + 'a>> {
+        (**self).metrics(url, within)
     }
 }

@@ -41,7 +41,8 @@ pub struct Outcome {
     /// majority agrees): why. Nothing is removed or disarmed while it is.
     pub undecided: Option<String>,
     /// When no member answered the member list: the members that answered `status` alone, by
-    /// ordinal (what `decide::quorum::diagnose` reads).
+    /// ordinal (what `decide::quorum::diagnose` reads), and those that serve no client but said
+    /// how far they got on their metrics port ([`MemberStatus::from_metrics`]).
     pub survey: BTreeMap<i32, MemberStatus>,
 }
 
@@ -96,12 +97,21 @@ where
                 .iter()
                 .enumerate()
                 .map(|(i, url)| async move {
-                    (i as i32, etcd.status_within(url, SURVEY_TIMEOUT).await)
+                    let status = match etcd.status_within(url, SURVEY_TIMEOUT).await {
+                        Ok(s) => Some(s),
+                        // A member that restarted while no leader was there serves no client
+                        // until one is: its metrics port still says how far it got.
+                        Err(_) => match render::metrics_url(url) {
+                            Some(m) => etcd.metrics_status(&m, SURVEY_TIMEOUT).await,
+                            None => None,
+                        },
+                    };
+                    (i as i32, status)
                 });
             let survey = futures_util::future::join_all(asks)
                 .await
                 .into_iter()
-                .filter_map(|(i, s)| Some((i, s.ok()?)))
+                .filter_map(|(i, s)| Some((i, s?)))
                 .collect();
             return Outcome {
                 unreachable: Some(e.clone()),

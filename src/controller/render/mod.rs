@@ -202,6 +202,18 @@ pub fn endpoints(ec: &EtcdCluster, size: i32) -> Vec<String> {
         .collect()
 }
 
+/// A member's metrics URL (plain HTTP, [`METRICS_PORT`]) from its client URL: the same host.
+/// `None` for a URL with no host.
+pub fn metrics_url(client_url: &str) -> Option<String> {
+    let (_, rest) = client_url.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => host,
+        _ => authority,
+    };
+    (!host.is_empty()).then(|| format!("http://{host}:{METRICS_PORT}/metrics"))
+}
+
 /// The client Service URL that snapshots and membership changes talk to.
 pub fn client_url(ec: &EtcdCluster) -> String {
     format!(
@@ -397,6 +409,29 @@ pub fn all(ec: &EtcdCluster, opts: &RenderOptions) -> Vec<serde_json::Value> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn a_members_metrics_url_is_its_client_host_on_the_metrics_port() {
+        for (client, metrics) in [
+            (
+                "https://etcd-0.etcd.prod.svc:2379",
+                Some("http://etcd-0.etcd.prod.svc:2381/metrics"),
+            ),
+            (
+                "http://10.1.2.3:2379/",
+                Some("http://10.1.2.3:2381/metrics"),
+            ),
+            (
+                "http://[fd00::3]:2379",
+                Some("http://[fd00::3]:2381/metrics"),
+            ),
+            ("http://[fd00::3]", Some("http://[fd00::3]:2381/metrics")),
+            ("etcd-0:2379", None),
+            ("http://:2379", None),
+        ] {
+            assert_eq!(metrics_url(client).as_deref(), metrics, "{client}");
+        }
+    }
+
     /// Without a member list: the ConfigMap is fenced and keeps the list it had; fenced again
     /// it keeps what was kept; the list comes back for a rejoining (the full list if none was
     /// kept).
@@ -522,7 +557,8 @@ pub(crate) mod tests {
     /// The NetworkPolicy: by default for TLS clusters only (a plain cluster's clients are never
     /// cut off by an upgrade), for every cluster or none with the flag; the peer port from the
     /// members only, the client port from the members, this install's pods, the cluster's
-    /// backup Jobs and the labelled applications, the metrics port from the chosen namespaces.
+    /// backup Jobs and the labelled applications, the metrics port from the chosen namespaces
+    /// and this install's pods.
     #[test]
     fn the_network_policy_lets_in_members_the_loop_backups_and_labelled_clients() {
         use crate::api::v1::Tls;
@@ -573,10 +609,14 @@ pub(crate) mod tests {
         assert_eq!(job_labels["app.kubernetes.io/component"], "final-snapshot");
         assert_eq!(job_labels["app.kubernetes.io/instance"], "etcd");
         assert_eq!(job_labels["app.kubernetes.io/managed-by"], "etcd-webhook");
+        // The metrics port: every namespace, and the loop (it reads a member that serves no
+        // client there).
+        let metrics = from(2);
         assert_eq!(
-            from(2),
-            serde_json::json!([{"namespaceSelector": {"matchLabels": {}}}])
+            metrics[0],
+            serde_json::json!({"namespaceSelector": {"matchLabels": {}}})
         );
+        assert_eq!(metrics[1], client[1], "{metrics}");
 
         opts.network_policy = NetworkPolicies::All;
         opts.metrics_namespaces = BTreeMap::from([(
@@ -586,8 +626,8 @@ pub(crate) mod tests {
         let policy = network_policy(&plain, &opts).expect("every cluster's policy");
         let rules = policy.spec.unwrap().ingress.unwrap();
         assert_eq!(
-            serde_json::to_value(&rules[2].from).unwrap(),
-            serde_json::json!([{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}])
+            serde_json::to_value(&rules[2].from).unwrap()[0],
+            serde_json::json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}})
         );
         opts.network_policy = NetworkPolicies::None;
         assert!(network_policy(&tls, &opts).is_none());

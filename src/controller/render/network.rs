@@ -5,7 +5,8 @@
 //! - client port: the members, this install's pods (the loop), the cluster's backup,
 //!   final-snapshot and rescue Jobs, and pods of the cluster's namespace labelled
 //!   [`CLIENT_LABEL`]`: NAME` (the applications);
-//! - metrics port: pods of the namespaces `--metrics-namespace-selector` names (all by default).
+//! - metrics port: pods of the namespaces `--metrics-namespace-selector` names (all by default),
+//!   and this install's pods (the loop reads a member that serves no client there).
 //!   The kubelet's probes come from the node, which network plugins let through.
 
 use k8s_openapi::api::networking::v1::{
@@ -116,8 +117,10 @@ pub fn network_policy(ec: &EtcdCluster, opts: &RenderOptions) -> Option<NetworkP
             policy_types: Some(vec!["Ingress".to_owned()]),
             ingress: Some(vec![
                 rule("peer", vec![members()]),
-                rule("client", vec![members(), install, jobs, clients]),
-                rule("metrics", vec![scrapers]),
+                rule("client", vec![members(), install.clone(), jobs, clients]),
+                // The loop too: a member that restarted without a leader serves no client, and
+                // its metrics say how far it got (a lost quorum's diagnosis).
+                rule("metrics", vec![scrapers, install]),
             ]),
             ..Default::default()
         }),
