@@ -1552,14 +1552,14 @@ fn quorum_loss_with_empty_volumes_never_elects_a_lagging_member() {
 /// other four take 30 acknowledged writes, so it lags member X (the leader, which has them
 /// all). Then the three others stop and lose their volumes, and Y's peer port opens again:
 /// X and Y both answer `status` (neither restarted), and nobody leads. The loop's rebuild keeps
-/// X (the voter with the most applied data), first copies Y's data to the backup destination
-/// (a rescue snapshot of Y alone: no quorum needed), then makes Y's volume anew; once Y has
-/// stopped at the fence on it, X is the only member with data and the four empty members
-/// rejoin from it. Every acknowledged write is on all five after, Y's copy is a checked
-/// snapshot at Y's revision, and it was filed before Y's volume was emptied.
+/// X (the voter with the most applied data), first copies Y's data and X's own to the backup
+/// destination (rescue snapshots of each member alone: no quorum needed), then makes Y's volume
+/// anew; once Y has stopped at the fence on it, X is the only member with data and the four
+/// empty members rejoin from it. Every acknowledged write is on all five after, Y's copy is a
+/// checked snapshot at Y's revision filed before Y's volume was emptied, and X's copy holds
+/// every write.
 #[test]
-fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_after_copying_the_other()
- {
+fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_after_copying_both() {
     use etcd_webhook::controller::decide::quorum::Diagnosis;
     let (mut net, mut lp) = formed("rebuild", 5, 5, Release::V3_7_4);
     let backups = net.tmp.path().join("backups");
@@ -1705,12 +1705,15 @@ fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_afte
         said.contains(&"RebuildingFromSurvivor") && said.contains(&"RejoiningFromSurvivor"),
         "said {said:?}"
     );
-    // Y's data was copied before its volume went, and only Y's.
-    let yi = y;
+    // Y's data was copied before its volume went, and X's (the one kept) as well; only Y's
+    // volume was made anew.
+    let (xi, yi) = (x, y);
+    let at = |what: &str| lp.rescued.iter().position(|r| r.starts_with(what));
     assert!(
-        lp.rescued.len() == 2
-            && lp.rescued[0].starts_with(&format!("copied {yi} to "))
-            && lp.rescued[1] == format!("made {yi} anew"),
+        lp.rescued.len() == 3
+            && at(&format!("copied {xi} to ")).is_some()
+            && at(&format!("copied {yi} to ")) < at(&format!("made {yi} anew"))
+            && at(&format!("made {yi} anew")).is_some(),
         "{:?}",
         lp.rescued
     );
@@ -1719,11 +1722,21 @@ fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_afte
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     let stem = render::snapshot_stem(&lp.ec);
+    let copy_of = |i: usize| {
+        let prefix = format!("{stem}-rescue-{}-", net.pods[i].name);
+        let found: Vec<&String> = copies.iter().filter(|c| c.starts_with(&prefix)).collect();
+        assert!(found.len() == 1, "one copy of {i}: {copies:?}");
+        std::fs::read(backups.join(found[0])).unwrap()
+    };
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    let kept = copy_of(x);
+    etcd_webhook::backup::snapshot::check(&kept).expect("X's copy is a checked snapshot");
+    let kept_holds = |key: &str| kept.windows(key.len()).any(|w| w == key.as_bytes());
     assert!(
-        copies.len() == 1 && copies[0].starts_with(&format!("{stem}-rescue-{}-", net.pods[y].name)),
-        "{copies:?}"
+        kept_holds(&keys[0]) && kept_holds(&acknowledged[29]),
+        "X's copy holds every write"
     );
-    let copy = std::fs::read(backups.join(&copies[0])).unwrap();
+    let copy = copy_of(y);
     let checked = etcd_webhook::backup::snapshot::check(&copy).expect("a checked snapshot");
     let holds = |key: &str| copy.windows(key.len()).any(|w| w == key.as_bytes());
     assert!(holds(&keys[0]), "Y's copy holds what Y had");
@@ -1737,11 +1750,11 @@ fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_afte
     assert!(lp.calls.is_empty(), "no membership call: {:?}", lp.calls);
     assert!(net.put(x, "/after", "y"), "writes taken again");
     eprintln!(
-        "quorum lost, three of five volumes gone, two members with data ({} with every write, {} behind at revision {y_revision}): {} copied ({} bytes), made anew, then every empty member rejoined from {}: healthy {healed:?} after the loss ({}), all {} keys on all five",
+        "quorum lost, three of five volumes gone, two members with data ({} with every write, {} behind at revision {y_revision}): both copied ({} bytes of Y's), {} made anew, then every empty member rejoined from {}: healthy {healed:?} after the loss ({}), all {} keys on all five",
         net.pods[x].name,
         net.pods[y].name,
-        net.pods[y].name,
         checked.size,
+        net.pods[y].name,
         net.pods[x].name,
         timeline.join(", "),
         keys.len()

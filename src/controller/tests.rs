@@ -3448,14 +3448,15 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
 }
 
 /// Of five, three lost their volumes and two members hold data, etcd-1 behind etcd-0: the
-/// rebuild keeps etcd-0. The first pass makes the rescue Job of etcd-1 (once), and nothing is
-/// deleted until a rescue pod reports etcd-1's copy filed for this plan (a copy for another
-/// plan deletes nothing); then etcd-1's claim and pod go (Event MemberDataCopied). Once its new
-/// pod stops on the empty volume, etcd-0 is the only member with data: the fence is lifted for
-/// the plan (kept in the ConfigMap), the empty members' pods are made anew once, and the lift
-/// holds on the next pass, when those pods no longer report empty volumes.
+/// rebuild keeps etcd-0. The first pass makes the rescue Jobs of etcd-1 and of etcd-0, the one
+/// kept (once each), and nothing is deleted until a rescue pod reports etcd-1's copy filed for
+/// this plan (a copy for another plan deletes nothing); then etcd-1's claim and pod go (Event
+/// MemberDataCopied), never etcd-0's. Once its new pod stops on the empty volume and etcd-0's
+/// copy is filed too, etcd-0 is the only member with data: the fence is lifted for the plan
+/// (kept in the ConfigMap), the empty members' pods are made anew once, and the lift holds on
+/// the next pass, when those pods no longer report empty volumes.
 #[tokio::test]
-async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_a_copy_of_the_other() {
+async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_both_are_copied() {
     let (api, ctx) = setup_with(5, Some(backup(Some("s3://b/p"))), Settings::default());
     pass(&api, &ctx).await.unwrap();
     api.set(STS, "/status", json!({"replicas": 5, "readyReplicas": 5}));
@@ -3475,19 +3476,22 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_a_copy_of_
     assert_eq!(a["reason"], "RebuildingFromSurvivor", "{a}");
     assert!(
         a["message"].as_str().unwrap().contains(
-            "the rebuild keeps etcd-0: the data of etcd-1 is copied to s3://b/p/prod/ first"
+            "the rebuild keeps etcd-0: the data of etcd-1 (and of etcd-0, kept) is copied to s3://b/p/prod/ first"
         ),
         "{a}"
     );
     let jobs = JOBS.trim_end_matches('/');
     let made = job_writes(&api);
-    assert_eq!(made.len(), 1, "one rescue Job, made once: {made:?}");
-    let job = api.get(&format!("{jobs}/etcd-rescue-1")).unwrap();
+    assert_eq!(made.len(), 2, "two rescue Jobs, made once each: {made:?}");
     let plan = "rejoin-from-etcd-0-at-100";
-    assert_eq!(
-        job["metadata"]["annotations"][render::RESCUE_PLAN_ANNOTATION],
-        plan
-    );
+    for i in [0, 1] {
+        let job = api.get(&format!("{jobs}/etcd-rescue-{i}")).unwrap();
+        assert_eq!(
+            job["metadata"]["annotations"][render::RESCUE_PLAN_ANNOTATION],
+            plan
+        );
+    }
+    let job = api.get(&format!("{jobs}/etcd-rescue-1")).unwrap();
     let args = &job["spec"]["template"]["spec"]["containers"][0]["args"];
     for arg in [
         "--kind=rescue",
@@ -3518,17 +3522,17 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_a_copy_of_
     );
     // The rescue pod's report, for another plan, then for this one.
     let ec: EtcdCluster = serde_json::from_value(cluster_json(&api)).unwrap();
-    let rescue_pod = |api: &FakeApi, name: &str, plan: &str| {
-        let report = json!({"uri": format!("s3://b/p/prod/etcd-rescue-etcd-1-{name}.db"),
+    let rescue_pod = |api: &FakeApi, name: &str, plan: &str, member: i32| {
+        let report = json!({"uri": format!("s3://b/p/prod/etcd-rescue-etcd-{member}-{name}.db"),
             "size": 40992, "sha256": "cd".repeat(32), "revision": 3, "keys": 7,
-            "member": "etcd-1", "time": "2026-12-06T03:00:00Z", "seconds": 0.2, "pruned": []});
+            "member": format!("etcd-{member}"), "time": "2026-12-06T03:00:00Z", "seconds": 0.2, "pruned": []});
         api.insert(
             &format!("/api/v1/namespaces/prod/pods/{name}"),
             json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": "prod",
                     "labels": render::labels(&ec, "rescue"),
                     "annotations": {render::RESCUE_PLAN_ANNOTATION: plan,
-                        render::RESCUE_MEMBER_ANNOTATION: "1"}},
+                        render::RESCUE_MEMBER_ANNOTATION: member.to_string()}},
                 "spec": {"containers": [{"name": "backup", "image": "x"}]},
                 "status": {"phase": "Succeeded",
                     "containerStatuses": [{"name": "backup", "image": "x", "imageID": "",
@@ -3537,7 +3541,7 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_a_copy_of_
                             "reason": "Completed", "finishedAt": "2026-12-06T03:00:01Z"}}}]}}),
         );
     };
-    rescue_pod(&api, "etcd-rescue-old", "rejoin-from-etcd-0-at-90");
+    rescue_pod(&api, "etcd-rescue-old", "rejoin-from-etcd-0-at-90", 1);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     assert_eq!(
@@ -3545,7 +3549,7 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_a_copy_of_
         Vec::<String>::new(),
         "a copy for another plan deletes nothing"
     );
-    rescue_pod(&api, "etcd-rescue-1-x", plan);
+    rescue_pod(&api, "etcd-rescue-1-x", plan, 1);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     let gone = deleted(&api);
@@ -3560,9 +3564,30 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_a_copy_of_
         "{:?}",
         events(&api.calls())
     );
-    // etcd-1's new pod stopped at the fence on its empty volume.
+    assert!(
+        !gone.iter().any(|p| p.ends_with("-etcd-0")),
+        "the one kept is never deleted: {gone:?}"
+    );
+    // etcd-1's new pod stopped at the fence on its empty volume; etcd-0's copy is not filed
+    // yet: no lift.
     etcd.set_unhealthy("etcd-1", true);
     lost_volume_pods(&api, &[1, 2, 3, 4]);
+    pass(&api, &ctx).await.unwrap();
+    let a = available(&api);
+    assert_eq!(a["reason"], "RebuildingFromSurvivor", "{a}");
+    assert!(
+        a["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("etcd-0 being copied"),
+        "{a}"
+    );
+    assert_eq!(
+        api.get(CONFIG).unwrap()["data"]["ETCD_INITIAL_CLUSTER"],
+        render::FENCED_INITIAL_CLUSTER,
+        "still fenced"
+    );
+    rescue_pod(&api, "etcd-rescue-0-x", plan, 0);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     let a = available(&api);

@@ -7,9 +7,9 @@
 //! newest snapshot, the two ways out docs/clusters.md ("When quorum is lost") describes.
 //! Meanwhile the members' ConfigMap is fenced (no member on an empty volume rejoins under its
 //! old ID), unless one member with data is all there is ([`sole_survivor`]): then the empty
-//! members rejoin from it, at once or, with `spec.recovery.quorumLoss: Manual`, once a person
-//! approved that plan ([`approved`]). The membership itself is never touched without a member
-//! list.
+//! members rejoin from it (with backups on, once its data is copied), at once or, with
+//! `spec.recovery.quorumLoss: Manual`, once a person approved that plan ([`approved`]). The
+//! membership itself is never touched without a member list.
 
 use std::collections::BTreeMap;
 
@@ -34,10 +34,11 @@ pub enum Diagnosis {
     /// approved the plan yet ([`approved`]): the fence stays.
     AwaitingApproval(String),
     /// A majority's data is gone and every member with data answers: the rebuild keeps the one
-    /// with the most applied data (`plan`); the others' data is copied to the backup
-    /// destination (`copy`: the rescue Jobs to run), then their volumes are made anew
-    /// (`wipe`: copied, still holding it). Once they are empty, the rebuild is a
-    /// [`Diagnosis::Rejoining`] from the one kept. The fence stays meanwhile.
+    /// with the most applied data (`plan`); every member's data, that one's included where it
+    /// serves clients, is copied to the backup destination (`copy`: the rescue Jobs to run),
+    /// then the others' volumes are made anew (`wipe`: copied, still holding it). Once they are
+    /// empty and the one kept is copied, the rebuild is a [`Diagnosis::Rejoining`] from it (a
+    /// sole survivor is copied the same way first). The fence stays meanwhile.
     Rebuilding {
         message: String,
         plan: String,
@@ -314,6 +315,14 @@ pub fn diagnose(
     } else {
         String::new()
     };
+    // The member kept is copied first too, where it can be (backups on, and it serves clients:
+    // one that restarted without a leader does not): nothing of it is deleted, but its copy is
+    // what is left should the rebuild go wrong. The rebuild waits for it.
+    let copy_kept = !s.metrics_only && !copied.contains_key(&i);
+    let copying = |o: i32| match rescue.failed.get(&o) {
+        Some(why) => format!("the copy of {} failed ({why}) and is tried again", pod(o)),
+        None => format!("{} being copied", pod(o)),
+    };
     if sole_survivor(ec, answered, exits, newest).is_some() {
         let found = format!(
             "quorum lost: the data of {} is gone (their pods started on empty volumes) and {} is the only member with data (applied index {}, revision {}{})",
@@ -326,10 +335,25 @@ pub fn diagnose(
                 None => String::new(),
             }
         );
+        let first = match rescue.destination.as_deref() {
+            Some(d) if copy_kept => format!("copy its data to {d} first, then "),
+            _ => String::new(),
+        };
         if !approved(ec, &plan) {
             return Some(awaiting(format!(
-                "{found}; spec.recovery.quorumLoss is Manual: the loop would let the empty members rejoin under their old IDs and copy its data ({keeps})"
+                "{found}; spec.recovery.quorumLoss is Manual: the loop would {first}let the empty members rejoin under their old IDs and copy its data ({keeps})"
             )));
+        }
+        if !first.is_empty() {
+            return Some(Diagnosis::Rebuilding {
+                message: format!(
+                    "{found}; {approved_note}the loop will {first}let the empty members rejoin under their old IDs and copy its data ({keeps}); {}",
+                    copying(i)
+                ),
+                plan,
+                copy: vec![i],
+                wipe: Vec::new(),
+            });
         }
         return Some(Diagnosis::Rejoining(format!(
             "{found}; {approved_note}the empty members rejoin under their old IDs and copy its data: {keeps}"
@@ -373,8 +397,13 @@ pub fn diagnose(
             )));
         }
         let would = format!(
-            "the data of {} is copied to {destination} first, then their volumes are made anew and every empty member rejoins under its old ID and copies {}'s data ({keeps})",
+            "the data of {}{} is copied to {destination} first, then their volumes are made anew and every empty member rejoins under its old ID and copies {}'s data ({keeps})",
             names(&anew),
+            if copy_kept || copied.contains_key(&i) {
+                format!(" (and of {}, kept)", pod(i))
+            } else {
+                String::new()
+            },
             pod(i)
         );
         if !approved(ec, &plan) {
@@ -382,16 +411,17 @@ pub fn diagnose(
                 "{found}; spec.recovery.quorumLoss is Manual: with the rebuild {would}"
             )));
         }
-        let (wipe, copy): (Vec<i32>, Vec<i32>) =
+        let (wipe, mut copy): (Vec<i32>, Vec<i32>) =
             others.iter().partition(|o| copied.contains_key(o));
+        if copy_kept {
+            copy.push(i);
+            copy.sort_unstable();
+        }
         let mut progress: Vec<String> = copied
             .iter()
             .map(|(o, uri)| format!("{} copied to {uri}", pod(*o)))
             .collect();
-        progress.extend(copy.iter().map(|o| match rescue.failed.get(o) {
-            Some(why) => format!("the copy of {} failed ({why}) and is tried again", pod(*o)),
-            None => format!("{} being copied", pod(*o)),
-        }));
+        progress.extend(copy.iter().map(|&o| copying(o)));
         progress.extend(
             remade
                 .iter()
@@ -548,6 +578,85 @@ mod tests {
         assert_eq!(sole_survivor(&ec5, &two, &lost3, None), None);
     }
 
+    /// With backups on, the sole survivor's data is copied before the empty members rejoin
+    /// (nothing of it is deleted: the copy is what is left should the rejoin go wrong); a
+    /// failed copy is said and tried again, and the rejoin waits for it. A survivor that
+    /// restarted without a leader serves no snapshot: the rejoin goes on without its copy.
+    #[test]
+    fn a_sole_survivor_is_copied_before_the_empty_members_rejoin_where_backups_are_on() {
+        let mut ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        let one = BTreeMap::from([(0, status(120, 57))]);
+        let both = BTreeMap::from([(1, lost()), (2, lost())]);
+        let plan = rejoin_plan("etcd-0", 120);
+        let mut rescue = Rescue {
+            destination: Some("s3://b/p/prod/".to_owned()),
+            ..Default::default()
+        };
+        match diagnose(&ec, &one, &both, None, &rescue) {
+            Some(Diagnosis::Rebuilding {
+                message,
+                plan: p,
+                copy,
+                wipe,
+            }) => {
+                assert_eq!((p.as_str(), copy, wipe), (plan.as_str(), vec![0], vec![]));
+                assert!(
+                    message.contains("the loop will copy its data to s3://b/p/prod/ first, then let the empty members rejoin")
+                        && message.ends_with("; etcd-0 being copied"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        rescue.failed.insert(0, "store down".to_owned());
+        let m = diagnose(&ec, &one, &both, None, &rescue).unwrap();
+        assert!(
+            m.message()
+                .ends_with("the copy of etcd-0 failed (store down) and is tried again"),
+            "{m:?}"
+        );
+        // Copied for another plan: no copy of this data.
+        rescue
+            .copied
+            .insert((0, rejoin_plan("etcd-0", 96)), "s3://old".to_owned());
+        assert!(matches!(
+            diagnose(&ec, &one, &both, None, &rescue),
+            Some(Diagnosis::Rebuilding { .. })
+        ));
+        rescue
+            .copied
+            .insert((0, plan.clone()), "s3://b/p/prod/x.db".to_owned());
+        assert!(matches!(
+            diagnose(&ec, &one, &both, None, &rescue),
+            Some(Diagnosis::Rejoining(_))
+        ));
+        // Restarted without a leader: nothing to copy from, the rejoin goes on.
+        rescue.copied.clear();
+        let restarted = BTreeMap::from([(
+            0,
+            MemberStatus {
+                metrics_only: true,
+                ..status(120, 57)
+            },
+        )]);
+        assert!(matches!(
+            diagnose(&ec, &restarted, &both, None, &rescue),
+            Some(Diagnosis::Rejoining(_))
+        ));
+        // Manual: the approval names the same plan, and the message says the copy comes first.
+        ec.spec.recovery = Some(crate::api::v1::Recovery {
+            quorum_loss: Some(QuorumLoss::Manual),
+        });
+        match diagnose(&ec, &one, &both, None, &rescue) {
+            Some(Diagnosis::AwaitingApproval(m)) => assert!(
+                m.contains("the loop would copy its data to s3://b/p/prod/ first, then let the empty members rejoin")
+                    && m.contains(&format!("approve-recovery={plan} --overwrite")),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// With `spec.recovery.quorumLoss: Manual` the rejoin waits for an approval of the plan the
     /// message names; an approval of another plan (an earlier loss) approves nothing.
     #[test]
@@ -654,18 +763,21 @@ mod tests {
             }) => (message, plan, copy, wipe),
             other => panic!("{other:?}"),
         };
-        // 1. Copy etcd-0 first.
+        // 1. Copy etcd-0 first, and etcd-3, the one kept, too.
         let (m, p, copy, wipe) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
-        assert_eq!((p.as_str(), copy, wipe), (plan.as_str(), vec![0], vec![]));
+        assert_eq!(
+            (p.as_str(), copy, wipe),
+            (plan.as_str(), vec![0, 3], vec![])
+        );
         assert!(
-            m.contains("the rebuild keeps etcd-3: the data of etcd-0 is copied to s3://b/p/prod/ first, then their volumes are made anew")
-                && m.contains("etcd-0 being copied"),
+            m.contains("the rebuild keeps etcd-3: the data of etcd-0 (and of etcd-3, kept) is copied to s3://b/p/prod/ first, then their volumes are made anew")
+                && m.contains("etcd-0 being copied, etcd-3 being copied"),
             "{m}"
         );
         // A failed copy is said, and tried again.
         rescue.failed.insert(0, "snapshot: refused".to_owned());
         let (m, _, copy, _) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
-        assert_eq!(copy, vec![0]);
+        assert_eq!(copy, vec![0, 3]);
         assert!(
             m.contains("the copy of etcd-0 failed (snapshot: refused) and is tried again"),
             "{m}"
@@ -678,20 +790,25 @@ mod tests {
         );
         assert_eq!(
             rebuilding(diagnose(&ec, &two, &lost3, None, &rescue)).2,
-            vec![0]
+            vec![0, 3]
         );
-        // 2. Copied: its volume is made anew.
+        // 2. Copied: its volume is made anew (whether or not the one kept is copied yet).
         rescue.copied.insert(
             (0, plan.clone()),
             "s3://b/p/prod/etcd-rescue-etcd-0-x.db".to_owned(),
         );
         let (m, _, copy, wipe) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
-        assert_eq!((copy, wipe), (vec![], vec![0]));
+        assert_eq!((copy, wipe), (vec![3], vec![0]));
         assert!(
-            m.contains("etcd-0 copied to s3://b/p/prod/etcd-rescue-etcd-0-x.db"),
+            m.contains("etcd-0 copied to s3://b/p/prod/etcd-rescue-etcd-0-x.db")
+                && m.contains("etcd-3 being copied"),
             "{m}"
         );
         // 3. Its new pod has not stopped at the fence yet: nothing to do, no lift.
+        rescue.copied.insert(
+            (3, plan.clone()),
+            "s3://b/p/prod/etcd-rescue-etcd-3-x.db".to_owned(),
+        );
         let one = BTreeMap::from([(3, status(130, 61))]);
         let (m, _, copy, wipe) = rebuilding(diagnose(&ec, &one, &lost3, None, &rescue));
         assert_eq!((copy, wipe), (vec![], vec![]));
@@ -729,14 +846,14 @@ mod tests {
         learner.get_mut(&3).unwrap().is_learner = true;
         rescue.copied.clear();
         let (_, p, copy, _) = rebuilding(diagnose(&ec, &learner, &lost3, None, &rescue));
-        assert_eq!((p.as_str(), copy), ("rejoin-from-etcd-0-at-90", vec![3]));
+        assert_eq!((p.as_str(), copy), ("rejoin-from-etcd-0-at-90", vec![0, 3]));
         // Manual: the same plan, approved before anything is copied.
         ec.spec.recovery = Some(crate::api::v1::Recovery {
             quorum_loss: Some(QuorumLoss::Manual),
         });
         match diagnose(&ec, &two, &lost3, None, &rescue) {
             Some(Diagnosis::AwaitingApproval(m)) => assert!(
-                m.contains("with the rebuild the data of etcd-0 is copied to s3://b/p/prod/ first")
+                m.contains("with the rebuild the data of etcd-0 (and of etcd-3, kept) is copied to s3://b/p/prod/ first")
                     && m.contains("approve-recovery=rejoin-from-etcd-3-at-130 --overwrite"),
                 "{m}"
             ),
@@ -747,7 +864,7 @@ mod tests {
             plan.clone(),
         )]));
         let (m, _, copy, _) = rebuilding(diagnose(&ec, &two, &lost3, None, &rescue));
-        assert_eq!(copy, vec![0]);
+        assert_eq!(copy, vec![0, 3]);
         assert!(m.contains("approved (rejoin-from-etcd-3-at-130)"), "{m}");
     }
 
