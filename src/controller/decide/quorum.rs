@@ -335,16 +335,16 @@ pub fn diagnose(
                 None => String::new(),
             }
         );
-        let first = match rescue.destination.as_deref() {
-            Some(d) if copy_kept => format!("copy its data to {d} first, then "),
-            _ => String::new(),
-        };
+        let copy_to = rescue.destination.as_deref().filter(|_| copy_kept);
+        let first = copy_to
+            .map(|d| format!("copy its data to {d} first, then "))
+            .unwrap_or_default();
         if !approved(ec, &plan) {
             return Some(awaiting(format!(
                 "{found}; spec.recovery.quorumLoss is Manual: the loop would {first}let the empty members rejoin under their old IDs and copy its data ({keeps})"
             )));
         }
-        if !first.is_empty() {
+        if copy_to.is_some() {
             return Some(Diagnosis::Rebuilding {
                 message: format!(
                     "{found}; {approved_note}the loop will {first}let the empty members rejoin under their old IDs and copy its data ({keeps}); {}",

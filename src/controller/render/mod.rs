@@ -205,13 +205,11 @@ pub fn endpoints(ec: &EtcdCluster, size: i32) -> Vec<String> {
 /// A member's metrics URL (plain HTTP, [`METRICS_PORT`]) from its client URL: the same host.
 /// `None` for a URL with no host.
 pub fn metrics_url(client_url: &str) -> Option<String> {
-    let (_, rest) = client_url.split_once("://")?;
-    let authority = rest.split('/').next()?;
-    let host = match authority.rsplit_once(':') {
-        Some((host, port)) if !port.contains(']') => host,
-        _ => authority,
-    };
-    (!host.is_empty()).then(|| format!("http://{host}:{METRICS_PORT}/metrics"))
+    let uri: hyper::Uri = client_url.parse().ok()?;
+    uri.scheme()?;
+    // An IPv6 host keeps its brackets.
+    let host = uri.host().filter(|h| !h.is_empty())?;
+    Some(format!("http://{host}:{METRICS_PORT}/metrics"))
 }
 
 /// The client Service URL that snapshots and membership changes talk to.
