@@ -3385,13 +3385,16 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
     etcd.lose_quorum();
     etcd.set_unhealthy("etcd-1", true);
     etcd.set_unhealthy("etcd-2", true);
-    pass(&api, &ctx).await.unwrap();
+    let action = pass(&api, &ctx).await.unwrap();
     let a = available(&api);
     assert_eq!(
         (a["status"].as_str(), a["reason"].as_str()),
         (Some("False"), Some("QuorumLost")),
         "{a}"
     );
+    // What changes next (a pod stopping at the fence) brings no watch event: looked at again
+    // soon.
+    assert_eq!(action, Action::requeue(SETTLE), "looks again soon");
     assert!(
         a["message"]
             .as_str()

@@ -21,6 +21,7 @@ mod install;
 mod lifecycle;
 mod members;
 mod node;
+mod quorum;
 mod reconcile;
 mod rotation;
 mod scale;
@@ -47,6 +48,10 @@ const OWN_CLUSTER: &[OwnScenario] = &[
     (
         "membership_through_the_apiserver",
         members::membership_through_the_apiserver,
+    ),
+    (
+        "quorum_loss_through_the_apiserver_rejoins_the_survivor",
+        quorum::quorum_loss_through_the_apiserver_rejoins_the_survivor,
     ),
     (
         "many_clusters_settle_without_throttling",

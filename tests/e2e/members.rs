@@ -36,8 +36,8 @@ use crate::common::members::{
 };
 use crate::install::ok;
 
-const NS: &str = "members";
-const NAME: &str = "real";
+pub const NS: &str = "members";
+pub const NAME: &str = "real";
 /// `--member-join-timeout` of this loop.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -348,7 +348,7 @@ fn member_events(cp: &ControlPlane, pod: &str) -> BTreeMap<String, i64> {
 }
 
 /// The reasons of the Events in the namespace.
-fn reasons(cp: &ControlPlane) -> Vec<String> {
+pub fn reasons(cp: &ControlPlane) -> Vec<String> {
     let events = ok(
         cp.kubectl_output(
             &["-n", NS, "get", "events.events.k8s.io", "-o", "json"],
@@ -397,7 +397,7 @@ fn patch_size(cp: &ControlPlane, size: i32) {
     patch_spec(cp, json!({ "size": size }), "change the size");
 }
 
-fn cluster_json(cp: &ControlPlane) -> Value {
+pub fn cluster_json(cp: &ControlPlane) -> Value {
     let out = ok(
         cp.kubectl_output(
             &[
@@ -417,7 +417,7 @@ fn cluster_json(cp: &ControlPlane) -> Value {
 }
 
 /// Waits until the status says Running with `size` healthy voters, every member voting.
-fn wait_running(cp: &ControlPlane, size: i64, within: Duration) -> Value {
+pub fn wait_running(cp: &ControlPlane, size: i64, within: Duration) -> Value {
     wait_for(&format!("Running with {size} voters"), within, || {
         std::thread::sleep(Duration::from_millis(500));
         let ec = cluster_json(cp);
@@ -432,87 +432,146 @@ fn wait_running(cp: &ControlPlane, size: i64, within: Duration) -> Value {
     })
 }
 
+/// The loop, the played kubelet and the members of one scenario: the CRD applied (no webhook
+/// here: the objects are written in v1, the storage version), the namespace made, the loop
+/// running in-process against the control plane with its etcd calls made from the members'
+/// network, and the kubelet sweeping the pods every 250 ms.
+pub struct Played {
+    pub net: Arc<Mutex<Net>>,
+    pub rt: tokio::runtime::Runtime,
+    pub kube: Client,
+    /// Pods whose node is gone (the played kubelet stops their container and starts nothing).
+    pub blocked: Arc<Mutex<std::collections::BTreeSet<usize>>>,
+    controller: Option<tokio::task::JoinHandle<()>>,
+    stopper: Option<Stopper>,
+}
+
+impl Played {
+    /// Up to `pods` members of `release`, the loop with `settings` (its namespace is set here).
+    pub fn start(cp: &ControlPlane, pods: usize, release: Release, settings: Settings) -> Played {
+        common::install_crypto();
+        let crd_path = common::root().join("config/crd/bases/etcd.example.com_etcdclusters.yaml");
+        let mut crd: Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(crd_path).unwrap()).unwrap();
+        crd["spec"]["conversion"] = json!({"strategy": "None"});
+        ok(
+            cp.kubectl_output(&["apply", "-f", "-"], Some(&crd.to_string())),
+            "apply the CRD",
+        );
+        ok(
+            cp.kubectl_output(
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=60s",
+                    "crd/etcdclusters.etcd.example.com",
+                ],
+                None,
+            ),
+            "the CRD is established",
+        );
+        ok(
+            cp.kubectl_output(&["create", "namespace", NS], None),
+            "create the namespace",
+        );
+
+        let names: Vec<String> = (0..pods).map(|i| format!("{NAME}-{i}")).collect();
+        let net = Net::new(NS, NAME, &names, release);
+        let hosts: BTreeMap<String, String> = net
+            .pods
+            .iter()
+            .map(|p| (format!("{}.{NAME}.{NS}.svc", p.name), p.addr.clone()))
+            .collect();
+        let transport = InNamespace::start(&net.controller_ns, hosts);
+        let claims_dir: PathBuf = net.tmp.path().join("claims");
+        let net = Arc::new(Mutex::new(net));
+
+        let rt = common::runtime();
+        let kube = rt.block_on(cp.client());
+        let stop = CancellationToken::new();
+        let settings = Settings {
+            namespace: Some(NS.to_owned()),
+            ..settings
+        };
+        let controller = rt.spawn(run_with_etcd(
+            kube.clone(),
+            settings,
+            Arc::new(Metrics::new()),
+            stop.clone(),
+            Box::new(transport),
+        ));
+        let kubelet_stop = Arc::new(AtomicBool::new(false));
+        let blocked: Arc<Mutex<std::collections::BTreeSet<usize>>> = Arc::default();
+        let thread = {
+            let (net, kube, stop, dir, blocked) = (
+                net.clone(),
+                kube.clone(),
+                kubelet_stop.clone(),
+                claims_dir,
+                blocked.clone(),
+            );
+            let handle = rt.handle().clone();
+            std::thread::spawn(move || {
+                let mut tracked = BTreeMap::new();
+                while !stop.load(Ordering::Relaxed) {
+                    handle.block_on(kubelet_sweep(&kube, &net, &mut tracked, &dir, &blocked));
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            })
+        };
+        Played {
+            net,
+            rt,
+            kube,
+            blocked,
+            controller: Some(controller),
+            stopper: Some(Stopper {
+                kubelet: kubelet_stop,
+                thread: Some(thread),
+                controller: stop,
+            }),
+        }
+    }
+
+    /// Stops the kubelet and the loop, then removes the namespace.
+    pub fn finish(mut self, cp: &ControlPlane) {
+        drop(self.stopper.take());
+        if let Some(c) = self.controller.take() {
+            let _ = self.rt.block_on(c);
+        }
+        ok(
+            cp.kubectl_output(&["delete", "namespace", NS, "--wait=false"], None),
+            "clean up",
+        );
+    }
+}
+
+impl Drop for Played {
+    fn drop(&mut self) {
+        // A failed scenario: the kubelet and the loop stop before the members go.
+        drop(self.stopper.take());
+    }
+}
+
 pub fn membership_through_the_apiserver(cp: ControlPlane) {
-    common::install_crypto();
-    // The CRD alone (no webhook here: the objects are written in v1, the storage version).
-    let crd_path = common::root().join("config/crd/bases/etcd.example.com_etcdclusters.yaml");
-    let mut crd: Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(crd_path).unwrap()).unwrap();
-    crd["spec"]["conversion"] = json!({"strategy": "None"});
-    ok(
-        cp.kubectl_output(&["apply", "-f", "-"], Some(&crd.to_string())),
-        "apply the CRD",
-    );
-    ok(
-        cp.kubectl_output(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/etcdclusters.etcd.example.com",
-            ],
-            None,
-        ),
-        "the CRD is established",
-    );
-    ok(
-        cp.kubectl_output(&["create", "namespace", NS], None),
-        "create the namespace",
-    );
-
-    let names: Vec<String> = (0..5).map(|i| format!("{NAME}-{i}")).collect();
-    let net = Net::new(NS, NAME, &names, Release::V3_6_4);
-    let hosts: BTreeMap<String, String> = net
-        .pods
-        .iter()
-        .map(|p| (format!("{}.{NAME}.{NS}.svc", p.name), p.addr.clone()))
-        .collect();
-    let transport = InNamespace::start(&net.controller_ns, hosts);
-    let claims_dir: PathBuf = net.tmp.path().join("claims");
-    let net = Arc::new(Mutex::new(net));
-
-    let rt = common::runtime();
-    let kube = rt.block_on(cp.client());
-    let stop = CancellationToken::new();
-    let settings = Settings {
-        namespace: Some(NS.to_owned()),
-        member_timeouts: etcd_webhook::controller::decide::membership::Timeouts {
-            join: JOIN_TIMEOUT,
+    let played = Played::start(
+        &cp,
+        5,
+        Release::V3_6_4,
+        Settings {
+            member_timeouts: etcd_webhook::controller::decide::membership::Timeouts {
+                join: JOIN_TIMEOUT,
+                ..Default::default()
+            },
             ..Default::default()
         },
-        ..Default::default()
-    };
-    let controller = rt.spawn(run_with_etcd(
-        kube.clone(),
-        settings,
-        Arc::new(Metrics::new()),
-        stop.clone(),
-        Box::new(transport),
-    ));
-    let kubelet_stop = Arc::new(AtomicBool::new(false));
-    let blocked: Arc<Mutex<std::collections::BTreeSet<usize>>> = Arc::default();
-    let thread = {
-        let (net, kube, stop, dir, blocked) = (
-            net.clone(),
-            kube.clone(),
-            kubelet_stop.clone(),
-            claims_dir.clone(),
-            blocked.clone(),
-        );
-        let handle = rt.handle().clone();
-        std::thread::spawn(move || {
-            let mut tracked = BTreeMap::new();
-            while !stop.load(Ordering::Relaxed) {
-                handle.block_on(kubelet_sweep(&kube, &net, &mut tracked, &dir, &blocked));
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        })
-    };
-    let stopper = Stopper {
-        kubelet: kubelet_stop,
-        thread: Some(thread),
-        controller: stop,
-    };
+    );
+    let (net, rt, kube, blocked) = (
+        played.net.clone(),
+        &played.rt,
+        played.kube.clone(),
+        played.blocked.clone(),
+    );
 
     let ec = json!({
         "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
@@ -532,7 +591,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         let st = s.status.unwrap();
         (st.current_revision, st.update_revision)
     };
-    let before = revision(&rt);
+    let before = revision(rt);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), NS);
     let first_uid = rt.block_on(pods.get(&format!("{NAME}-0"))).unwrap().uid();
 
@@ -574,7 +633,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     let (keys, failed) = scale_writes.join().unwrap();
     assert_eq!(failed, 0, "writes failed during the scale-up");
     assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
-    assert_eq!(revision(&rt), before, "the pod template changed");
+    assert_eq!(revision(rt), before, "the pod template changed");
     let first = rt.block_on(pods.get(&format!("{NAME}-0"))).unwrap();
     assert_eq!(first.uid(), first_uid, "member 0 was replaced");
     let restarts = first.status.unwrap().container_statuses.unwrap()[0].restart_count;
@@ -609,7 +668,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
             .uid()
     };
     let (old_claim, old_pod) = (
-        claim_uid(&rt),
+        claim_uid(rt),
         rt.block_on(pods.get(&format!("{NAME}-1"))).unwrap().uid(),
     );
     {
@@ -625,7 +684,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         "    lost volume of member 1: removed, claim and pod replaced, re-added and promoted; Running again after {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    assert_ne!(claim_uid(&rt), old_claim, "a new claim for member 1");
+    assert_ne!(claim_uid(rt), old_claim, "a new claim for member 1");
     // Voters, and only they, carry the label the budget selects (and the client Service, before
     // v3.5.11).
     let voters = rt
@@ -666,7 +725,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
     writing.store(false, Ordering::Relaxed);
     let (more, failed) = writes.join().unwrap();
     assert_eq!(failed, 0, "writes failed while member 4 could not start");
-    assert_eq!(revision(&rt), before, "the pod template changed");
+    assert_eq!(revision(rt), before, "the pod template changed");
     eprintln!(
         "    3 -> 5 with member 4's pod unable to start: removed {removed_after:.1} s after the change (join timeout {JOIN_TIMEOUT:?}), joined once it could run; {} writes, 0 failed",
         more.len()
@@ -987,10 +1046,5 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         written.len()
     );
 
-    drop(stopper);
-    let _ = rt.block_on(controller);
-    ok(
-        cp.kubectl_output(&["delete", "namespace", NS, "--wait=false"], None),
-        "clean up",
-    );
+    played.finish(&cp);
 }

@@ -180,6 +180,10 @@ pub(crate) async fn converge(
                 .await
                 .map_err(|e| Error::kube("patch", "ConfigMap", &config_name, e))?;
         }
+        // A lost quorum moves where no watch looks: a member pod's container stopping at the
+        // fence, or failing its start on an empty volume, changes no object that brings a pass
+        // (and with no member ready the next look would be minutes away).
+        seen.settle |= quorum.is_some();
         if replicas < ec.spec.size {
             // A scale-up waits for the list. No quicker requeue: members turning ready change
             // the StatefulSet's status, which brings the next pass.

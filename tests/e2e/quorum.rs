@@ -1,0 +1,259 @@
+//! A lost quorum through the real apiserver (issue 47, scenario 2): two of three members' nodes
+//! go, with their local volumes, and the loop brings the cluster back from the one left, with
+//! what a user reads on the way (the `Available` condition, the Warning, the members'
+//! ConfigMap). The same harness as the membership scenario (members.rs: the real StatefulSet
+//! and PVC-protection controllers, real etcd v3.7.4 members, the kubelet played by its rules);
+//! the steps each stage of the recovery takes on real etcd alone are in tests/members.rs.
+//!
+//! In the order it happens to a user: the two nodes stop (the members' processes stop, their
+//! pods show not ready), the loop finds no leader and fences the members' ConfigMap; the nodes
+//! come back with their disks empty (the claims' folders wiped, the pods kept), their members
+//! stop at the fence; the loop sees the survivor alone with data and the others known empty,
+//! lifts the fence, and they rejoin from it under their old IDs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_webhook::controller::Settings;
+use etcd_webhook::controller::render::{FENCED_FROM_ANNOTATION, FENCED_INITIAL_CLUSTER};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use serde_json::{Value, json};
+
+use crate::cluster::{ControlPlane, wait_for};
+use crate::common::members::{Release, writer};
+use crate::install::ok;
+use crate::members::{NAME, NS, Played, cluster_json, wait_running};
+
+/// The namespace's Events: "TYPE REASON" -> how many (a folded repeat's series count).
+fn event_counts(cp: &ControlPlane) -> BTreeMap<String, i64> {
+    let out = ok(
+        cp.kubectl_output(
+            &["-n", NS, "get", "events.events.k8s.io", "-o", "json"],
+            None,
+        ),
+        "events",
+    );
+    let mut counts = BTreeMap::new();
+    for e in serde_json::from_str::<Value>(&out).unwrap()["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let key = format!(
+            "{} {}",
+            e["type"].as_str().unwrap_or_default(),
+            e["reason"].as_str().unwrap_or_default()
+        );
+        *counts.entry(key).or_insert(0) += e["series"]["count"].as_i64().unwrap_or(1);
+    }
+    counts
+}
+
+/// The `Available` condition's reason and message, if the status has one.
+fn available(ec: &Value) -> Option<(String, String)> {
+    ec["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Available")
+        .map(|c| {
+            (
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+                c["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+}
+
+pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) {
+    let played = Played::start(&cp, 3, Release::V3_7_4, Settings::default());
+    let (net, rt) = (played.net.clone(), &played.rt);
+    let configs: Api<ConfigMap> = Api::namespaced(played.kube.clone(), NS);
+    let members_config = || {
+        rt.block_on(configs.get(&format!("{NAME}-members")))
+            .unwrap()
+    };
+
+    let ec = json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {"size": 3, "version": "v3.7.4", "storageClass": "standard", "storageSize": "1Gi"},
+    });
+    ok(
+        cp.kubectl_output(&["create", "-f", "-"], Some(&ec.to_string())),
+        "create the EtcdCluster",
+    );
+    let t = Instant::now();
+    wait_running(&cp, 3, Duration::from_secs(120));
+    eprintln!(
+        "    3 members Running in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let unfenced = members_config().data.unwrap()["ETCD_INITIAL_CLUSTER"].clone();
+
+    // Acknowledged writes through the member that will be left.
+    let (ns0, addr0) = {
+        let n = net.lock().unwrap();
+        (n.pods[0].ns.clone(), n.pods[0].addr.clone())
+    };
+    let writing = Arc::new(AtomicBool::new(true));
+    let writes = writer(ns0, addr0, writing.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    writing.store(false, Ordering::Relaxed);
+    let (keys, failed) = writes.join().unwrap();
+    assert_eq!(failed, 0, "writes failed before the loss");
+    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
+    let events_before = event_counts(&cp);
+
+    // The nodes of members 1 and 2 go: no leader, and the loop fences.
+    let lost_at = Instant::now();
+    played.blocked.lock().unwrap().extend([1, 2]);
+    let (reason, message) = wait_for(
+        "the status says the quorum is lost",
+        Duration::from_secs(60),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            available(&cluster_json(&cp)).filter(|(r, _)| r == "QuorumLost")
+        },
+    );
+    let lost_said = lost_at.elapsed().as_secs_f64();
+    assert!(
+        message.contains(&format!("1 of 3 members answer ({NAME}-0 (applied index"))
+            && message.contains("nothing says their data is gone"),
+        "{reason}: {message}"
+    );
+    let fenced = wait_for(
+        "the members' ConfigMap fenced",
+        Duration::from_secs(30),
+        || {
+            std::thread::sleep(Duration::from_millis(300));
+            let config = members_config();
+            (config.data.as_ref()?.get("ETCD_INITIAL_CLUSTER")? == FENCED_INITIAL_CLUSTER)
+                .then_some(config)
+        },
+    );
+    assert_eq!(
+        fenced.metadata.annotations.unwrap()[FENCED_FROM_ANNOTATION],
+        unfenced,
+        "the list it had is kept aside"
+    );
+    assert!(
+        !net.lock().unwrap().put(0, "/refused", "x"),
+        "a write without a quorum"
+    );
+    // Several passes with the pods merely down change nothing: the loop waits for them.
+    std::thread::sleep(Duration::from_secs(12));
+    let waiting = available(&cluster_json(&cp));
+    assert_eq!(
+        waiting.as_ref().map(|(r, _)| r.as_str()),
+        Some("QuorumLost"),
+        "{waiting:?}"
+    );
+
+    // They come back on empty disks: the played node wipes the claims' folders.
+    {
+        let n = net.lock().unwrap();
+        for i in [1, 2] {
+            std::fs::remove_dir_all(n.pods[i].data.join("data")).unwrap();
+        }
+    }
+    let back_at = Instant::now();
+    played.blocked.lock().unwrap().clear();
+    let mut said: Vec<String> = vec![reason];
+    let mut rejoin_message = String::new();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let ec = cluster_json(&cp);
+        if let Some((r, m)) = available(&ec) {
+            if r == "RejoiningFromSurvivor" {
+                rejoin_message = m;
+            }
+            if said.last() != Some(&r) {
+                said.push(r);
+            }
+        }
+        let status = &ec["status"];
+        let voting = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Members" && c["reason"] == "AllVoting");
+        if status["phase"] == "Running" && status["readyReplicas"] == 3 && voting {
+            break;
+        }
+        if Instant::now() > deadline {
+            let pods = cp.kubectl_output(
+                &["-n", NS, "get", "pods", "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].state} last {.status.containerStatuses[0].lastState}{\"\\n\"}{end}"],
+                None,
+            );
+            panic!(
+                "not Running 180 s after the nodes came back: the status said {said:?}; now {}\npods:\n{}\nmembers:\n{}",
+                ec["status"],
+                String::from_utf8_lossy(&pods.stdout),
+                net.lock().unwrap().logs()
+            );
+        }
+    }
+    let healed = back_at.elapsed().as_secs_f64();
+    assert!(
+        said.iter().any(|r| r == "RejoiningFromSurvivor"),
+        "the status said the rejoin: {said:?}"
+    );
+    assert!(
+        rejoin_message.contains(&format!("{NAME}-0")),
+        "the rejoin names the survivor: {rejoin_message}"
+    );
+    let events = event_counts(&cp);
+    assert_eq!(
+        events.get("Warning RejoiningFromSurvivor"),
+        Some(&1),
+        "one Warning RejoiningFromSurvivor: {events:?}"
+    );
+    // No membership call: the empty members rejoined under their old IDs.
+    for reason in [
+        "AddedLearner",
+        "PromotedMember",
+        "MemberVolumeLost",
+        "MemberVolumeStale",
+        "MemberVolumeReplaced",
+        "MemberNeverStarted",
+    ] {
+        let n = |counts: &BTreeMap<String, i64>| {
+            counts
+                .iter()
+                .filter(|(k, _)| k.ends_with(&format!(" {reason}")))
+                .map(|(_, n)| n)
+                .sum::<i64>()
+        };
+        assert_eq!(
+            n(&events),
+            n(&events_before),
+            "{reason} during the recovery: {events:?}"
+        );
+    }
+    assert_eq!(
+        members_config().data.unwrap()["ETCD_INITIAL_CLUSTER"],
+        unfenced,
+        "the fence lifted"
+    );
+    {
+        let n = net.lock().unwrap();
+        for key in &keys {
+            for i in 0..3 {
+                assert_eq!(
+                    n.get(i, key).as_deref(),
+                    Some(key.trim_start_matches("/w/")),
+                    "{key} through member {i} after the recovery"
+                );
+            }
+        }
+        assert!(n.put(1, "/after", "x"), "a write after the recovery");
+    }
+    eprintln!(
+        "    2 of 3 members' nodes gone: QuorumLost said {lost_said:.1} s after, fenced, no write taken; back on empty disks: {said:?}, Running with 3 voters {healed:.1} s after, all {} acknowledged writes on every member, no membership call",
+        keys.len()
+    );
+    played.finish(&cp);
+}
