@@ -68,13 +68,6 @@ fn available(ec: &Value) -> Option<(String, String)> {
 
 pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) {
     let played = Played::start(&cp, 3, Release::V3_7_4, Settings::default());
-    let (net, rt) = (played.net.clone(), &played.rt);
-    let configs: Api<ConfigMap> = Api::namespaced(played.kube.clone(), NS);
-    let members_config = || {
-        rt.block_on(configs.get(&format!("{NAME}-members")))
-            .unwrap()
-    };
-
     let ec = json!({
         "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
         "metadata": {"name": NAME, "namespace": NS},
@@ -90,37 +83,78 @@ pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) 
         "    3 members Running in {:.1} s",
         t.elapsed().as_secs_f64()
     );
+    // The default, Automatic: member 0 is left.
+    lose_two_and_recover(&cp, &played, 0, false);
+    // The same cluster with Manual recovery, member 1 left this time: nothing changes until
+    // the approval, given with the command the condition prints.
+    ok(
+        cp.kubectl_output(
+            &[
+                "-n",
+                NS,
+                "patch",
+                "etcdclusters.v1.etcd.example.com",
+                NAME,
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"recovery":{"quorumLoss":"Manual"}}}"#,
+            ],
+            None,
+        ),
+        "recovery Manual",
+    );
+    lose_two_and_recover(&cp, &played, 1, true);
+    played.finish(&cp);
+}
+
+/// Writes through `survivor`, then the other two members' nodes go (the loop finds no leader
+/// and fences) and come back with empty disks; the cluster is back with 3 voters, every
+/// acknowledged write on every member, and no membership call. With `manual`, the loop waits
+/// for the approval of the plan it names, which is given as the condition says.
+fn lose_two_and_recover(cp: &ControlPlane, played: &Played, survivor: usize, manual: bool) {
+    let (net, rt) = (&played.net, &played.rt);
+    let configs: Api<ConfigMap> = Api::namespaced(played.kube.clone(), NS);
+    let members_config = || {
+        rt.block_on(configs.get(&format!("{NAME}-members")))
+            .unwrap()
+    };
     let unfenced = members_config().data.unwrap()["ETCD_INITIAL_CLUSTER"].clone();
+    let others: Vec<usize> = (0..3).filter(|&i| i != survivor).collect();
 
     // Acknowledged writes through the member that will be left.
-    let (ns0, addr0) = {
+    let (ns, addr) = {
         let n = net.lock().unwrap();
-        (n.pods[0].ns.clone(), n.pods[0].addr.clone())
+        (n.pods[survivor].ns.clone(), n.pods[survivor].addr.clone())
     };
     let writing = Arc::new(AtomicBool::new(true));
-    let writes = writer(ns0, addr0, writing.clone());
+    let writes = writer(ns, addr, writing.clone());
     std::thread::sleep(Duration::from_secs(3));
     writing.store(false, Ordering::Relaxed);
     let (keys, failed) = writes.join().unwrap();
     assert_eq!(failed, 0, "writes failed before the loss");
     assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
-    let events_before = event_counts(&cp);
+    let events_before = event_counts(cp);
 
-    // The nodes of members 1 and 2 go: no leader, and the loop fences.
+    // The other two members' nodes go: no leader, and the loop fences.
     let lost_at = Instant::now();
-    played.blocked.lock().unwrap().extend([1, 2]);
+    played
+        .blocked
+        .lock()
+        .unwrap()
+        .extend(others.iter().copied());
     let (reason, message) = wait_for(
         "the status says the quorum is lost",
         Duration::from_secs(60),
         || {
             std::thread::sleep(Duration::from_millis(500));
-            available(&cluster_json(&cp)).filter(|(r, _)| r == "QuorumLost")
+            available(&cluster_json(cp)).filter(|(r, _)| r == "QuorumLost")
         },
     );
     let lost_said = lost_at.elapsed().as_secs_f64();
     assert!(
-        message.contains(&format!("1 of 3 members answer ({NAME}-0 (applied index"))
-            && message.contains("nothing says their data is gone"),
+        message.contains(&format!(
+            "1 of 3 members answer ({NAME}-{survivor} (applied index"
+        )) && message.contains("nothing says their data is gone"),
         "{reason}: {message}"
     );
     let fenced = wait_for(
@@ -139,12 +173,12 @@ pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) 
         "the list it had is kept aside"
     );
     assert!(
-        !net.lock().unwrap().put(0, "/refused", "x"),
+        !net.lock().unwrap().put(survivor, "/refused", "x"),
         "a write without a quorum"
     );
     // Several passes with the pods merely down change nothing: the loop waits for them.
     std::thread::sleep(Duration::from_secs(12));
-    let waiting = available(&cluster_json(&cp));
+    let waiting = available(&cluster_json(cp));
     assert_eq!(
         waiting.as_ref().map(|(r, _)| r.as_str()),
         Some("QuorumLost"),
@@ -154,18 +188,61 @@ pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) 
     // They come back on empty disks: the played node wipes the claims' folders.
     {
         let n = net.lock().unwrap();
-        for i in [1, 2] {
+        for &i in &others {
             std::fs::remove_dir_all(n.pods[i].data.join("data")).unwrap();
         }
     }
     let back_at = Instant::now();
     played.blocked.lock().unwrap().clear();
     let mut said: Vec<String> = vec![reason];
+    let mut approval = None;
+    if manual {
+        let (_, message) = wait_for(
+            "the status asks for an approval",
+            Duration::from_secs(60),
+            || {
+                std::thread::sleep(Duration::from_millis(500));
+                available(&cluster_json(cp)).filter(|(r, _)| r == "RecoveryAwaitingApproval")
+            },
+        );
+        said.push("RecoveryAwaitingApproval".to_owned());
+        assert!(
+            message.contains(&format!("{NAME}-{survivor} is the only member with data")),
+            "{message}"
+        );
+        // Nothing changes while it waits: still fenced, still asking, no write taken.
+        std::thread::sleep(Duration::from_secs(12));
+        let still = available(&cluster_json(cp));
+        assert_eq!(
+            still.as_ref().map(|(r, _)| r.as_str()),
+            Some("RecoveryAwaitingApproval"),
+            "{still:?}"
+        );
+        assert_eq!(
+            members_config().data.unwrap()["ETCD_INITIAL_CLUSTER"],
+            FENCED_INITIAL_CLUSTER,
+            "fenced until approved"
+        );
+        assert!(
+            !net.lock().unwrap().put(survivor, "/refused", "x"),
+            "a write before the approval"
+        );
+        // The approval, as the condition says to give it.
+        let command = message
+            .split_once("Approve with: kubectl ")
+            .and_then(|(_, c)| c.split_once("--overwrite").map(|(c, _)| c))
+            .unwrap_or_else(|| panic!("no approval command in {message}"));
+        let mut args: Vec<&str> = command.split_whitespace().collect();
+        args.push("--overwrite");
+        ok(cp.kubectl_output(&args, None), "the approval");
+        approval = Some(command.trim().to_owned());
+    }
+    let approved_at = Instant::now();
     let mut rejoin_message = String::new();
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         std::thread::sleep(Duration::from_millis(500));
-        let ec = cluster_json(&cp);
+        let ec = cluster_json(cp);
         if let Some((r, m)) = available(&ec) {
             if r == "RejoiningFromSurvivor" {
                 rejoin_message = m;
@@ -197,20 +274,38 @@ pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) 
         }
     }
     let healed = back_at.elapsed().as_secs_f64();
+    let after_approval = approved_at.elapsed().as_secs_f64();
     assert!(
         said.iter().any(|r| r == "RejoiningFromSurvivor"),
         "the status said the rejoin: {said:?}"
     );
     assert!(
-        rejoin_message.contains(&format!("{NAME}-0")),
+        rejoin_message.contains(&format!("{NAME}-{survivor}")),
         "the rejoin names the survivor: {rejoin_message}"
     );
-    let events = event_counts(&cp);
+    let events = event_counts(cp);
+    let warned = |reason: &str| {
+        events
+            .get(&format!("Warning {reason}"))
+            .copied()
+            .unwrap_or(0)
+            - events_before
+                .get(&format!("Warning {reason}"))
+                .copied()
+                .unwrap_or(0)
+    };
     assert_eq!(
-        events.get("Warning RejoiningFromSurvivor"),
-        Some(&1),
+        warned("RejoiningFromSurvivor"),
+        1,
         "one Warning RejoiningFromSurvivor: {events:?}"
     );
+    if manual {
+        assert_eq!(
+            warned("RecoveryAwaitingApproval"),
+            1,
+            "one Warning RecoveryAwaitingApproval: {events:?}"
+        );
+    }
     // No membership call: the empty members rejoined under their old IDs.
     for reason in [
         "AddedLearner",
@@ -249,11 +344,19 @@ pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) 
                 );
             }
         }
-        assert!(n.put(1, "/after", "x"), "a write after the recovery");
+        assert!(
+            n.put(others[0], "/after", "x"),
+            "a write after the recovery"
+        );
     }
+    let how = match &approval {
+        Some(command) => format!(
+            "approved with `kubectl {command} --overwrite`, Running {after_approval:.1} s after the approval"
+        ),
+        None => "Automatic".to_owned(),
+    };
     eprintln!(
-        "    2 of 3 members' nodes gone: QuorumLost said {lost_said:.1} s after, fenced, no write taken; back on empty disks: {said:?}, Running with 3 voters {healed:.1} s after, all {} acknowledged writes on every member, no membership call",
+        "    2 of 3 members' nodes gone, {NAME}-{survivor} left: QuorumLost said {lost_said:.1} s after, fenced, no write taken; back on empty disks: {said:?}, Running with 3 voters {healed:.1} s after ({how}), all {} acknowledged writes on every member, no membership call",
         keys.len()
     );
-    played.finish(&cp);
 }
