@@ -273,6 +273,9 @@ pub fn rescue_job_name(ec: &EtcdCluster, ordinal: i32) -> String {
     format!("{}-rescue-{ordinal}", ec.name_any())
 }
 
+/// How long a finished rescue Job (and its pod's report) stays.
+pub const RESCUE_JOB_TTL_SECONDS: i32 = 86400;
+
 /// Job `NAME-rescue-<ordinal>`: a snapshot of member `ordinal` alone (no quorum needed), filed
 /// as `STEM-rescue-NAME-<ordinal>-<time>.db` and never pruned, before a rebuild after a lost
 /// quorum makes that member's volume anew (`quorum::Diagnosis::Rebuilding`). Its pod carries
@@ -299,6 +302,10 @@ pub fn rescue_job(
         spec: Some(JobSpec {
             backoff_limit: Some(2),
             active_deadline_seconds: Some(3600),
+            // A day to read its log, then the TTL controller removes it. The copy is in the
+            // destination, and should a rebuild still wait for it then (the loop down all
+            // day), the next pass makes the Job again and files one more copy.
+            ttl_seconds_after_finished: Some(RESCUE_JOB_TTL_SECONDS),
             template,
             ..Default::default()
         }),

@@ -881,7 +881,9 @@ pub(crate) mod tests {
             "rejoin-from-etcd-0-at-9",
         );
         assert_eq!(job.metadata.name.as_deref(), Some("etcd-rescue-2"));
-        let template = job.spec.unwrap().template;
+        let spec = job.spec.unwrap();
+        assert_eq!(spec.ttl_seconds_after_finished, Some(86400), "gone after a day");
+        let template = spec.template;
         let meta = template.metadata.unwrap();
         assert_eq!(
             meta.labels.unwrap()["app.kubernetes.io/component"],
