@@ -31,6 +31,8 @@ for t in "${targets[@]}"; do
   # forbids unsafe code, so AddressSanitizer would only watch its dependencies' unsafe blocks,
   # at the cost of a slower build and slower runs; a panic or a failed assertion is what these
   # targets look for, and libFuzzer catches those without it.
+  # The lib is built without its default features (fuzz/Cargo.toml): the decisions and the
+  # reviews' codec alone, 78 crates instead of ~270 (the cold build 175 s instead of 628 s).
   RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none --target-dir ../target/fuzz "$t" "$corpus" -- \
     -max_total_time="$secs" -max_len=65536 -print_final_stats=1 >"$log" 2>&1 || status=$?
   if [[ $status -ne 0 ]]; then

@@ -1,18 +1,20 @@
 //! `POST /convert`: every object to the desired version, in order.
 
+#[cfg(feature = "server")]
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::Response;
+#[cfg(feature = "server")]
+use axum::{body::Body, extract::State, http::HeaderMap, response::Response};
 use kube::core::TypeMeta;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use super::{ApiError, AppState, decode_error, json_response, read_body};
+use super::{ApiError, decode_error};
+#[cfg(feature = "server")]
+use super::{AppState, json_response, read_body};
 use crate::api::{Version, convert};
+#[cfg(feature = "server")]
 use crate::metrics::{ConversionLabels, ResultLabel};
 
 pub const CONVERSION_V1: &str = "apiextensions.k8s.io/v1";
@@ -40,6 +42,7 @@ fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Value>, D::Error
     Ok(Option::<Vec<Value>>::deserialize(d)?.unwrap_or_default())
 }
 
+#[cfg(feature = "server")]
 pub async fn handle(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,

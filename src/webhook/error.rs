@@ -3,9 +3,14 @@
 
 use std::time::Duration;
 
-use axum::http::{HeaderValue, StatusCode, header};
+#[cfg(feature = "server")]
+use axum::http::{HeaderValue, header};
+#[cfg(feature = "server")]
 use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+#[cfg(feature = "server")]
 use serde::Serialize;
+#[cfg(feature = "server")]
 use serde_json::Value;
 
 /// An HTTP-level failure: the request was not a review we can answer. Encoded as a
@@ -44,6 +49,7 @@ impl ApiError {
     }
 }
 
+#[cfg(feature = "server")]
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -89,10 +95,12 @@ impl IntoResponse for ApiError {
 }
 
 /// A 200 response with a JSON body.
+#[cfg(feature = "server")]
 pub fn json_response<T: Serialize>(body: &T) -> Response {
     (StatusCode::OK, json_bytes(body)).into_response()
 }
 
+#[cfg(feature = "server")]
 fn json_bytes<T: Serialize>(body: &T) -> ([(header::HeaderName, HeaderValue); 1], Vec<u8>) {
     let bytes = serde_json::to_vec(body).unwrap_or_else(|e| {
         format!(r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"cannot encode response: {e}","code":500}}"#).into_bytes()

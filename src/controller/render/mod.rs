@@ -882,7 +882,11 @@ pub(crate) mod tests {
         );
         assert_eq!(job.metadata.name.as_deref(), Some("etcd-rescue-2"));
         let spec = job.spec.unwrap();
-        assert_eq!(spec.ttl_seconds_after_finished, Some(86400), "gone after a day");
+        assert_eq!(
+            spec.ttl_seconds_after_finished,
+            Some(86400),
+            "gone after a day"
+        );
         let template = spec.template;
         let meta = template.metadata.unwrap();
         assert_eq!(
