@@ -322,9 +322,12 @@ async fn kubelet_sweep(
     }
 }
 
-/// The Events whose related object is pod `pod`: reason -> how many times (the series count
-/// of a folded repeat, else 1).
-fn member_events(cp: &ControlPlane, pod: &str) -> BTreeMap<String, i64> {
+/// The namespace's Events counted by `key` (those it gives a key for): how many times each (the
+/// series count of a folded repeat, else 1).
+pub fn count_events(
+    cp: &ControlPlane,
+    key: impl Fn(&Value) -> Option<String>,
+) -> BTreeMap<String, i64> {
     let out = ok(
         cp.kubectl_output(
             &["-n", NS, "get", "events.events.k8s.io", "-o", "json"],
@@ -337,14 +340,19 @@ fn member_events(cp: &ControlPlane, pod: &str) -> BTreeMap<String, i64> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|e| e["related"]["name"] == pod)
     {
-        let n = e["series"]["count"].as_i64().unwrap_or(1);
-        *counts
-            .entry(e["reason"].as_str().unwrap_or_default().to_owned())
-            .or_insert(0) += n;
+        if let Some(k) = key(e) {
+            *counts.entry(k).or_insert(0) += e["series"]["count"].as_i64().unwrap_or(1);
+        }
     }
     counts
+}
+
+/// The Events whose related object is pod `pod`: reason -> how many times.
+fn member_events(cp: &ControlPlane, pod: &str) -> BTreeMap<String, i64> {
+    count_events(cp, |e| {
+        (e["related"]["name"] == pod).then(|| e["reason"].as_str().unwrap_or_default().to_owned())
+    })
 }
 
 /// The reasons of the Events in the namespace.
