@@ -381,7 +381,7 @@ fn wait_event(cp: &ControlPlane, reason: &str, within: Duration) {
 }
 
 /// A merge patch of the cluster's spec, as `kubectl patch` sends it.
-fn patch_spec(cp: &ControlPlane, spec: Value, what: &str) {
+pub fn patch_spec(cp: &ControlPlane, spec: Value, what: &str) {
     let patch = json!({ "spec": spec }).to_string();
     ok(
         cp.kubectl_output(
@@ -429,15 +429,39 @@ pub fn wait_running(cp: &ControlPlane, size: i64, within: Duration) -> Value {
     wait_for(&format!("Running with {size} voters"), within, || {
         std::thread::sleep(Duration::from_millis(500));
         let ec = cluster_json(cp);
-        let status = &ec["status"];
-        let voting = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Members" && c["reason"] == "AllVoting");
-        (status["phase"] == "Running" && status["readyReplicas"] == size && voting)
-            .then(|| ec.clone())
+        is_running(&ec, size).then_some(ec)
     })
+}
+
+/// Whether the cluster's status says Running with `size` healthy voters, every member voting.
+pub fn is_running(ec: &Value, size: i64) -> bool {
+    let status = &ec["status"];
+    let voting = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Members" && c["reason"] == "AllVoting");
+    status["phase"] == "Running" && status["readyReplicas"] == size && voting
+}
+
+/// Creates the scenario's EtcdCluster (v1, `size` members of `version`) and waits until it is
+/// Running with every member voting.
+pub fn create_cluster(cp: &ControlPlane, size: i64, version: &str, within: Duration) {
+    let ec = json!({
+        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {"size": size, "version": version, "storageClass": "standard", "storageSize": "1Gi"},
+    });
+    ok(
+        cp.kubectl_output(&["create", "-f", "-"], Some(&ec.to_string())),
+        "create the EtcdCluster",
+    );
+    let t = Instant::now();
+    wait_running(cp, size, within);
+    eprintln!(
+        "    {size} member(s) Running in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// The loop, the played kubelet and the members of one scenario: the CRD applied (no webhook
@@ -581,18 +605,7 @@ pub fn membership_through_the_apiserver(cp: ControlPlane) {
         played.blocked.clone(),
     );
 
-    let ec = json!({
-        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
-        "metadata": {"name": NAME, "namespace": NS},
-        "spec": {"size": 1, "version": "v3.5.36", "storageClass": "standard", "storageSize": "1Gi"},
-    });
-    ok(
-        cp.kubectl_output(&["create", "-f", "-"], Some(&ec.to_string())),
-        "create the EtcdCluster",
-    );
-    let t = Instant::now();
-    wait_running(&cp, 1, Duration::from_secs(90));
-    eprintln!("    1 member Running in {:.1} s", t.elapsed().as_secs_f64());
+    create_cluster(&cp, 1, "v3.5.36", Duration::from_secs(90));
     let sts: Api<StatefulSet> = Api::namespaced(kube.clone(), NS);
     let revision = |rt: &tokio::runtime::Runtime| {
         let s = rt.block_on(sts.get(NAME)).unwrap();

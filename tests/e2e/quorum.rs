@@ -25,7 +25,9 @@ use serde_json::{Value, json};
 use crate::cluster::{ControlPlane, wait_for};
 use crate::common::members::{Release, writer};
 use crate::install::ok;
-use crate::members::{NAME, NS, Played, cluster_json, count_events, wait_running};
+use crate::members::{
+    NAME, NS, Played, cluster_json, count_events, create_cluster, is_running, patch_spec,
+};
 
 /// The namespace's Events: "TYPE REASON" -> how many.
 fn event_counts(cp: &ControlPlane) -> BTreeMap<String, i64> {
@@ -68,39 +70,14 @@ fn available(ec: &Value) -> Option<(String, String)> {
 
 pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) {
     let played = Played::start(&cp, 3, Release::V3_7_4, Settings::default());
-    let ec = json!({
-        "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
-        "metadata": {"name": NAME, "namespace": NS},
-        "spec": {"size": 3, "version": "v3.7.4", "storageClass": "standard", "storageSize": "1Gi"},
-    });
-    ok(
-        cp.kubectl_output(&["create", "-f", "-"], Some(&ec.to_string())),
-        "create the EtcdCluster",
-    );
-    let t = Instant::now();
-    wait_running(&cp, 3, Duration::from_secs(120));
-    eprintln!(
-        "    3 members Running in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
+    create_cluster(&cp, 3, "v3.7.4", Duration::from_secs(120));
     // The default, Automatic: member 0 is left.
     lose_two_and_recover(&cp, &played, 0, false);
     // The same cluster with Manual recovery, member 1 left this time: nothing changes until
     // the approval, given with the command the condition prints.
-    ok(
-        cp.kubectl_output(
-            &[
-                "-n",
-                NS,
-                "patch",
-                "etcdclusters.v1.etcd.example.com",
-                NAME,
-                "--type=merge",
-                "-p",
-                r#"{"spec":{"recovery":{"quorumLoss":"Manual"}}}"#,
-            ],
-            None,
-        ),
+    patch_spec(
+        &cp,
+        json!({"recovery": {"quorumLoss": "Manual"}}),
         "recovery Manual",
     );
     lose_two_and_recover(&cp, &played, 1, true);
@@ -244,13 +221,7 @@ fn lose_two_and_recover(cp: &ControlPlane, played: &Played, survivor: usize, man
                 said.push(r);
             }
         }
-        let status = &ec["status"];
-        let voting = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Members" && c["reason"] == "AllVoting");
-        if status["phase"] == "Running" && status["readyReplicas"] == 3 && voting {
+        if is_running(&ec, 3) {
             break;
         }
         if Instant::now() > deadline {
