@@ -274,51 +274,16 @@ impl Setup {
         mounts: &[(&str, &Path)],
         report: &Path,
     ) -> (i32, String, String) {
-        let command = container.command.clone().unwrap_or_default();
-        let (program, before): (PathBuf, Vec<&str>) = match command[0].as_str() {
-            "/etcd-webhook" => (env!("CARGO_BIN_EXE_etcd-webhook").into(), vec![]),
-            // The etcdutl of the release the Job's image names (the member image).
-            "/usr/local/bin/etcdutl" => container
-                .image
-                .as_deref()
-                .and_then(Release::of_image)
-                .expect("an etcd image of a release the harness runs")
-                .etcdutl(),
-            other => panic!("no program for {other}"),
-        };
-        let args: Vec<String> = container
-            .args
-            .iter()
-            .flatten()
-            .map(|a| {
-                if a.contains("/dev/termination-log") {
-                    return a.replace("/dev/termination-log", &report.display().to_string());
-                }
-                let mut a = a.clone();
-                for (at, folder) in mounts {
-                    a = a.replace(at, &folder.display().to_string());
-                }
-                a
-            })
-            .collect();
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.net.pods[JOB].ns])
-            .arg(program)
-            .args(before)
-            .args(&args)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-            .env("AWS_SECRET_ACCESS_KEY", self.secret)
-            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run a container");
-        (
-            out.status.code().unwrap_or(-1),
-            std::fs::read_to_string(report).unwrap_or_default(),
-            String::from_utf8_lossy(&out.stderr).into_owned()
-                + &String::from_utf8_lossy(&out.stdout),
+        common::members::run_job_container(
+            &self.net.pods[JOB].ns,
+            container,
+            mounts,
+            report,
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", self.secret),
+                ("AWS_ENDPOINT_URL", "http://127.0.0.1:9000"),
+            ],
         )
     }
 

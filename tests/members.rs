@@ -345,6 +345,10 @@ struct Loop {
     /// backup destination (none: backups are off); what the rescue did, in order.
     rescue: etcd_webhook::controller::decide::quorum::Rescue,
     rescued: Vec<String>,
+    /// The newest snapshot (`status.backup.last`), and the folder the backup claim is: a
+    /// restore in place reads the snapshot from there.
+    newest: Option<etcd_webhook::api::v1::SnapshotRecord>,
+    backup_claim: Option<std::path::PathBuf>,
     /// The next pass dies right after its etcd call (before it writes anything else).
     crash_after_call: bool,
     /// Every pass that makes an etcd call dies right after it.
@@ -389,6 +393,8 @@ impl Loop {
             diagnosis: None,
             rescue: Default::default(),
             rescued: Vec::new(),
+            newest: None,
+            backup_claim: None,
             crash_after_call: false,
             die_after_calls: false,
             timeouts: Timeouts::default(),
@@ -539,7 +545,13 @@ impl Loop {
                 .filter(|(i, _)| !net.running(**i as usize))
                 .map(|(i, e)| (*i, e.clone()))
                 .collect();
-            self.diagnosis = diagnose(&self.ec, &outcome.survey, &ended, None, &self.rescue);
+            self.diagnosis = diagnose(
+                &self.ec,
+                &outcome.survey,
+                &ended,
+                self.newest.as_ref(),
+                &self.rescue,
+            );
             let rejoin = matches!(self.diagnosis, Some(Diagnosis::Rejoining(_)));
             // The first lift for a plan makes the pods of the members known empty anew
             // (pass/rescue.rs `lift`): no crash-loop back-off.
@@ -553,11 +565,20 @@ impl Loop {
             // A rebuild (pass/rescue.rs `rebuild`): a rescue Job for each member to copy (run
             // here as its pod runs it: `etcd-webhook backup --kind=rescue` against that member
             // alone), and a new volume for each member copied.
-            if let Some(Diagnosis::Rebuilding {
-                plan, copy, wipe, ..
-            }) = self.diagnosis.clone()
+            let (plan, copy, wipe, restore) = match self.diagnosis.clone() {
+                Some(Diagnosis::Rebuilding {
+                    plan, copy, wipe, ..
+                }) => (plan, copy, wipe, None),
+                Some(Diagnosis::Restoring {
+                    plan,
+                    copy,
+                    restore,
+                    ..
+                }) => (plan, copy, Vec::new(), Some(restore)),
+                _ => Default::default(),
+            };
             {
-                for o in copy {
+                for &o in &copy {
                     match rescue_copy(net, &self.ec, o as usize, &self.rescue) {
                         Ok(uri) => {
                             self.rescued.push(format!("copied {o} to {uri}"));
@@ -575,6 +596,13 @@ impl Loop {
                     empty_volume(net, o as usize);
                 }
             }
+            // A restore in place once every copy is filed (pass/rescue.rs asks for it,
+            // pass/restore.rs `clear` and `prepare` carry it out).
+            if let Some(restore) = restore.filter(|_| copy.is_empty()) {
+                self.restore_in_place(net, &restore);
+                self.kubelet(net);
+                return outcome;
+            }
             let (list, keep) = render::without_member_list(
                 &self.ec,
                 net.config.get("ETCD_INITIAL_CLUSTER").map(String::as_str),
@@ -588,6 +616,77 @@ impl Loop {
         }
         self.kubelet(net);
         outcome
+    }
+
+    /// A restore in place as the loop and the cluster carry it out (pass/restore.rs `clear`,
+    /// then `prepare`): the StatefulSet, the member pods, their claims and the members'
+    /// ConfigMap go (every volume empty), the cluster ID is dropped and `restored-from` set;
+    /// each member's restore Job (rendered from the cluster as it now is) runs as the kubelet
+    /// runs it, its claim the member's folder and the backup claim at its source mount; then
+    /// the members' ConfigMap is made as for a new cluster, and the StatefulSet runs them.
+    fn restore_in_place(&mut self, net: &mut Net, restore: &render::InPlace) {
+        self.rescued
+            .push(format!("restoring from {}", restore.from));
+        let size = self.ec.spec.size;
+        for i in 0..size as usize {
+            self.recreate(net, i);
+            empty_volume(net, i);
+        }
+        self.ec.metadata.annotations.get_or_insert_default().insert(
+            render::RESTORED_FROM_ANNOTATION.to_owned(),
+            restore.to_annotation(),
+        );
+        self.cluster_id = None;
+        self.memory = Memory::default();
+        self.fenced_from = None;
+        self.rescue.lifted = None;
+        let source = etcd_webhook::api::SnapshotSource::parse(&restore.from).expect("a snapshot");
+        let claim = self
+            .backup_claim
+            .clone()
+            .expect("the backup claim's folder");
+        for i in 0..size {
+            let job = render::restore_job(
+                &self.ec,
+                i,
+                source,
+                Some(&restore.sha256),
+                &RenderOptions::default(),
+            );
+            let pod = job.spec.unwrap().template.spec.unwrap();
+            let scratch = net.tmp.path().join(format!("restore-{i}"));
+            std::fs::create_dir_all(&scratch).unwrap();
+            let data = net.pods[i as usize].data.clone();
+            let mounts = [
+                ("/restore", scratch.as_path()),
+                (common::members::MOUNT, data.as_path()),
+                (render::RESTORE_SOURCE_MOUNT, claim.as_path()),
+            ];
+            // The kubelet's order: the init containers one after another, then the container.
+            for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+                let report = scratch.join(format!("{}-report", c.name));
+                let (code, message, out) = common::members::run_job_container(
+                    &net.controller_ns,
+                    c,
+                    &mounts,
+                    &report,
+                    &[],
+                );
+                assert_eq!(
+                    code, 0,
+                    "{} of member {i}'s restore: {message}\n{out}",
+                    c.name
+                );
+            }
+            run(Command::new("chown")
+                .arg("-R")
+                .arg(format!("{RUN_AS}:{RUN_AS}"))
+                .arg(&data));
+            std::fs::remove_dir_all(&scratch).unwrap();
+        }
+        self.rescued.push(format!("restored {size} members"));
+        net.config = render::bootstrap_config(&self.ec, size, true).data.unwrap();
+        self.replicas = size;
     }
 
     /// The StatefulSet controller and the kubelet: pods below the size run (an exited one
@@ -1756,6 +1855,231 @@ fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_afte
         checked.size,
         net.pods[y].name,
         net.pods[x].name,
+        timeline.join(", "),
+        keys.len()
+    );
+}
+
+/// Scenario 3 of a lost quorum: the survivor is older than the newest backup. Of three
+/// members, Y is cut from its peers while the other two take 30 writes, a scheduled snapshot
+/// (to the backup claim's folder) is taken with all of them, then the two lose their volumes
+/// and Y comes back alone. The diagnosis says `RestoringFromSnapshot` (not a rejoin from Y,
+/// which would lose the 30); Y's data is copied first (its copy holds what Y had, none of the
+/// 30), then the cluster is restored in place from the snapshot by the rendered restore Jobs
+/// (a cluster ID of its own) and every member has every key the snapshot had; writes are
+/// taken again.
+#[test]
+fn quorum_loss_behind_the_newest_snapshot_restores_it_in_place_after_copying_the_survivor() {
+    use etcd_webhook::controller::decide::quorum::Diagnosis;
+    let (mut net, mut lp) = formed("behind", 3, 3, Release::V3_7_4);
+    let backups = net.tmp.path().join("backups");
+    std::fs::create_dir_all(&backups).unwrap();
+    lp.rescue.destination = Some(backups.display().to_string());
+    lp.backup_claim = Some(backups.clone());
+    let mut keys = corruption_keys(&net);
+    lp.pass(&mut net);
+    let first_id = lp.cluster_id.expect("the cluster ID recorded");
+    let x = leader_of(&net);
+    let y = (x + 1) % 3;
+    let z = (x + 2) % 3;
+    let ns = net.pods[y].ns.clone();
+    let cut = |op: &str| {
+        for chain in ["INPUT", "OUTPUT"] {
+            for port in ["--dport", "--sport"] {
+                run(Command::new("ip").args([
+                    "netns", "exec", &ns, "iptables", op, chain, "-p", "tcp", port, "2380", "-j",
+                    "DROP",
+                ]));
+            }
+        }
+    };
+    cut("-A");
+    let mut acknowledged = Vec::new();
+    for k in 0..30 {
+        let key = format!("/w/late{k}");
+        if net.put(x, &key, &format!("late{k}")) {
+            acknowledged.push(key);
+        }
+    }
+    assert_eq!(acknowledged.len(), 30, "two of three take every write");
+    let revision_of = |i: usize| {
+        net.v3(i, "maintenance/status", json!({})).expect("status")["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse::<i64>().ok())
+            .expect("a revision")
+    };
+    let y_revision = revision_of(y);
+    // The scheduled snapshot, as the backup Job takes it (a healthy voter: Y has no leader by
+    // now), filed on the backup claim.
+    let work = net.tmp.path().join("backup-work");
+    std::fs::create_dir_all(&work).unwrap();
+    let args = etcd_webhook::cli::BackupArgs {
+        cluster: render::snapshot_stem(&lp.ec),
+        endpoints: vec![net.endpoints()[x].clone(), net.endpoints()[z].clone()],
+        destination: backups.display().to_string(),
+        kind: etcd_webhook::cli::SnapshotKind::Scheduled,
+        member: None,
+        retention: 7,
+        work_dir: work,
+        report: None,
+        timeout_seconds: 10,
+        tls_dir: None,
+    };
+    let report = in_netns(&net.controller_ns, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(etcd_webhook::backup::run(&args))
+    })
+    .expect("a scheduled snapshot");
+    let file = std::path::Path::new(&report.uri)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let newest = etcd_webhook::api::v1::SnapshotRecord {
+        time: report.time.clone(),
+        uri: etcd_webhook::api::claim_uri(&render::backup_claim_name(&lp.ec), &file),
+        size: report.size as i64,
+        sha256: report.sha256.clone(),
+        revision: report.revision as i64,
+        member: report.member.clone(),
+        ..Default::default()
+    };
+    assert!(
+        newest.revision > y_revision,
+        "the snapshot ({} at revision {}) is newer than Y's revision {y_revision}",
+        newest.member,
+        newest.revision
+    );
+    lp.newest = Some(newest.clone());
+    // X and Z lose their volumes; Y is left alone. Its peer port opens once it is stopped for
+    // the restore: what X had sent it before the cut, still in X's socket buffers, would
+    // otherwise arrive and catch it up (TCP delivers it once the cut is gone), and then Y
+    // would be no older than the snapshot.
+    lp.blocked.extend([x, z]);
+    for i in [x, z] {
+        net.stop(i);
+        empty_volume(&net, i);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "no diagnosis: {}", net.logs());
+        let outcome = lp.pass(&mut net);
+        if lp.diagnosis.is_some()
+            && outcome
+                .survey
+                .get(&(y as i32))
+                .is_some_and(|s| s.leader == 0)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        net.config["ETCD_INITIAL_CLUSTER"],
+        render::FENCED_INITIAL_CLUSTER,
+        "fenced"
+    );
+    lp.blocked.clear();
+    let lost = Instant::now();
+    let mut said: Vec<&'static str> = Vec::new();
+    let mut timeline = Vec::new();
+    let mut done = 0;
+    let mut open = false;
+    let deadline = lost + Duration::from_secs(120);
+    loop {
+        let outcome = lp.pass(&mut net);
+        if !open && lp.rescued.iter().any(|r| r.starts_with("restoring from")) {
+            cut("-D");
+            open = true;
+        }
+        if let Some(kind) = lp.diagnosis.as_ref().map(Diagnosis::reason)
+            && said.last() != Some(&kind)
+        {
+            said.push(kind);
+            timeline.push(format!("{kind} at {:.1} s", lost.elapsed().as_secs_f64()));
+        }
+        if lp.rescued.len() > done {
+            done = lp.rescued.len();
+            timeline.push(format!(
+                "{} at {:.1} s",
+                lp.rescued[done - 1].split(" to ").next().unwrap(),
+                lost.elapsed().as_secs_f64()
+            ));
+        }
+        if let Some(Diagnosis::Restoring { plan, .. }) = &lp.diagnosis {
+            assert_eq!(
+                plan,
+                &etcd_webhook::controller::decide::quorum::restore_plan(&newest)
+            );
+        }
+        if outcome
+            .members
+            .as_ref()
+            .is_some_and(|m| m.len() == 3 && m.iter().all(|m| !m.is_learner && m.started()))
+            && (0..3).all(|i| net.running(i) && net.get(i, &acknowledged[29]).is_some())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not restored: {:?}, said {said:?}, rescue {:?}\n{}",
+            lp.diagnosis,
+            lp.rescued,
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let healed = lost.elapsed();
+    // QuorumLost until the kubelet has seen X and Z stop on their empty volumes; never a
+    // rejoin from Y or a rebuild keeping it.
+    assert_eq!(said.last(), Some(&"RestoringFromSnapshot"), "{timeline:?}");
+    assert!(
+        said.iter()
+            .all(|s| matches!(*s, "QuorumLost" | "RestoringFromSnapshot")),
+        "{timeline:?}"
+    );
+    assert!(
+        lp.rescued.len() == 3
+            && lp.rescued[0].starts_with(&format!("copied {y} to "))
+            && lp.rescued[1] == format!("restoring from {}", newest.uri),
+        "Y copied before anything was deleted: {:?}",
+        lp.rescued
+    );
+    // Y's copy holds what Y had, and none of the late writes.
+    let stem = render::snapshot_stem(&lp.ec);
+    let prefix = format!("{stem}-rescue-{}-", net.pods[y].name);
+    let copies: Vec<_> = std::fs::read_dir(&backups)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|c| c.starts_with(&prefix))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let copy = std::fs::read(backups.join(&copies[0])).unwrap();
+    etcd_webhook::backup::snapshot::check(&copy).expect("Y's copy is a checked snapshot");
+    let holds = |key: &str| copy.windows(key.len()).any(|w| w == key.as_bytes());
+    assert!(
+        holds(&keys[0]) && !holds(&acknowledged[0]),
+        "Y's copy is Y's data"
+    );
+    keys.extend(acknowledged.iter().cloned());
+    all_there(&net, &keys);
+    assert!(lp.calls.is_empty(), "no membership call: {:?}", lp.calls);
+    let before = lp.cluster_id;
+    assert!(net.put(x, "/after", "y"), "writes taken again");
+    let outcome = lp.pass(&mut net);
+    assert!(outcome.members.is_some());
+    assert!(
+        before.is_some_and(|id| id != first_id),
+        "a cluster ID of its own: {before:?} against {first_id:x}"
+    );
+    eprintln!(
+        "quorum lost, two of three volumes gone, the survivor {} at revision {y_revision} behind the newest snapshot (revision {}, {} bytes): Y copied, then restored in place from the snapshot: healthy {healed:?} after the nodes came back ({}), all {} keys on all three",
+        net.pods[y].name,
+        newest.revision,
+        newest.size,
         timeline.join(", "),
         keys.len()
     );

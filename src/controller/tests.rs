@@ -3353,6 +3353,28 @@ fn available(api: &FakeApi) -> Value {
         .unwrap()
 }
 
+/// A rescue Job's pod that filed member `member`'s copy for `plan` (its report in the
+/// termination message, as `etcd-webhook backup --kind=rescue` writes it).
+fn rescue_pod(api: &FakeApi, ec: &EtcdCluster, name: &str, plan: &str, member: i32) {
+    let report = json!({"uri": format!("s3://b/p/prod/etcd-rescue-etcd-{member}-{name}.db"),
+        "size": 40992, "sha256": "cd".repeat(32), "revision": 3, "keys": 7,
+        "member": format!("etcd-{member}"), "time": "2026-12-06T03:00:00Z", "seconds": 0.2, "pruned": []});
+    api.insert(
+        &format!("/api/v1/namespaces/prod/pods/{name}"),
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "prod",
+                "labels": render::labels(ec, "rescue"),
+                "annotations": {render::RESCUE_PLAN_ANNOTATION: plan,
+                    render::RESCUE_MEMBER_ANNOTATION: member.to_string()}},
+            "spec": {"containers": [{"name": "backup", "image": "x"}]},
+            "status": {"phase": "Succeeded",
+                "containerStatuses": [{"name": "backup", "image": "x", "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "message": report.to_string(),
+                        "reason": "Completed", "finishedAt": "2026-12-06T03:00:01Z"}}}]}}),
+    );
+}
+
 /// Member pods crash-looping on an empty volume: the kubelet's last termination message says
 /// etcd's raft log starts from nothing.
 fn lost_volume_pods(api: &FakeApi, ordinals: &[i32]) {
@@ -3526,23 +3548,7 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_both_are_c
     // The rescue pod's report, for another plan, then for this one.
     let ec: EtcdCluster = serde_json::from_value(cluster_json(&api)).unwrap();
     let rescue_pod = |api: &FakeApi, name: &str, plan: &str, member: i32| {
-        let report = json!({"uri": format!("s3://b/p/prod/etcd-rescue-etcd-{member}-{name}.db"),
-            "size": 40992, "sha256": "cd".repeat(32), "revision": 3, "keys": 7,
-            "member": format!("etcd-{member}"), "time": "2026-12-06T03:00:00Z", "seconds": 0.2, "pruned": []});
-        api.insert(
-            &format!("/api/v1/namespaces/prod/pods/{name}"),
-            json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": "prod",
-                    "labels": render::labels(&ec, "rescue"),
-                    "annotations": {render::RESCUE_PLAN_ANNOTATION: plan,
-                        render::RESCUE_MEMBER_ANNOTATION: member.to_string()}},
-                "spec": {"containers": [{"name": "backup", "image": "x"}]},
-                "status": {"phase": "Succeeded",
-                    "containerStatuses": [{"name": "backup", "image": "x", "imageID": "",
-                        "ready": false, "restartCount": 0,
-                        "state": {"terminated": {"exitCode": 0, "message": report.to_string(),
-                            "reason": "Completed", "finishedAt": "2026-12-06T03:00:01Z"}}}]}}),
-        );
+        rescue_pod(api, &ec, name, plan, member)
     };
     rescue_pod(&api, "etcd-rescue-old", "rejoin-from-etcd-0-at-90", 1);
     api.clear_calls();
@@ -3633,6 +3639,202 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_both_are_c
     );
     assert_eq!(deleted(&api), Vec::<String>::new(), "made anew only once");
     assert_eq!(etcd.members().len(), 5, "nothing removed");
+}
+
+/// A lost quorum whose only member with data is older than the newest snapshot: the
+/// survivor's data is copied first (a rescue Job, nothing deleted before its copy is filed),
+/// then the restore in place is asked for on the cluster (Warning RestoringInPlace); the next
+/// passes delete the StatefulSet, the fenced members' ConfigMap and the member claims (their
+/// protection off first) and make nothing while they or the member pods are there (Restored
+/// False ClearingForRestore); once all are gone, one patch swaps the request for
+/// `restored-from`, drops the cluster ID and pins the snapshot's digest, and the members are
+/// restored from the snapshot by restore Jobs before a StatefulSet is made again.
+#[tokio::test]
+async fn a_lost_quorum_behind_the_newest_snapshot_is_restored_in_place_after_the_copy() {
+    let (api, ctx) = setup_with(3, Some(backup(Some("s3://b/p"))), Settings::default());
+    let ec = cluster("etcd", 3, Some(backup(Some("s3://b/p"))));
+    for i in 0..3 {
+        let claim = serde_json::to_value(render::member_claim_object(&ec, i)).unwrap();
+        api.insert(&format!("{MEMBER_PVC}{i}"), claim);
+    }
+    pass(&api, &ctx).await.unwrap();
+    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
+    let etcd = etcd_of(&ctx);
+    etcd.set_down(false);
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        cluster_json(&api)["metadata"]["annotations"][render::CLUSTER_ID_ANNOTATION].is_string()
+    );
+    let from = "s3://b/p/prod/etcd-snapshot-20261206T030000Z.db";
+    let sha = "ab".repeat(32);
+    api.set(
+        EC,
+        "/status/backup",
+        json!({"last": {"time": "2026-12-06T03:00:00Z", "uri": from, "size": 40992,
+            "sha256": sha, "revision": 1_000_000, "member": "etcd-1"}}),
+    );
+    etcd.lose_quorum();
+    for pod in ["etcd-1", "etcd-2"] {
+        etcd.set_unhealthy(pod, true);
+    }
+    lost_volume_pods(&api, &[1, 2]);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    pass(&api, &ctx).await.unwrap();
+    let a = available(&api);
+    assert_eq!(a["reason"], "RestoringFromSnapshot", "{a}");
+    assert!(
+        a["message"].as_str().unwrap().contains(&format!(
+            "the loop restores the newest snapshot in place: the data of etcd-0 is copied to s3://b/p/prod/ first, then the StatefulSet, the member pods and every member's volume are deleted and each member is restored from {from}"
+        )),
+        "{a}"
+    );
+    let plan = "restore-revision-1000000-sha256-abababababab";
+    let jobs = JOBS.trim_end_matches('/');
+    let rescue = api.get(&format!("{jobs}/etcd-rescue-0")).unwrap();
+    assert_eq!(
+        rescue["metadata"]["annotations"][render::RESCUE_PLAN_ANNOTATION],
+        plan
+    );
+    let deleted = |api: &FakeApi| -> Vec<String> {
+        api.calls()
+            .into_iter()
+            .filter(|c| c.method == "DELETE" && !c.path.starts_with(jobs))
+            .map(|c| c.path)
+            .collect()
+    };
+    assert_eq!(
+        deleted(&api),
+        Vec::<String>::new(),
+        "nothing before the copy"
+    );
+    let annotations = |api: &FakeApi| cluster_json(api)["metadata"]["annotations"].clone();
+    assert!(annotations(&api)[render::RESTORE_IN_PLACE_ANNOTATION].is_null());
+    // The copy filed: the restore is asked for, with a Warning.
+    rescue_pod(&api, &ec, "etcd-rescue-0-x", plan, 0);
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let asked: render::InPlace = serde_json::from_str(
+        annotations(&api)[render::RESTORE_IN_PLACE_ANNOTATION]
+            .as_str()
+            .expect("asked for"),
+    )
+    .unwrap();
+    assert_eq!(
+        asked,
+        render::InPlace {
+            from: from.to_owned(),
+            sha256: sha.clone(),
+            plan: plan.to_owned()
+        }
+    );
+    assert!(
+        events(&api.calls()).contains(&("Warning".to_owned(), "RestoringInPlace".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    // Clearing: the StatefulSet, the ConfigMap and the claims are deleted; the pods (the
+    // garbage collector's, after the StatefulSet) are waited for; nothing is made.
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let gone = deleted(&api);
+    for path in [STS.to_owned(), CONFIG.to_owned()]
+        .into_iter()
+        .chain((0..3).map(|i| format!("{MEMBER_PVC}{i}")))
+    {
+        assert!(gone.contains(&path), "{path} in {gone:?}");
+    }
+    assert!(
+        api.calls()
+            .iter()
+            .all(|c| c.method != "POST" || c.resource() == "events"),
+        "nothing made while clearing: {:?}",
+        describe(&writes(&api.calls()))
+    );
+    let c = restored_condition(&api);
+    assert_eq!(c["reason"], "ClearingForRestore", "{c}");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("waiting for StatefulSet etcd, ConfigMap etcd-members"),
+        "{c}"
+    );
+    pass(&api, &ctx).await.unwrap();
+    let c = restored_condition(&api);
+    assert!(
+        c["message"].as_str().unwrap().contains(
+            "waiting for pod etcd-1, pod etcd-2 to be deleted; every member's data was copied first"
+        ),
+        "{c}"
+    );
+    assert!(
+        annotations(&api)[render::CLUSTER_ID_ANNOTATION].is_string(),
+        "kept while anything is left"
+    );
+    for i in [1, 2] {
+        api.remove(&format!("/api/v1/namespaces/prod/pods/etcd-{i}"));
+    }
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    let now = annotations(&api);
+    assert!(now[render::RESTORE_IN_PLACE_ANNOTATION].is_null(), "{now}");
+    assert!(now[render::CLUSTER_ID_ANNOTATION].is_null(), "{now}");
+    assert_eq!(now[render::RESTORE_SHA256_ANNOTATION], json!(sha));
+    assert_eq!(
+        now[render::RESTORED_FROM_ANNOTATION],
+        json!(asked.to_annotation())
+    );
+    assert!(
+        events(&api.calls()).contains(&("Normal".to_owned(), "ClearedForRestore".to_owned())),
+        "{:?}",
+        events(&api.calls())
+    );
+    // Restored as spec.restore would be: claims and a restore Job per member from the
+    // snapshot (its digest pinned), a restore token of its own, then the StatefulSet.
+    pass(&api, &ctx).await.unwrap();
+    assert!(api.get(STS).is_none(), "no StatefulSet while restoring");
+    for i in 0..3 {
+        assert!(api.get(&format!("{MEMBER_PVC}{i}")).is_some());
+        let job = api
+            .get(&format!("{jobs}/etcd-restore-{i}"))
+            .expect("a restore Job per member");
+        let pod = &job["spec"]["template"]["spec"];
+        let fetch = pod["initContainers"][0]["args"].as_array().unwrap();
+        assert!(
+            fetch.contains(&json!(format!("--from={from}")))
+                && fetch.contains(&json!(format!("--sha256={sha}"))),
+            "{fetch:?}"
+        );
+        let restore = pod["initContainers"][1]["args"].as_array().unwrap();
+        let token = restore
+            .iter()
+            .filter_map(|a| a.as_str()?.strip_prefix("--initial-cluster-token="))
+            .next()
+            .unwrap();
+        assert!(token.ends_with(&format!(".{plan}")), "{token}");
+    }
+    let c = restored_condition(&api);
+    assert_eq!(
+        (c["reason"].as_str(), c["status"].as_str()),
+        (Some("Restoring"), Some("False")),
+        "{c}"
+    );
+    assert!(c["message"].as_str().unwrap().contains(from), "{c}");
+    for i in 0..3 {
+        complete_job(&api, &format!("{jobs}/etcd-restore-{i}"), true);
+    }
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        api.get(STS).is_some(),
+        "the members start on their restored data"
+    );
+    let c = restored_condition(&api);
+    assert_eq!(
+        (c["reason"].as_str(), c["status"].as_str()),
+        (Some("Restored"), Some("True")),
+        "{c}"
+    );
 }
 
 /// The same lost quorum with `spec.recovery.quorumLoss: Manual`: the Available condition says

@@ -1385,3 +1385,59 @@ pub fn secret_file(path: &Path, text: &str) {
     run(Command::new("chmod").arg("0440").arg(&staged));
     std::fs::rename(&staged, path).unwrap();
 }
+
+/// Runs `container` (a Job's) once in the network namespace `ns` as `/etcd-webhook`, or as
+/// `etcdutl` of the release its image names, with the folders `mounts` in place of its mount
+/// paths, `/dev/termination-log` at `report` and the environment `env` (what `envFrom` would
+/// give): (exit code, termination message, stderr and stdout).
+pub fn run_job_container(
+    ns: &str,
+    container: &Container,
+    mounts: &[(&str, &Path)],
+    report: &Path,
+    env: &[(&str, &str)],
+) -> (i32, String, String) {
+    let command = container.command.clone().unwrap_or_default();
+    let (program, before): (PathBuf, Vec<&str>) = match command[0].as_str() {
+        "/etcd-webhook" => (env!("CARGO_BIN_EXE_etcd-webhook").into(), vec![]),
+        // The etcdutl of the release the Job's image names (the member image).
+        "/usr/local/bin/etcdutl" => container
+            .image
+            .as_deref()
+            .and_then(Release::of_image)
+            .expect("an etcd image of a release the harness runs")
+            .etcdutl(),
+        other => panic!("no program for {other}"),
+    };
+    let args: Vec<String> = container
+        .args
+        .iter()
+        .flatten()
+        .map(|a| {
+            if a.contains("/dev/termination-log") {
+                return a.replace("/dev/termination-log", &report.display().to_string());
+            }
+            let mut a = a.clone();
+            for (at, folder) in mounts {
+                a = a.replace(at, &folder.display().to_string());
+            }
+            a
+        })
+        .collect();
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(program)
+        .args(before)
+        .args(&args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a container");
+    (
+        out.status.code().unwrap_or(-1),
+        std::fs::read_to_string(report).unwrap_or_default(),
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
+    )
+}

@@ -73,6 +73,8 @@ pub enum Restored {
     },
     /// The snapshot's source is not there yet (a claim that does not exist).
     Waiting(String),
+    /// A restore in place clearing what the lost cluster left (what it waits for).
+    Clearing(String),
     Failed(String),
     Done,
 }

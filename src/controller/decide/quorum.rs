@@ -19,6 +19,7 @@ use super::exits::Exit;
 use super::members::MemberStatus;
 use crate::api::APPROVE_RECOVERY_ANNOTATION;
 use crate::api::v1::{EtcdCluster, QuorumLoss, SnapshotRecord};
+use crate::controller::render::InPlace;
 
 /// What a lost quorum is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +45,17 @@ pub enum Diagnosis {
         plan: String,
         copy: Vec<i32>,
         wipe: Vec<i32>,
+    },
+    /// A majority's data is gone, every member that may hold data answers, and the newest
+    /// snapshot is newer than all of them: every member's data is copied to the backup
+    /// destination (`copy`: the rescue Jobs still to run), then the cluster is restored in
+    /// place from the snapshot (`restore`: what the loop writes once `copy` is empty). The
+    /// fence stays meanwhile.
+    Restoring {
+        message: String,
+        plan: String,
+        copy: Vec<i32>,
+        restore: InPlace,
     },
 }
 
@@ -83,7 +95,8 @@ impl Diagnosis {
             | Diagnosis::DataLost(m)
             | Diagnosis::Rejoining(m)
             | Diagnosis::AwaitingApproval(m)
-            | Diagnosis::Rebuilding { message: m, .. } => m,
+            | Diagnosis::Rebuilding { message: m, .. }
+            | Diagnosis::Restoring { message: m, .. } => m,
         }
     }
 
@@ -95,6 +108,7 @@ impl Diagnosis {
             Diagnosis::Rejoining(_) => "RejoiningFromSurvivor",
             Diagnosis::AwaitingApproval(_) => "RecoveryAwaitingApproval",
             Diagnosis::Rebuilding { .. } => "RebuildingFromSurvivor",
+            Diagnosis::Restoring { .. } => "RestoringFromSnapshot",
         }
     }
 
@@ -110,6 +124,13 @@ impl Diagnosis {
 /// nothing new.
 pub fn rejoin_plan(pod: &str, applied_index: u64) -> String {
     format!("rejoin-from-{pod}-at-{applied_index}")
+}
+
+/// The plan a person approves for a restore in place from `snapshot`: the snapshot's revision
+/// and the start of its SHA-256 (another snapshot is another plan).
+pub fn restore_plan(snapshot: &SnapshotRecord) -> String {
+    let sha: String = snapshot.sha256.chars().take(12).collect();
+    format!("restore-revision-{}-sha256-{sha}", snapshot.revision)
 }
 
 /// Whether `spec.recovery.quorumLoss` is `Manual` (unset is `Automatic`).
@@ -301,7 +322,7 @@ pub fn diagnose(
     );
     let keeps = "what it had applied is kept, writes acknowledged after it are gone";
     let namespace = ec.namespace().unwrap_or_default();
-    let awaiting = |would: String| {
+    let awaiting = |would: String, plan: &str| {
         let other = match approval(ec) {
             Some(v) => format!(" ({APPROVE_RECOVERY_ANNOTATION} names another plan: {v})"),
             None => String::new(),
@@ -340,9 +361,12 @@ pub fn diagnose(
             .map(|d| format!("copy its data to {d} first, then "))
             .unwrap_or_default();
         if !approved(ec, &plan) {
-            return Some(awaiting(format!(
-                "{found}; spec.recovery.quorumLoss is Manual: the loop would {first}let the empty members rejoin under their old IDs and copy its data ({keeps})"
-            )));
+            return Some(awaiting(
+                format!(
+                    "{found}; spec.recovery.quorumLoss is Manual: the loop would {first}let the empty members rejoin under their old IDs and copy its data ({keeps})"
+                ),
+                &plan,
+            ));
         }
         if copy_to.is_some() {
             return Some(Diagnosis::Rebuilding {
@@ -407,9 +431,10 @@ pub fn diagnose(
             pod(i)
         );
         if !approved(ec, &plan) {
-            return Some(awaiting(format!(
-                "{found}; spec.recovery.quorumLoss is Manual: with the rebuild {would}"
-            )));
+            return Some(awaiting(
+                format!("{found}; spec.recovery.quorumLoss is Manual: with the rebuild {would}"),
+                &plan,
+            ));
         }
         let (wipe, mut copy): (Vec<i32>, Vec<i32>) =
             others.iter().partition(|o| copied.contains_key(o));
@@ -437,6 +462,95 @@ pub fn diagnose(
             plan,
             copy,
             wipe,
+        });
+    }
+    // A restore in place: every member that may hold data answers, and the newest snapshot is
+    // newer than the member with the most applied data.
+    if let (true, Some(b)) = (down.is_empty(), behind) {
+        let found = format!(
+            "quorum lost: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer ({survivors}); {choice}",
+            names(&lost)
+        );
+        let failed = ec
+            .status
+            .as_ref()
+            .and_then(|s| s.backup.as_ref())
+            .and_then(|b| b.last_verified.as_ref())
+            .filter(|v| v.uri == b.uri && v.outcome == "Failed");
+        if let Some(v) = failed {
+            return Some(Diagnosis::DataLost(format!(
+                "{found}; but that snapshot failed its verification ({}), so the loop does not restore it; {by_hand}",
+                v.message
+            )));
+        }
+        let holders: Vec<i32> = answered.keys().copied().collect();
+        let Some(destination) = rescue.destination.as_deref() else {
+            return Some(Diagnosis::DataLost(format!(
+                "{found}; restoring it in place would delete the volumes of {}, and backups are off (spec.backup), so their data cannot be copied first: the loop deletes nothing it has not copied; {by_hand}",
+                names(&holders)
+            )));
+        };
+        let plan = restore_plan(b);
+        let copied: BTreeMap<i32, &str> = rescue
+            .copied
+            .iter()
+            .filter(|((_, p), _)| *p == plan)
+            .map(|((i, _), uri)| (*i, uri.as_str()))
+            .collect();
+        let unserved: Vec<i32> = holders
+            .iter()
+            .copied()
+            .filter(|o| !copied.contains_key(o) && answered[o].metrics_only)
+            .collect();
+        if !unserved.is_empty() {
+            return Some(Diagnosis::DataLost(format!(
+                "{found}; restoring it in place would first copy the data of {}, and {} restarted with no leader there: etcd serves no client, snapshots included, until a leader is, so nothing can be copied from it; the loop deletes nothing it has not copied; {by_hand}",
+                names(&holders),
+                names(&unserved)
+            )));
+        }
+        let would = format!(
+            "the data of {} is copied to {destination} first, then the StatefulSet, the member pods and every member's volume are deleted and each member is restored from {} (revision {}; the snapshot's data is kept, writes after it are gone from the cluster and stay in the copies)",
+            names(&holders),
+            b.uri,
+            b.revision
+        );
+        if !approved(ec, &plan) {
+            return Some(awaiting(
+                format!("{found}; spec.recovery.quorumLoss is Manual: with a restore {would}"),
+                &plan,
+            ));
+        }
+        let copy: Vec<i32> = holders
+            .iter()
+            .copied()
+            .filter(|o| !copied.contains_key(o))
+            .collect();
+        let mut progress: Vec<String> = copied
+            .iter()
+            .map(|(o, uri)| format!("{} copied to {uri}", pod(*o)))
+            .collect();
+        progress.extend(copy.iter().map(|&o| copying(o)));
+        if copy.is_empty() {
+            progress.push("every copy filed: restoring".to_owned());
+        }
+        let approved_note = if manual(ec) {
+            format!("approved ({plan}): ")
+        } else {
+            String::new()
+        };
+        return Some(Diagnosis::Restoring {
+            message: format!(
+                "{found}; {approved_note}the loop restores the newest snapshot in place: {would}; {}",
+                progress.join(", ")
+            ),
+            restore: InPlace {
+                from: b.uri.clone(),
+                sha256: b.sha256.clone(),
+                plan: plan.clone(),
+            },
+            plan,
+            copy,
         });
     }
     Some(Diagnosis::DataLost(format!(
@@ -657,6 +771,148 @@ mod tests {
         }
     }
 
+    /// Survivors all older than the newest snapshot, and every member that may hold data
+    /// answering: every member's data is copied first, then the snapshot is restored in place
+    /// (the plan names it); never without copies, from a snapshot that failed its
+    /// verification, with a member that may hold data down, or without an approval in Manual.
+    #[test]
+    fn survivors_older_than_the_newest_snapshot_are_copied_then_it_is_restored_in_place() {
+        let mut ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        let one = BTreeMap::from([(0, status(120, 57))]);
+        let both = BTreeMap::from([(1, lost()), (2, lost())]);
+        let newer = SnapshotRecord {
+            sha256: "ab".repeat(32),
+            ..snapshot(80)
+        };
+        let plan = restore_plan(&newer);
+        assert_eq!(plan, "restore-revision-80-sha256-abababababab");
+        let mut rescue = Rescue {
+            destination: Some("s3://b/p/prod/".to_owned()),
+            ..Default::default()
+        };
+        let restoring = |d: Option<Diagnosis>| match d {
+            Some(Diagnosis::Restoring {
+                message,
+                plan,
+                copy,
+                restore,
+            }) => (message, plan, copy, restore),
+            other => panic!("{other:?}"),
+        };
+        let (m, p, copy, restore) = restoring(diagnose(&ec, &one, &both, Some(&newer), &rescue));
+        assert_eq!((p.as_str(), copy), (plan.as_str(), vec![0]));
+        assert_eq!(
+            restore,
+            InPlace {
+                from: "s3://b/etcd-snapshot.db".to_owned(),
+                sha256: "ab".repeat(32),
+                plan: plan.clone(),
+            }
+        );
+        assert!(
+            m.contains("the newest snapshot (s3://b/etcd-snapshot.db, revision 80) is newer than etcd-0's revision 57")
+                && m.contains("the loop restores the newest snapshot in place: the data of etcd-0 is copied to s3://b/p/prod/ first, then the StatefulSet, the member pods and every member's volume are deleted and each member is restored from s3://b/etcd-snapshot.db (revision 80;")
+                && m.ends_with("; etcd-0 being copied"),
+            "{m}"
+        );
+        // A copy for another plan is no copy for this one; this plan's is.
+        rescue
+            .copied
+            .insert((0, rejoin_plan("etcd-0", 120)), "s3://old".to_owned());
+        let (_, _, copy, _) = restoring(diagnose(&ec, &one, &both, Some(&newer), &rescue));
+        assert_eq!(copy, vec![0]);
+        rescue
+            .copied
+            .insert((0, plan.clone()), "s3://b/p/prod/c.db".to_owned());
+        let (m, _, copy, _) = restoring(diagnose(&ec, &one, &both, Some(&newer), &rescue));
+        assert!(copy.is_empty());
+        assert!(
+            m.ends_with("etcd-0 copied to s3://b/p/prod/c.db, every copy filed: restoring"),
+            "{m}"
+        );
+        // Two members with data (of five), both copied first.
+        let ec5 = crate::controller::render::tests::cluster("etcd", 5, None);
+        let two = BTreeMap::from([(0, status(90, 40)), (3, status(130, 61))]);
+        let lost3 = BTreeMap::from([(1, lost()), (2, lost()), (4, lost())]);
+        let (_, _, copy, _) = restoring(diagnose(&ec5, &two, &lost3, Some(&newer), &rescue));
+        assert_eq!(copy, vec![3], "etcd-0's copy for this plan is filed");
+        // Never: with a member down that may hold data (etcd-4 has not run since) ...
+        let three_lost = BTreeMap::from([(1, lost()), (2, lost()), (3, lost())]);
+        assert!(matches!(
+            diagnose(&ec5, &one, &three_lost, Some(&newer), &rescue),
+            Some(Diagnosis::DataLost(_))
+        ));
+        // ... without a destination for the copies ...
+        match diagnose(&ec, &one, &both, Some(&newer), &Rescue::default()) {
+            Some(Diagnosis::DataLost(m)) => assert!(
+                m.contains(
+                    "restoring it in place would delete the volumes of etcd-0, and backups are off"
+                ),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // ... from a member that restarted without a leader (it serves no snapshot) ...
+        let restarted = BTreeMap::from([(
+            0,
+            MemberStatus {
+                metrics_only: true,
+                ..status(120, 57)
+            },
+        )]);
+        rescue.copied.clear();
+        match diagnose(&ec, &restarted, &both, Some(&newer), &rescue) {
+            Some(Diagnosis::DataLost(m)) => {
+                assert!(m.contains("etcd-0 restarted with no leader there"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // ... or from a snapshot that failed its verification.
+        let mut verified = ec.clone();
+        verified.status = Some(crate::api::v1::EtcdClusterStatus {
+            backup: Some(crate::api::v1::BackupStatus {
+                last_verified: Some(crate::api::v1::Verification {
+                    uri: newer.uri.clone(),
+                    outcome: "Failed".to_owned(),
+                    message: "3 keys, the backup recorded 4".to_owned(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        match diagnose(&verified, &one, &both, Some(&newer), &rescue) {
+            Some(Diagnosis::DataLost(m)) => assert!(
+                m.contains("but that snapshot failed its verification (3 keys, the backup recorded 4), so the loop does not restore it"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Manual: the restore plan is approved before anything is copied.
+        ec.spec.recovery = Some(crate::api::v1::Recovery {
+            quorum_loss: Some(QuorumLoss::Manual),
+        });
+        match diagnose(&ec, &one, &both, Some(&newer), &rescue) {
+            Some(Diagnosis::AwaitingApproval(m)) => assert!(
+                m.contains("spec.recovery.quorumLoss is Manual: with a restore the data of etcd-0 is copied")
+                    && m.contains(&format!("approve-recovery={plan} --overwrite")),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        ec.metadata.annotations = Some(
+            [(APPROVE_RECOVERY_ANNOTATION.to_owned(), plan.clone())]
+                .into_iter()
+                .collect(),
+        );
+        let (m, _, copy, _) = restoring(diagnose(&ec, &one, &both, Some(&newer), &rescue));
+        assert_eq!(copy, vec![0]);
+        assert!(
+            m.contains(&format!("approved ({plan}): the loop restores")),
+            "{m}"
+        );
+    }
+
     /// With `spec.recovery.quorumLoss: Manual` the rejoin waits for an approval of the plan the
     /// message names; an approval of another plan (an earlier loss) approves nothing.
     #[test]
@@ -836,11 +1092,11 @@ mod tests {
             Some(Diagnosis::DataLost(m)) => assert!(m.contains(", etcd-6 are down"), "{m}"),
             other => panic!("{other:?}"),
         }
-        // ... behind the newest snapshot ...
-        match diagnose(&ec, &two, &lost3, Some(&snapshot(80)), &rescue) {
-            Some(Diagnosis::DataLost(m)) => assert!(m.contains("restore it instead"), "{m}"),
-            other => panic!("{other:?}"),
-        }
+        // ... behind the newest snapshot (a restore in place instead: below) ...
+        assert!(matches!(
+            diagnose(&ec, &two, &lost3, Some(&snapshot(80)), &rescue),
+            Some(Diagnosis::Restoring { .. })
+        ));
         // ... nor keeping a learner: what it holds was never voted for.
         let mut learner = two.clone();
         learner.get_mut(&3).unwrap().is_learner = true;

@@ -247,7 +247,7 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                 .cloned(),
         );
     }
-    if let Some(restore) = &ec.spec.restore {
+    if let Some(restore) = &render::restore_source(ec) {
         let last = || previous.and_then(|cs| cs.iter().find(|c| c.type_ == "Restored"));
         conditions.extend(match seen.restored.clone() {
             // Not judged this pass (an error path before the restore step): the last word stays.
@@ -270,6 +270,9 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
             )),
             Some(Restored::Waiting(message)) => {
                 Some(cond("Restored", false, "WaitingForSource", message))
+            }
+            Some(Restored::Clearing(message)) => {
+                Some(cond("Restored", false, "ClearingForRestore", message))
             }
             Some(Restored::Failed(message)) => {
                 Some(cond("Restored", false, "RestoreFailed", message))

@@ -115,6 +115,11 @@ pub(crate) async fn apply_children(ec: &EtcdCluster, ctx: &Context) -> Result<Ob
         seen.trust = certificates::trust(ec, &kids, &pods).await?;
     }
 
+    // A restore in place clears what the lost cluster left before anything else is made.
+    if restore::clear(ec, &kids, &mut seen).await? {
+        return Ok(seen);
+    }
+
     let mut apply_set = true;
     // Members the StatefulSet runs after this pass (below spec.size while growing).
     let mut members;

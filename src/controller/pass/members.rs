@@ -146,7 +146,7 @@ pub(crate) async fn bootstrap(ec: &EtcdCluster, kids: &Children<'_>) -> Result<i
     // A restored cluster's claims are its own (made for the restore): not a former cluster's.
     let former = match recorded_cluster_id(ec) {
         Some(_) => None,
-        None if ec.spec.restore.is_some() => None,
+        None if render::restore_source(ec).is_some() => None,
         None => Some(former_claims(ec, kids).await?),
     };
     let joins = former.as_ref().is_none_or(|f| !f.is_empty());

@@ -78,19 +78,27 @@ pub(crate) async fn diagnosis(
     Ok((d, quorum::plan(ec, &o.survey)))
 }
 
-/// A rebuild's step ([`Diagnosis::Rebuilding`]): a rescue Job for each member to copy (one
-/// left from another plan, or failed, goes first, and the next pass starts it again), and a
-/// new volume for each member whose copy for this plan is filed. Nothing else.
+/// A rebuild's step ([`Diagnosis::Rebuilding`]) or a restore's ([`Diagnosis::Restoring`]): a
+/// rescue Job for each member to copy (one left from another plan, or failed, goes first, and
+/// the next pass starts it again), a new volume for each member whose copy for this plan is
+/// filed, and, for a restore whose copies are all filed, the request to restore in place.
+/// Nothing else.
 pub(crate) async fn rebuild(
     ec: &EtcdCluster,
     kids: &Children<'_>,
     d: &Diagnosis,
 ) -> Result<(), Error> {
-    let Diagnosis::Rebuilding {
-        plan, copy, wipe, ..
-    } = d
-    else {
-        return Ok(());
+    let (plan, copy, wipe, restore) = match d {
+        Diagnosis::Rebuilding {
+            plan, copy, wipe, ..
+        } => (plan, copy, &wipe[..], None),
+        Diagnosis::Restoring {
+            plan,
+            copy,
+            restore,
+            ..
+        } => (plan, copy, &[][..], Some(restore)),
+        _ => return Ok(()),
     };
     let Some(Ok(target)) = render::backup_target(ec) else {
         return Ok(());
@@ -129,6 +137,27 @@ pub(crate) async fn rebuild(
             ),
         )
         .await;
+    }
+    // A restore in place once every member's data is copied: asked for on the cluster
+    // itself, where the next passes find it ([`super::restore::clear`]).
+    if let Some(restore) = restore.filter(|_| copy.is_empty()) {
+        kids.annotate_cluster(
+            render::RESTORE_IN_PLACE_ANNOTATION,
+            &restore.to_annotation(),
+        )
+        .await?;
+        ctx.event(
+            ec,
+            EventType::Warning,
+            "RestoringInPlace",
+            format!(
+                "every member's data is copied (rescue Jobs {}-rescue-<i>); the StatefulSet, the member pods, their volumes and the members' ConfigMap are deleted, then every member is restored from {} ({plan})",
+                ec.name_any(),
+                restore.from
+            ),
+        )
+        .await;
+        tracing::warn!(cluster = %ec.name_any(), %plan, from = %restore.from, "restoring the newest snapshot in place");
     }
     Ok(())
 }

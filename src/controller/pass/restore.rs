@@ -2,12 +2,17 @@
 //! makes each member's claim and runs one restore Job per member (the snapshot fetched and
 //! checked, then `etcdutl snapshot restore` into the claim); the StatefulSet is made only when
 //! every Job has completed, so a snapshot that fails its check never leaves a half-started
-//! cluster. A learner added later joins as any other (it is never restored).
+//! cluster. A learner added later joins as any other (it is never restored). A restore in place
+//! (a lost quorum whose survivors are older than the newest snapshot, once their data is
+//! copied) first clears what the lost cluster left ([`clear`]), then takes the same path.
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use serde_json::json;
 
 use crate::api::SnapshotSource;
 use crate::api::v1::EtcdCluster;
@@ -24,7 +29,7 @@ pub(crate) async fn prepare(
     kids: &Children<'_>,
     seen: &mut Observation,
 ) -> Result<bool, Error> {
-    let Some(restore) = &ec.spec.restore else {
+    let Some(restore) = &render::restore_source(ec) else {
         return Ok(true);
     };
     if ec.annotations().contains_key(render::CLUSTER_ID_ANNOTATION) {
@@ -228,4 +233,105 @@ async fn why_failed(kids: &Children<'_>, job: &Job) -> Result<String, Error> {
         })
         .next();
     Ok(said.unwrap_or_else(|| "the Job failed (its pods are gone; see its Events)".to_owned()))
+}
+
+/// A restore in place ([`render::RESTORE_IN_PLACE_ANNOTATION`], written once every member's
+/// data is copied): the StatefulSet, the members' ConfigMap (fenced), former restore Jobs and
+/// the member claims are deleted (their protection taken off first); once they and the member
+/// pods are gone, one patch of the cluster swaps the request for
+/// [`render::RESTORED_FROM_ANNOTATION`] and drops the etcd cluster ID, so the next pass restores
+/// every member from the snapshot as [`prepare`] does for `spec.restore`. Nothing else is made
+/// meanwhile. Whether a restore in place is clearing (the pass stops there).
+pub(crate) async fn clear(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    seen: &mut Observation,
+) -> Result<bool, Error> {
+    let request = match render::InPlace::read(ec, render::RESTORE_IN_PLACE_ANNOTATION) {
+        None => return Ok(false),
+        Some(Ok(request)) => request,
+        Some(Err(why)) => {
+            let message = format!(
+                "{why}: nothing is deleted and nothing is made until it is removed or set right"
+            );
+            seen.restored = Some(Restored::Failed(message.clone()));
+            seen.failure = Some(("RestoreFailed", message));
+            return Ok(true);
+        }
+    };
+    let name = ec.name_any();
+    let mut left = Vec::new();
+    if let Some(set) = kids.read::<StatefulSet>(&name).await? {
+        if set.metadata.deletion_timestamp.is_none() {
+            kids.remove::<StatefulSet>(&name).await?;
+        }
+        left.push(format!("StatefulSet {name}"));
+    }
+    let config = render::members_config_name(ec);
+    if kids.remove::<ConfigMap>(&config).await? || kids.read::<ConfigMap>(&config).await?.is_some()
+    {
+        left.push(format!("ConfigMap {config}"));
+    }
+    for i in 0..ec.spec.size {
+        let job = format!("{name}-restore-{i}");
+        if kids.read::<Job>(&job).await?.is_some() {
+            kids.remove::<Job>(&job).await?;
+            left.push(format!("Job {job}"));
+        }
+        let claim = render::member_claim(ec, i);
+        if let Some(c) = kids.read::<PersistentVolumeClaim>(&claim).await? {
+            super::claims::release_one(kids, &claim).await?;
+            if c.metadata.deletion_timestamp.is_none() {
+                kids.remove::<PersistentVolumeClaim>(&claim).await?;
+            }
+            left.push(format!("claim {claim}"));
+        }
+    }
+    let pods = super::members::member_pods(ec, kids).await?;
+    let mut names: Vec<String> = pods
+        .iter()
+        .map(|p| format!("pod {}", p.name_any()))
+        .collect();
+    names.sort();
+    left.extend(names);
+    seen.settle = true;
+    let copies = format!(
+        "every member's data was copied first (rescue Jobs {name}-rescue-<i>, plan {})",
+        request.plan
+    );
+    if !left.is_empty() {
+        seen.restored = Some(Restored::Clearing(format!(
+            "restoring in place from {}: waiting for {} to be deleted; {copies}",
+            request.from,
+            left.join(", ")
+        )));
+        return Ok(true);
+    }
+    let patch = json!({"metadata": {"annotations": {
+        render::RESTORE_IN_PLACE_ANNOTATION: null,
+        render::CLUSTER_ID_ANNOTATION: null,
+        render::RESTORED_FROM_ANNOTATION: request.to_annotation(),
+        render::RESTORE_SHA256_ANNOTATION: request.sha256,
+        render::INITIAL_SIZE_ANNOTATION: ec.spec.size.to_string(),
+    }}});
+    Api::<EtcdCluster>::namespaced(kids.ctx.client.clone(), &ec.namespace().unwrap_or_default())
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| Error::kube("patch", "EtcdCluster", &name, e))?;
+    kids.ctx
+        .event(
+            ec,
+            EventType::Normal,
+            "ClearedForRestore",
+            format!(
+                "the lost cluster's StatefulSet, pods, volumes and members' ConfigMap are gone; every member is restored from {} next ({copies})",
+                request.from
+            ),
+        )
+        .await;
+    seen.restored = Some(Restored::Restoring {
+        done: 0,
+        of: ec.spec.size,
+    });
+    Ok(true)
 }

@@ -54,6 +54,16 @@ pub const CLUSTER_ID_ANNOTATION: &str = "etcd.example.com/cluster-id";
 /// snapshot the first member was restored from, which every other member's fetch must match
 /// (so all members hold the same data even if the object changed meanwhile).
 pub const RESTORE_SHA256_ANNOTATION: &str = "etcd.example.com/restore-sha256";
+/// EtcdCluster annotation of a recovery that restores the newest snapshot in place (a lost
+/// quorum whose survivors are all older than it, `quorum::Diagnosis::Restoring`), written once
+/// every member's data is copied: [`InPlace`] as JSON. While it is there the loop deletes the
+/// StatefulSet, the member pods, their claims, the members' ConfigMap and old restore Jobs;
+/// once they are gone it is replaced by [`RESTORED_FROM_ANNOTATION`] and the cluster ID goes.
+pub const RESTORE_IN_PLACE_ANNOTATION: &str = "etcd.example.com/restore-in-place";
+/// EtcdCluster annotation of a cluster restored in place: [`InPlace`] as JSON. Until the
+/// cluster has an ID again, its members are restored from it as `spec.restore` would
+/// ([`restore_source`]); afterwards it records where the data came from.
+pub const RESTORED_FROM_ANNOTATION: &str = "etcd.example.com/restored-from";
 /// On the members' ConfigMap: ordinals whose lost volume is to be replaced (`1,3`), written
 /// before the member is removed.
 pub const REPLACING_ANNOTATION: &str = "etcd.example.com/replacing";

@@ -25,6 +25,57 @@ pub fn member_claim_object(ec: &EtcdCluster, ordinal: i32) -> PersistentVolumeCl
     }
 }
 
+/// A restore in place ([`RESTORE_IN_PLACE_ANNOTATION`], then [`RESTORED_FROM_ANNOTATION`]):
+/// the snapshot, its SHA-256 (every member's fetch must match it), and the recovery plan it
+/// carries out (`quorum::Diagnosis::Restoring`), which makes the restored cluster's ID one no
+/// former cluster under this name had.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct InPlace {
+    pub from: String,
+    pub sha256: String,
+    pub plan: String,
+}
+
+impl InPlace {
+    /// The annotation's value.
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).expect("strings serialize")
+    }
+
+    /// The annotation `key` on the cluster, read; why not, when it is there and unreadable.
+    pub fn read(ec: &EtcdCluster, key: &str) -> Option<Result<InPlace, String>> {
+        let value = ec.annotations().get(key)?;
+        Some(
+            serde_json::from_str(value)
+                .map_err(|e| format!("the annotation {key} is not what the loop wrote ({e})")),
+        )
+    }
+}
+
+/// What the members are (to be) restored from: a restore in place, asked for
+/// ([`RESTORE_IN_PLACE_ANNOTATION`]) or under way ([`RESTORED_FROM_ANNOTATION`]), else
+/// `spec.restore`. Once the cluster has an etcd cluster ID again it is what it started from.
+pub fn restore_source(ec: &EtcdCluster) -> Option<crate::api::v1::Restore> {
+    [RESTORE_IN_PLACE_ANNOTATION, RESTORED_FROM_ANNOTATION]
+        .into_iter()
+        .find_map(|key| InPlace::read(ec, key)?.ok())
+        .map(|p| crate::api::v1::Restore {
+            from: p.from,
+            sha256: Some(p.sha256),
+        })
+        .or_else(|| ec.spec.restore.clone())
+}
+
+/// What tells this restore's data from any other under this name: the cluster's UID, and for a
+/// restore in place its plan (the restore token and `place-restored`'s marker).
+fn restore_id(ec: &EtcdCluster) -> String {
+    let uid = ec.metadata.uid.as_deref().unwrap_or("restored");
+    match InPlace::read(ec, RESTORED_FROM_ANNOTATION) {
+        Some(Ok(p)) => format!("{uid}.{}", p.plan),
+        _ => uid.to_owned(),
+    }
+}
+
 /// How far a restore moves the revision on (etcdutl `--bump-revision`, with `--mark-compacted`):
 /// past any revision the former cluster's clients can have seen, so a watcher that resumes
 /// from one is told its revision is compacted and lists anew (the Kubernetes restore guide's
@@ -105,7 +156,7 @@ pub fn restore_job(
                 format!(
                     "--initial-cluster-token={}.{}",
                     cluster_token(ec),
-                    ec.metadata.uid.as_deref().unwrap_or("restored")
+                    restore_id(ec)
                 ),
                 format!("--initial-advertise-peer-urls={}", peer_url(ec, ordinal)),
                 format!("--data-dir={restoring}"),
@@ -127,10 +178,7 @@ pub fn restore_job(
                 "place-restored".to_owned(),
                 format!("--from={restoring}"),
                 format!("--to={DATA_DIR}"),
-                format!(
-                    "--restore-id={}",
-                    ec.metadata.uid.as_deref().unwrap_or("restored")
-                ),
+                format!("--restore-id={}", restore_id(ec)),
                 "--report=/dev/termination-log".to_owned(),
             ],
             opts,
