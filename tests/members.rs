@@ -1954,6 +1954,21 @@ fn quorum_loss_behind_the_newest_snapshot_restores_it_in_place_after_copying_the
         newest.revision
     );
     lp.newest = Some(newest.clone());
+    // Its verification passed (the loop restores in place only a verified snapshot; the
+    // verification Job itself runs on real etcd in tests/backups.rs, `verification_...`).
+    lp.ec.status = Some(etcd_webhook::api::v1::EtcdClusterStatus {
+        backup: Some(etcd_webhook::api::v1::BackupStatus {
+            last: Some(newest.clone()),
+            last_verified: Some(etcd_webhook::api::v1::Verification {
+                time: report.time.clone(),
+                uri: newest.uri.clone(),
+                outcome: render::VERIFY_OK.to_owned(),
+                message: String::new(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
     // X and Z lose their volumes; Y is left alone. Its peer port opens once it is stopped for
     // the restore: what X had sent it before the cut, still in X's socket buffers, would
     // otherwise arrive and catch it up (TCP delivers it once the cut is gone), and then Y

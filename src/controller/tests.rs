@@ -3665,13 +3665,14 @@ async fn a_lost_quorum_behind_the_newest_snapshot_is_restored_in_place_after_the
     assert!(
         cluster_json(&api)["metadata"]["annotations"][render::CLUSTER_ID_ANNOTATION].is_string()
     );
-    let from = "s3://b/p/prod/etcd-snapshot-20261206T030000Z.db";
+    let from = "s3://b/p/prod/etcd-6a3c1f9e-snapshot-20261206T030000Z.db";
     let sha = "ab".repeat(32);
     api.set(
         EC,
         "/status/backup",
         json!({"last": {"time": "2026-12-06T03:00:00Z", "uri": from, "size": 40992,
-            "sha256": sha, "revision": 1_000_000, "member": "etcd-1"}}),
+            "sha256": sha, "revision": 1_000_000, "member": "etcd-1"},
+            "lastVerified": {"time": "2026-12-06T03:00:09Z", "uri": from, "outcome": "Verified"}}),
     );
     etcd.lose_quorum();
     for pod in ["etcd-1", "etcd-2"] {
@@ -3725,7 +3726,16 @@ async fn a_lost_quorum_behind_the_newest_snapshot_is_restored_in_place_after_the
         render::InPlace {
             from: from.to_owned(),
             sha256: sha.clone(),
-            plan: plan.to_owned()
+            plan: plan.to_owned(),
+            uid: cluster_json(&api)["metadata"]["uid"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+            cluster: annotations(&api)[render::CLUSTER_ID_ANNOTATION]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+            copies: vec!["s3://b/p/prod/etcd-rescue-etcd-0-etcd-rescue-0-x.db".to_owned()],
         }
     );
     assert!(
@@ -3751,30 +3761,22 @@ async fn a_lost_quorum_behind_the_newest_snapshot_is_restored_in_place_after_the
         "nothing made while clearing: {:?}",
         describe(&writes(&api.calls()))
     );
+    for i in [1, 2] {
+        let pod = format!("/api/v1/namespaces/prod/pods/etcd-{i}");
+        assert!(gone.contains(&pod), "{pod} in {gone:?}");
+    }
     let c = restored_condition(&api);
     assert_eq!(c["reason"], "ClearingForRestore", "{c}");
     assert!(
-        c["message"]
-            .as_str()
-            .unwrap()
-            .contains("waiting for StatefulSet etcd, ConfigMap etcd-members"),
-        "{c}"
-    );
-    pass(&api, &ctx).await.unwrap();
-    let c = restored_condition(&api);
-    assert!(
-        c["message"].as_str().unwrap().contains(
-            "waiting for pod etcd-1, pod etcd-2 to be deleted; every member's data was copied first"
-        ),
+        c["message"].as_str().unwrap().contains(&format!(
+            "waiting for StatefulSet etcd, ConfigMap etcd-members, claim data-etcd-0, claim data-etcd-1, claim data-etcd-2, pod etcd-1, pod etcd-2 to be deleted (a pod left Terminating on a node that is gone needs kubectl delete pod --force); the data of every member that held any was copied first (s3://b/p/prod/etcd-rescue-etcd-0-etcd-rescue-0-x.db; plan {plan})"
+        )),
         "{c}"
     );
     assert!(
         annotations(&api)[render::CLUSTER_ID_ANNOTATION].is_string(),
         "kept while anything is left"
     );
-    for i in [1, 2] {
-        api.remove(&format!("/api/v1/namespaces/prod/pods/etcd-{i}"));
-    }
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     let now = annotations(&api);
@@ -3835,6 +3837,65 @@ async fn a_lost_quorum_behind_the_newest_snapshot_is_restored_in_place_after_the
         (Some("Restored"), Some("True")),
         "{c}"
     );
+}
+
+/// A `restore-in-place` annotation the loop did not write for this cluster (carried in a
+/// manifest applied again, or naming another etcd cluster ID) deletes nothing: the pass stops
+/// with Restored False RestoreFailed saying why, and the StatefulSet and claims stay.
+#[tokio::test]
+async fn a_restore_in_place_written_for_another_cluster_deletes_nothing() {
+    let (api, ctx) = setup(3, Some(backup(Some("s3://b/p"))));
+    let ec = cluster("etcd", 3, Some(backup(Some("s3://b/p"))));
+    for i in 0..3 {
+        let claim = serde_json::to_value(render::member_claim_object(&ec, i)).unwrap();
+        api.insert(&format!("{MEMBER_PVC}{i}"), claim);
+    }
+    pass(&api, &ctx).await.unwrap();
+    api.set(STS, "/status", json!({"replicas": 3, "readyReplicas": 3}));
+    etcd_of(&ctx).set_down(false);
+    pass(&api, &ctx).await.unwrap();
+    let recorded = cluster_json(&api)["metadata"]["annotations"][render::CLUSTER_ID_ANNOTATION]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let request = |uid: &str, cluster: &str| {
+        render::InPlace {
+            from: "s3://b/p/prod/etcd-6a3c1f9e-snapshot-20261206T030000Z.db".to_owned(),
+            sha256: "ab".repeat(32),
+            plan: "restore-revision-9-sha256-abababababab".to_owned(),
+            uid: uid.to_owned(),
+            cluster: cluster.to_owned(),
+            copies: Vec::new(),
+        }
+        .to_annotation()
+    };
+    let uid = ec.metadata.uid.clone().unwrap();
+    for (value, says) in [
+        (
+            request("0ld0ld00-0000-4000-8000-000000000000", &recorded),
+            "was written for another EtcdCluster (uid 0ld0ld00-0000-4000-8000-000000000000",
+        ),
+        (
+            request(&uid, "1234"),
+            "was written for the etcd cluster \"1234\" and this one records",
+        ),
+        ("{not json".to_owned(), "is not what the loop wrote"),
+    ] {
+        let mut object = cluster_json(&api);
+        object["metadata"]["annotations"][render::RESTORE_IN_PLACE_ANNOTATION] = json!(value);
+        api.insert(EC, object);
+        api.clear_calls();
+        pass(&api, &ctx).await.unwrap();
+        assert!(
+            api.calls().iter().all(|c| c.method != "DELETE"),
+            "nothing deleted: {:?}",
+            describe(&writes(&api.calls()))
+        );
+        let c = restored_condition(&api);
+        assert_eq!(c["reason"], "RestoreFailed", "{c}");
+        assert!(c["message"].as_str().unwrap().contains(says), "{c}");
+        assert!(api.get(STS).is_some() && api.get(&format!("{MEMBER_PVC}0")).is_some());
+    }
 }
 
 /// The same lost quorum with `spec.recovery.quorumLoss: Manual`: the Available condition says

@@ -10,5 +10,6 @@ pub mod membership;
 pub mod memory;
 pub mod observation;
 pub mod quorum;
+pub mod restoring;
 pub mod status;
 pub mod upgrade;

@@ -134,7 +134,7 @@ pub fn restore_plan(snapshot: &SnapshotRecord) -> String {
 }
 
 /// Whether `spec.recovery.quorumLoss` is `Manual` (unset is `Automatic`).
-fn manual(ec: &EtcdCluster) -> bool {
+pub(super) fn manual(ec: &EtcdCluster) -> bool {
     ec.spec.recovery.as_ref().and_then(|r| r.quorum_loss) == Some(QuorumLoss::Manual)
 }
 
@@ -150,6 +150,20 @@ fn approval(ec: &EtcdCluster) -> Option<&str> {
     ec.annotations()
         .get(APPROVE_RECOVERY_ANNOTATION)
         .map(|v| v.trim())
+}
+
+/// A plan that `Manual` recovery has not approved yet: what the loop `would` do, and the
+/// command that approves `plan`.
+pub(super) fn awaiting(ec: &EtcdCluster, would: String, plan: &str) -> Diagnosis {
+    let other = match approval(ec) {
+        Some(v) => format!(" ({APPROVE_RECOVERY_ANNOTATION} names another plan: {v})"),
+        None => String::new(),
+    };
+    Diagnosis::AwaitingApproval(format!(
+        "{would}; until then members on empty volumes are kept from rejoining{other}. Approve with: kubectl annotate ec {} -n {} {APPROVE_RECOVERY_ANNOTATION}={plan} --overwrite",
+        ec.name_any(),
+        ec.namespace().unwrap_or_default()
+    ))
 }
 
 /// The one member that may lead the cluster again after a lost quorum, by ordinal: exactly
@@ -299,7 +313,7 @@ pub fn diagnose(
     let behind = newest.filter(|b| b.revision > revision);
     let against = match newest {
         Some(b) if behind.is_some() => format!(
-            "; the newest snapshot ({}, revision {}) is newer than {}'s revision {}: restore it instead",
+            "; the newest snapshot ({}, revision {}) is newer than {}'s revision {}",
             b.uri,
             b.revision,
             pod(i),
@@ -314,23 +328,20 @@ pub fn diagnose(
         ),
         None => "; there is no snapshot".to_owned(),
     };
-    let choice = format!(
+    let chosen = format!(
         "the member with the most applied data is {} (applied index {}, revision {}){against}",
         pod(i),
         s.raft_applied_index,
         s.header.revision
     );
-    let keeps = "what it had applied is kept, writes acknowledged after it are gone";
-    let namespace = ec.namespace().unwrap_or_default();
-    let awaiting = |would: String, plan: &str| {
-        let other = match approval(ec) {
-            Some(v) => format!(" ({APPROVE_RECOVERY_ANNOTATION} names another plan: {v})"),
-            None => String::new(),
-        };
-        Diagnosis::AwaitingApproval(format!(
-            "{would}; until then members on empty volumes are kept from rejoining{other}. Approve with: kubectl annotate ec {name} -n {namespace} {APPROVE_RECOVERY_ANNOTATION}={plan} --overwrite"
-        ))
+    // Said where the loop leaves it to a person.
+    let choice = if behind.is_some() {
+        format!("{chosen}: restore it instead")
+    } else {
+        chosen.clone()
     };
+    let keeps = "what it had applied is kept, writes acknowledged after it are gone";
+    let awaiting = |would: String, plan: &str| awaiting(ec, would, plan);
     let approved_note = if manual(ec) {
         format!("approved ({plan}): ")
     } else {
@@ -468,90 +479,12 @@ pub fn diagnose(
     // newer than the member with the most applied data.
     if let (true, Some(b)) = (down.is_empty(), behind) {
         let found = format!(
-            "quorum lost: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer ({survivors}); {choice}",
+            "quorum lost: the data of {} is gone (their pods say their volumes were lost), {answering} of {size} members answer ({survivors}); {chosen}",
             names(&lost)
         );
-        let failed = ec
-            .status
-            .as_ref()
-            .and_then(|s| s.backup.as_ref())
-            .and_then(|b| b.last_verified.as_ref())
-            .filter(|v| v.uri == b.uri && v.outcome == "Failed");
-        if let Some(v) = failed {
-            return Some(Diagnosis::DataLost(format!(
-                "{found}; but that snapshot failed its verification ({}), so the loop does not restore it; {by_hand}",
-                v.message
-            )));
-        }
-        let holders: Vec<i32> = answered.keys().copied().collect();
-        let Some(destination) = rescue.destination.as_deref() else {
-            return Some(Diagnosis::DataLost(format!(
-                "{found}; restoring it in place would delete the volumes of {}, and backups are off (spec.backup), so their data cannot be copied first: the loop deletes nothing it has not copied; {by_hand}",
-                names(&holders)
-            )));
-        };
-        let plan = restore_plan(b);
-        let copied: BTreeMap<i32, &str> = rescue
-            .copied
-            .iter()
-            .filter(|((_, p), _)| *p == plan)
-            .map(|((i, _), uri)| (*i, uri.as_str()))
-            .collect();
-        let unserved: Vec<i32> = holders
-            .iter()
-            .copied()
-            .filter(|o| !copied.contains_key(o) && answered[o].metrics_only)
-            .collect();
-        if !unserved.is_empty() {
-            return Some(Diagnosis::DataLost(format!(
-                "{found}; restoring it in place would first copy the data of {}, and {} restarted with no leader there: etcd serves no client, snapshots included, until a leader is, so nothing can be copied from it; the loop deletes nothing it has not copied; {by_hand}",
-                names(&holders),
-                names(&unserved)
-            )));
-        }
-        let would = format!(
-            "the data of {} is copied to {destination} first, then the StatefulSet, the member pods and every member's volume are deleted and each member is restored from {} (revision {}; the snapshot's data is kept, writes after it are gone from the cluster and stay in the copies)",
-            names(&holders),
-            b.uri,
-            b.revision
-        );
-        if !approved(ec, &plan) {
-            return Some(awaiting(
-                format!("{found}; spec.recovery.quorumLoss is Manual: with a restore {would}"),
-                &plan,
-            ));
-        }
-        let copy: Vec<i32> = holders
-            .iter()
-            .copied()
-            .filter(|o| !copied.contains_key(o))
-            .collect();
-        let mut progress: Vec<String> = copied
-            .iter()
-            .map(|(o, uri)| format!("{} copied to {uri}", pod(*o)))
-            .collect();
-        progress.extend(copy.iter().map(|&o| copying(o)));
-        if copy.is_empty() {
-            progress.push("every copy filed: restoring".to_owned());
-        }
-        let approved_note = if manual(ec) {
-            format!("approved ({plan}): ")
-        } else {
-            String::new()
-        };
-        return Some(Diagnosis::Restoring {
-            message: format!(
-                "{found}; {approved_note}the loop restores the newest snapshot in place: {would}; {}",
-                progress.join(", ")
-            ),
-            restore: InPlace {
-                from: b.uri.clone(),
-                sha256: b.sha256.clone(),
-                plan: plan.clone(),
-            },
-            plan,
-            copy,
-        });
+        return Some(super::restoring::decide(
+            ec, answered, b, rescue, &found, by_hand,
+        ));
     }
     Some(Diagnosis::DataLost(format!(
         "{}; {choice}; {by_hand}",
@@ -637,8 +570,9 @@ mod tests {
         let both = BTreeMap::from([(1, lost()), (2, lost())]);
         let m = diag(&ec, &one, &both, Some(&snapshot(80))).unwrap();
         assert!(
-            m.message()
-                .contains("is newer than etcd-0's revision 57: restore it instead"),
+            m.message().contains("is newer than etcd-0's revision 57")
+                && m.message()
+                    .contains("so the loop does not restore it by itself; members on empty volumes are kept from rejoining"),
             "{m:?}"
         );
     }
@@ -778,10 +712,35 @@ mod tests {
     #[test]
     fn survivors_older_than_the_newest_snapshot_are_copied_then_it_is_restored_in_place() {
         let mut ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        let uri = "s3://b/p/prod/etcd-6a3c1f9e-snapshot-20261206T030000Z.db";
+        let verified = |ec: &mut EtcdCluster, outcome: &str| {
+            ec.status = Some(crate::api::v1::EtcdClusterStatus {
+                backup: Some(crate::api::v1::BackupStatus {
+                    last_verified: Some(crate::api::v1::Verification {
+                        uri: uri.to_owned(),
+                        outcome: outcome.to_owned(),
+                        message: "3 keys, the backup recorded 4".to_owned(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        };
+        verified(&mut ec, "Verified");
+        ec.metadata.annotations = Some(
+            [(
+                crate::controller::render::CLUSTER_ID_ANNOTATION.to_owned(),
+                "8e9e05c52164694d".to_owned(),
+            )]
+            .into_iter()
+            .collect(),
+        );
         let one = BTreeMap::from([(0, status(120, 57))]);
         let both = BTreeMap::from([(1, lost()), (2, lost())]);
         let newer = SnapshotRecord {
             sha256: "ab".repeat(32),
+            uri: uri.to_owned(),
             ..snapshot(80)
         };
         let plan = restore_plan(&newer);
@@ -804,14 +763,17 @@ mod tests {
         assert_eq!(
             restore,
             InPlace {
-                from: "s3://b/etcd-snapshot.db".to_owned(),
+                from: uri.to_owned(),
                 sha256: "ab".repeat(32),
                 plan: plan.clone(),
+                uid: "6a3c1f9e-0000-4000-8000-000000000001".to_owned(),
+                cluster: "8e9e05c52164694d".to_owned(),
+                copies: Vec::new(),
             }
         );
         assert!(
-            m.contains("the newest snapshot (s3://b/etcd-snapshot.db, revision 80) is newer than etcd-0's revision 57")
-                && m.contains("the loop restores the newest snapshot in place: the data of etcd-0 is copied to s3://b/p/prod/ first, then the StatefulSet, the member pods and every member's volume are deleted and each member is restored from s3://b/etcd-snapshot.db (revision 80;")
+            m.contains(&format!("the newest snapshot ({uri}, revision 80) is newer than etcd-0's revision 57; the loop restores the newest snapshot in place: the data of etcd-0 is copied to s3://b/p/prod/ first, then the StatefulSet, the member pods and every member's volume are deleted and each member is restored from {uri} (revision 80, verified;"))
+                && !m.contains("restore it instead")
                 && m.ends_with("; etcd-0 being copied"),
             "{m}"
         );
@@ -824,14 +786,16 @@ mod tests {
         rescue
             .copied
             .insert((0, plan.clone()), "s3://b/p/prod/c.db".to_owned());
-        let (m, _, copy, _) = restoring(diagnose(&ec, &one, &both, Some(&newer), &rescue));
+        let (m, _, copy, restore) = restoring(diagnose(&ec, &one, &both, Some(&newer), &rescue));
         assert!(copy.is_empty());
+        assert_eq!(restore.copies, ["s3://b/p/prod/c.db"]);
         assert!(
             m.ends_with("etcd-0 copied to s3://b/p/prod/c.db, every copy filed: restoring"),
             "{m}"
         );
         // Two members with data (of five), both copied first.
-        let ec5 = crate::controller::render::tests::cluster("etcd", 5, None);
+        let mut ec5 = crate::controller::render::tests::cluster("etcd", 5, None);
+        verified(&mut ec5, "Verified");
         let two = BTreeMap::from([(0, status(90, 40)), (3, status(130, 61))]);
         let lost3 = BTreeMap::from([(1, lost()), (2, lost()), (4, lost())]);
         let (_, _, copy, _) = restoring(diagnose(&ec5, &two, &lost3, Some(&newer), &rescue));
@@ -867,27 +831,38 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // ... or from a snapshot that failed its verification.
-        let mut verified = ec.clone();
-        verified.status = Some(crate::api::v1::EtcdClusterStatus {
-            backup: Some(crate::api::v1::BackupStatus {
-                last_verified: Some(crate::api::v1::Verification {
-                    uri: newer.uri.clone(),
-                    outcome: "Failed".to_owned(),
-                    message: "3 keys, the backup recorded 4".to_owned(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        match diagnose(&verified, &one, &both, Some(&newer), &rescue) {
-            Some(Diagnosis::DataLost(m)) => assert!(
-                m.contains("but that snapshot failed its verification (3 keys, the backup recorded 4), so the loop does not restore it"),
-                "{m}"
-            ),
+        // ... from a snapshot whose verification failed, was inconclusive or has not run ...
+        let why = |ec: &EtcdCluster, newest: &SnapshotRecord| match diagnose(
+            ec,
+            &one,
+            &both,
+            Some(newest),
+            &rescue,
+        ) {
+            Some(Diagnosis::DataLost(m)) => m,
             other => panic!("{other:?}"),
-        }
+        };
+        let mut other = ec.clone();
+        verified(&mut other, "Failed");
+        assert!(why(&other, &newer).contains("but its verification said Failed (3 keys, the backup recorded 4), so the loop does not restore it by itself; members on empty volumes"));
+        verified(&mut other, "Inconclusive");
+        assert!(why(&other, &newer).contains("but its verification said Inconclusive"));
+        other.status = None;
+        assert!(why(&other, &newer).contains("but it is not verified yet"));
+        // ... from another cluster's snapshot (not named with this one's stem) ...
+        let foreign = SnapshotRecord {
+            uri: "s3://b/p/prod/etcd-0ld0ld00-snapshot-20261206T030000Z.db".to_owned(),
+            ..newer.clone()
+        };
+        assert!(
+            why(&ec, &foreign).contains(
+                "but its name is not one of this cluster's snapshots (etcd-6a3c1f9e-...)"
+            )
+        );
+        // ... or on a release whose restore cannot move the revision on.
+        let mut old = ec.clone();
+        old.spec.version = "v3.5.9".to_owned();
+        assert!(why(&old, &newer).contains("but etcd v3.5.9 cannot move a restored cluster's revision past what its clients have seen"));
         // Manual: the restore plan is approved before anything is copied.
         ec.spec.recovery = Some(crate::api::v1::Recovery {
             quorum_loss: Some(QuorumLoss::Manual),
@@ -1092,10 +1067,11 @@ mod tests {
             Some(Diagnosis::DataLost(m)) => assert!(m.contains(", etcd-6 are down"), "{m}"),
             other => panic!("{other:?}"),
         }
-        // ... behind the newest snapshot (a restore in place instead: below) ...
+        // ... behind the newest snapshot (a restore in place instead, of one of this cluster's
+        // verified snapshots: below) ...
         assert!(matches!(
             diagnose(&ec, &two, &lost3, Some(&snapshot(80)), &rescue),
-            Some(Diagnosis::Restoring { .. })
+            Some(Diagnosis::DataLost(_))
         ));
         // ... nor keeping a learner: what it holds was never voted for.
         let mut learner = two.clone();

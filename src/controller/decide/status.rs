@@ -247,7 +247,14 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                 .cloned(),
         );
     }
-    if let Some(restore) = &render::restore_source(ec) {
+    // A restore's source; a restore in place whose annotation the loop refuses has none, and
+    // still says why.
+    let source = render::restore_source(ec).map(|r| r.from).or_else(|| {
+        seen.restored
+            .as_ref()
+            .map(|_| "a restore in place".to_owned())
+    });
+    if let Some(from) = &source {
         let last = || previous.and_then(|cs| cs.iter().find(|c| c.type_ == "Restored"));
         conditions.extend(match seen.restored.clone() {
             // Not judged this pass (an error path before the restore step): the last word stays.
@@ -256,7 +263,7 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                 "Restored",
                 true,
                 "Restored",
-                format!("started from {}", restore.from),
+                format!("started from {}", from),
             )),
             Some(Restored::Restoring { done, of }) => Some(cond(
                 "Restored",
@@ -264,7 +271,7 @@ pub fn desired(ec: &EtcdCluster, seen: &Observation, now: Time) -> EtcdClusterSt
                 "Restoring",
                 format!(
                     "{done}/{of} members restored from {} (Jobs {}-restore-<i>); the members start when all are",
-                    restore.from,
+                    from,
                     ec.metadata.name.as_deref().unwrap_or("")
                 ),
             )),

@@ -151,8 +151,8 @@ pub(crate) async fn rebuild(
             EventType::Warning,
             "RestoringInPlace",
             format!(
-                "every member's data is copied (rescue Jobs {}-rescue-<i>); the StatefulSet, the member pods, their volumes and the members' ConfigMap are deleted, then every member is restored from {} ({plan})",
-                ec.name_any(),
+                "the data of every member that held any is copied ({}); the StatefulSet, the member pods, their volumes and the members' ConfigMap are deleted, then every member is restored from {} ({plan})",
+                restore.copies.join(", "),
                 restore.from
             ),
         )

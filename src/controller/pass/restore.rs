@@ -37,10 +37,16 @@ pub(crate) async fn prepare(
         return Ok(true);
     }
     let ctx = kids.ctx;
+    let in_place = render::InPlace::read(ec, render::RESTORED_FROM_ANNOTATION).and_then(Result::ok);
+    let field = if in_place.is_some() {
+        "the snapshot restored in place"
+    } else {
+        "spec.restore.from"
+    };
     let source = match SnapshotSource::parse(&restore.from) {
         Ok(source) => source,
         Err(why) => {
-            let message = format!("spec.restore.from {:?} {why}", restore.from);
+            let message = format!("{field} {:?} {why}", restore.from);
             seen.restored = Some(Restored::Failed(message.clone()));
             seen.failure = Some(("RestoreFailed", message));
             return Ok(false);
@@ -123,8 +129,17 @@ pub(crate) async fn prepare(
         }
     }
     if !failed.is_empty() {
+        let what_now = match &in_place {
+            Some(p) => format!(
+                "the members' former data is in the rescue copies {}: create a new EtcdCluster with spec.restore.from one of them, or with a snapshot that passes",
+                p.copies.join(", ")
+            ),
+            None => {
+                "delete this EtcdCluster and create it again with a snapshot that passes".to_owned()
+            }
+        };
         let message = format!(
-            "the restore from {} failed, so no member starts: {} (delete this EtcdCluster and create it again with a snapshot that passes)",
+            "the restore from {} failed, so no member starts: {} ({what_now})",
             restore.from,
             failed.join("; ")
         );
@@ -259,6 +274,21 @@ pub(crate) async fn clear(
             return Ok(true);
         }
     };
+    let recorded = ec
+        .annotations()
+        .get(render::CLUSTER_ID_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or_default();
+    if request.cluster != recorded {
+        let message = format!(
+            "the annotation {} was written for the etcd cluster {:?} and this one records {recorded:?}: nothing is deleted and nothing is made until it is removed",
+            render::RESTORE_IN_PLACE_ANNOTATION,
+            request.cluster
+        );
+        seen.restored = Some(Restored::Failed(message.clone()));
+        seen.failure = Some(("RestoreFailed", message));
+        return Ok(true);
+    }
     let name = ec.name_any();
     let mut left = Vec::new();
     if let Some(set) = kids.read::<StatefulSet>(&name).await? {
@@ -287,21 +317,36 @@ pub(crate) async fn clear(
             left.push(format!("claim {claim}"));
         }
     }
+    // The garbage collector deletes them with the StatefulSet; pods it would not (orphaned by
+    // an earlier deletion) are deleted here.
     let pods = super::members::member_pods(ec, kids).await?;
+    for p in pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        kids.remove::<k8s_openapi::api::core::v1::Pod>(&p.name_any())
+            .await?;
+    }
     let mut names: Vec<String> = pods
         .iter()
         .map(|p| format!("pod {}", p.name_any()))
         .collect();
     names.sort();
-    left.extend(names);
+    left.extend(names.iter().cloned());
     seen.settle = true;
     let copies = format!(
-        "every member's data was copied first (rescue Jobs {name}-rescue-<i>, plan {})",
+        "the data of every member that held any was copied first ({}; plan {})",
+        request.copies.join(", "),
         request.plan
     );
     if !left.is_empty() {
+        let stuck = if names.is_empty() {
+            ""
+        } else {
+            " (a pod left Terminating on a node that is gone needs kubectl delete pod --force)"
+        };
         seen.restored = Some(Restored::Clearing(format!(
-            "restoring in place from {}: waiting for {} to be deleted; {copies}",
+            "restoring in place from {}: waiting for {} to be deleted{stuck}; {copies}",
             request.from,
             left.join(", ")
         )));

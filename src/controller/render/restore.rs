@@ -34,6 +34,14 @@ pub struct InPlace {
     pub from: String,
     pub sha256: String,
     pub plan: String,
+    /// The EtcdCluster it was written for (`metadata.uid`): on any other object (a manifest
+    /// exported and applied again) it is refused.
+    pub uid: String,
+    /// The etcd cluster ID (hex) the lost cluster had: the clear runs only while the cluster
+    /// still records it.
+    pub cluster: String,
+    /// Where every member's data was copied first (the rescue copies).
+    pub copies: Vec<String>,
 }
 
 impl InPlace {
@@ -42,13 +50,24 @@ impl InPlace {
         serde_json::to_string(self).expect("strings serialize")
     }
 
-    /// The annotation `key` on the cluster, read; why not, when it is there and unreadable.
+    /// The annotation `key` on the cluster, read; why not, when it is there and unreadable or
+    /// was written for another object.
     pub fn read(ec: &EtcdCluster, key: &str) -> Option<Result<InPlace, String>> {
         let value = ec.annotations().get(key)?;
-        Some(
-            serde_json::from_str(value)
-                .map_err(|e| format!("the annotation {key} is not what the loop wrote ({e})")),
-        )
+        let read = serde_json::from_str::<InPlace>(value)
+            .map_err(|e| format!("the annotation {key} is not what the loop wrote ({e})"))
+            .and_then(|p| {
+                let uid = ec.metadata.uid.as_deref().unwrap_or_default();
+                if p.uid == uid {
+                    Ok(p)
+                } else {
+                    Err(format!(
+                        "the annotation {key} was written for another EtcdCluster (uid {}, this one is {uid})",
+                        p.uid
+                    ))
+                }
+            });
+        Some(read)
     }
 }
 
