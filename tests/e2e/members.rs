@@ -474,6 +474,8 @@ pub struct Played {
     pub kube: Client,
     /// Pods whose node is gone (the played kubelet stops their container and starts nothing).
     pub blocked: Arc<Mutex<std::collections::BTreeSet<usize>>>,
+    /// Where the played node keeps each claim's volume: a folder named after the claim's UID.
+    pub claims_dir: PathBuf,
     controller: Option<tokio::task::JoinHandle<()>>,
     stopper: Option<Stopper>,
 }
@@ -539,7 +541,7 @@ impl Played {
                 net.clone(),
                 kube.clone(),
                 kubelet_stop.clone(),
-                claims_dir,
+                claims_dir.clone(),
                 blocked.clone(),
             );
             let handle = rt.handle().clone();
@@ -556,6 +558,7 @@ impl Played {
             rt,
             kube,
             blocked,
+            claims_dir,
             controller: Some(controller),
             stopper: Some(Stopper {
                 kubelet: kubelet_stop,
@@ -575,6 +578,131 @@ impl Played {
             cp.kubectl_output(&["delete", "namespace", NS, "--wait=false"], None),
             "clean up",
         );
+    }
+}
+
+impl Played {
+    /// The pod the Job controller made for Job `job` (waited for, at most `within`), run as
+    /// the played node runs a Job's pod: its init containers one after another, then its
+    /// container, each a process in the controller's network namespace (the pod network), with
+    /// a claim volume at the claim's own folder and an emptyDir at a folder of its own, the
+    /// members' Service names resolved to their addresses (cluster DNS), `/dev/termination-log`
+    /// read back as the termination message; then the pod's status as the kubelet reports it
+    /// (Succeeded, or Failed at the first step that failed), from which the Job controller
+    /// completes the Job. Whether every step ended 0, and the last step's message.
+    pub fn play_job(&self, job: &str, within: Duration) -> (bool, String) {
+        let pods: Api<Pod> = Api::namespaced(self.kube.clone(), NS);
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.kube.clone(), NS);
+        let selector = format!("batch.kubernetes.io/job-name={job}");
+        let pod = wait_for(&format!("the pod of Job {job}"), within, || {
+            std::thread::sleep(Duration::from_millis(250));
+            self.rt
+                .block_on(pods.list(&ListParams::default().labels(&selector)))
+                .ok()?
+                .items
+                .into_iter()
+                .next()
+        });
+        let name = pod.name_any();
+        let spec = pod.spec.clone().unwrap();
+        let (scratch, ns, hosts) = {
+            let net = self.net.lock().unwrap();
+            let mut hosts: Vec<(String, String)> = net
+                .pods
+                .iter()
+                .map(|p| (format!("{}.{NAME}.{NS}.svc", p.name), p.addr.clone()))
+                .collect();
+            hosts.push((format!("{NAME}-client.{NS}.svc"), net.pods[0].addr.clone()));
+            (
+                net.tmp.path().join(format!("pod-{name}")),
+                net.controller_ns.clone(),
+                hosts,
+            )
+        };
+        let mut folders: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for v in spec.volumes.iter().flatten() {
+            let folder = if let Some(claim) = &v.persistent_volume_claim {
+                let claim = self
+                    .rt
+                    .block_on(claims.get(&claim.claim_name))
+                    .expect("the pod's claim");
+                self.claims_dir.join(claim.uid().unwrap_or_default())
+            } else if v.empty_dir.is_some() {
+                scratch.join(&v.name)
+            } else {
+                panic!("the played node has no volume {} of {name}", v.name)
+            };
+            std::fs::create_dir_all(&folder).unwrap();
+            folders.insert(v.name.clone(), folder);
+        }
+        let mut statuses: [Vec<Value>; 2] = Default::default();
+        let (mut passed, mut said) = (true, String::new());
+        let steps = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| (0, c))
+            .chain(spec.containers.iter().map(|c| (1, c)));
+        for (kind, c) in steps {
+            let mut c = c.clone();
+            for a in c.args.iter_mut().flatten() {
+                for (host, addr) in &hosts {
+                    *a = a.replace(host, addr);
+                }
+            }
+            let mounts: Vec<(&str, &std::path::Path)> = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| (m.mount_path.as_str(), folders[&m.name].as_path()))
+                .collect();
+            let report = scratch.join(format!("{}-termination-log", c.name));
+            let (code, message, out) =
+                common::members::run_job_container(&ns, &c, &mounts, &report, &[]);
+            // The volumes as fsGroup leaves them: the members' user owns what a step wrote.
+            for folder in folders.values() {
+                run(Command::new("chown")
+                    .arg("-R")
+                    .arg(format!("{RUN_AS}:{RUN_AS}"))
+                    .arg(folder));
+            }
+            let message = if code != 0 && message.is_empty() {
+                out.chars()
+                    .rev()
+                    .take(2000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect()
+            } else {
+                message
+            };
+            // What the container saw: its mount paths, not the node's folders.
+            let message = mounts.iter().fold(message, |m, (at, folder)| {
+                m.replace(&folder.display().to_string(), at)
+            });
+            statuses[kind].push(json!({
+                "name": c.name, "image": c.image, "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code,
+                    "reason": if code == 0 { "Completed" } else { "Error" },
+                    "message": message, "startedAt": "2026-12-06T00:00:00Z",
+                    "finishedAt": k8s_openapi::jiff::Timestamp::now().to_string()}},
+            }));
+            said = format!("{}: {message}", c.name);
+            if code != 0 {
+                passed = false;
+                break;
+            }
+        }
+        let status = json!({"status": {
+            "phase": if passed { "Succeeded" } else { "Failed" },
+            "initContainerStatuses": statuses[0],
+            "containerStatuses": statuses[1],
+        }});
+        self.rt
+            .block_on(pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)))
+            .expect("the played node's status of a Job's pod");
+        (passed, said)
     }
 }
 

@@ -9,7 +9,9 @@
 //! pods show not ready), the loop finds no leader and fences the members' ConfigMap; the nodes
 //! come back with their disks empty (the claims' folders wiped, the pods kept), their members
 //! stop at the fence; the loop sees the survivor alone with data and the others known empty,
-//! lifts the fence, and they rejoin from it under their old IDs.
+//! lifts the fence, and they rejoin from it under their old IDs. Then scenario 3 on the same
+//! cluster: a survivor behind the newest backup, and the cluster restored in place from it
+//! (Jobs' pods played by the node: see [`Played::play_job`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,12 +20,13 @@ use std::time::{Duration, Instant};
 
 use etcd_webhook::controller::Settings;
 use etcd_webhook::controller::render::{FENCED_FROM_ANNOTATION, FENCED_INITIAL_CLUSTER};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{ControlPlane, wait_for};
-use crate::common::members::{Release, writer};
+use crate::common::members::{Release, run, writer};
 use crate::install::ok;
 use crate::members::{
     NAME, NS, Played, cluster_json, count_events, create_cluster, is_running, patch_spec,
@@ -81,6 +84,9 @@ pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) 
         "recovery Manual",
     );
     lose_two_and_recover(&cp, &played, 1, true);
+    // Back to Automatic, with backups on: member 2 falls behind the newest backup, then the
+    // other two lose their volumes; the cluster is restored in place from the backup.
+    restore_in_place_behind_the_newest_backup(&cp, &played, 2);
     played.finish(&cp);
 }
 
@@ -321,6 +327,276 @@ fn lose_two_and_recover(cp: &ControlPlane, played: &Played, survivor: usize, man
     };
     eprintln!(
         "    2 of 3 members' nodes gone, {NAME}-{survivor} left: QuorumLost said {lost_said:.1} s after, fenced, no write taken; back on empty disks: {said:?}, Running with 3 voters {healed:.1} s after ({how}), all {} acknowledged writes on every member, no membership call",
+        keys.len()
+    );
+}
+
+/// Scenario 3 through the apiserver: `survivor` is cut from its peers while the other two take
+/// writes, the scheduled backup (a Job made from the CronJob, as `kubectl create job --from`
+/// does, its pod played by the node) files a snapshot with all of them on the backup claim, and
+/// its verification is given as passed (the verification Job runs a sidecar etcd the played
+/// node does not; it runs on real etcd in tests/backups.rs). Then the other two members' nodes
+/// go and come back with empty disks: the loop says RestoringFromSnapshot, copies the
+/// survivor's data (its rescue Job's pod played), asks for the restore in place, clears the
+/// StatefulSet, pods, claims and members' ConfigMap through the real garbage collector and
+/// PVC protection, and restores every member from the snapshot by restore Jobs (their pods
+/// played: the fetch from the claim with its SHA-256 checked, etcdutl, the placement); the
+/// StatefulSet controller makes the members again, Running with every acknowledged write.
+fn restore_in_place_behind_the_newest_backup(cp: &ControlPlane, played: &Played, survivor: usize) {
+    let (net, rt) = (&played.net, &played.rt);
+    let others: Vec<usize> = (0..3).filter(|&i| i != survivor).collect();
+    assert_ne!(
+        survivor, 0,
+        "the client Service resolves to member 0, which must stay with the majority"
+    );
+    patch_spec(
+        cp,
+        json!({"recovery": {"quorumLoss": "Automatic"},
+            "backup": {"enabled": true, "schedule": "0 0 1 1 *", "retention": 7}}),
+        "Automatic recovery, backups on",
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(played.kube.clone(), NS);
+    let backup_claim = wait_for("the backup claim", Duration::from_secs(60), || {
+        std::thread::sleep(Duration::from_millis(300));
+        rt.block_on(claims.get_opt(&format!("{NAME}-backup")))
+            .ok()
+            .flatten()
+    });
+    let backups = played.claims_dir.join(backup_claim.uid().unwrap());
+    wait_for("the backup CronJob", Duration::from_secs(60), || {
+        std::thread::sleep(Duration::from_millis(300));
+        cp.kubectl_output(
+            &["-n", NS, "get", "cronjob", &format!("{NAME}-backup")],
+            None,
+        )
+        .status
+        .success()
+        .then_some(())
+    });
+    let ec = cluster_json(cp);
+    let cluster_id = ec["metadata"]["annotations"]["etcd.example.com/cluster-id"].clone();
+
+    // The survivor falls behind: its peer port cut both ways while the other two take writes.
+    let survivor_ns = net.lock().unwrap().pods[survivor].ns.clone();
+    let cut = |op: &str| {
+        for chain in ["INPUT", "OUTPUT"] {
+            for port in ["--dport", "--sport"] {
+                run(std::process::Command::new("ip").args([
+                    "netns",
+                    "exec",
+                    &survivor_ns,
+                    "iptables",
+                    op,
+                    chain,
+                    "-p",
+                    "tcp",
+                    port,
+                    "2380",
+                    "-j",
+                    "DROP",
+                ]));
+            }
+        }
+    };
+    cut("-A");
+    // Should the survivor have led, the other two elect a leader of their own first.
+    wait_for(
+        "a write through the majority",
+        Duration::from_secs(30),
+        || {
+            net.lock()
+                .unwrap()
+                .put(others[0], "/majority", "x")
+                .then_some(())
+        },
+    );
+    let (ns, addr) = {
+        let n = net.lock().unwrap();
+        (n.pods[others[0]].ns.clone(), n.pods[others[0]].addr.clone())
+    };
+    let writing = Arc::new(AtomicBool::new(true));
+    let writes = writer(ns, addr, writing.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    writing.store(false, Ordering::Relaxed);
+    let (keys, failed) = writes.join().unwrap();
+    assert_eq!(failed, 0, "two of three take every write");
+    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
+    let events_before = event_counts(cp);
+
+    // The scheduled backup, run now: its pod files the snapshot on the backup claim.
+    ok(
+        cp.kubectl_output(
+            &[
+                "-n",
+                NS,
+                "create",
+                "job",
+                &format!("{NAME}-backup-now"),
+                &format!("--from=cronjob/{NAME}-backup"),
+            ],
+            None,
+        ),
+        "a backup Job from the CronJob",
+    );
+    let (filed, report) = played.play_job(&format!("{NAME}-backup-now"), Duration::from_secs(60));
+    assert!(filed, "the backup: {report}");
+    let last = wait_for("status.backup.last", Duration::from_secs(60), || {
+        std::thread::sleep(Duration::from_millis(500));
+        let ec = cluster_json(cp);
+        let last = ec["status"]["backup"]["last"].clone();
+        last["uri"]
+            .as_str()?
+            .starts_with(&format!("pvc://{NAME}-backup/"))
+            .then_some(last)
+    });
+    let uri = last["uri"].as_str().unwrap().to_owned();
+    // Its verification, given as passed (kept by every pass from then on).
+    let verified = json!({"status": {"backup": {"lastVerified": {
+        "time": last["time"], "uri": uri, "outcome": "Verified",
+        "message": "given by the test: the verification Job runs on real etcd in tests/backups.rs"}}}});
+    let clusters: Api<etcd_webhook::api::v1::EtcdCluster> =
+        Api::namespaced(played.kube.clone(), NS);
+    wait_for("the verification kept", Duration::from_secs(30), || {
+        let ec = cluster_json(cp);
+        if ec["status"]["backup"]["lastVerified"]["uri"] == json!(uri) {
+            std::thread::sleep(Duration::from_secs(2));
+            return (cluster_json(cp)["status"]["backup"]["lastVerified"]["uri"] == json!(uri))
+                .then_some(());
+        }
+        let _ = rt.block_on(clusters.patch_status(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(&verified),
+        ));
+        None
+    });
+    let snapshot_revision = last["revision"].as_i64().unwrap();
+
+    // The other two members' nodes go: no leader, fenced; they come back with empty disks.
+    let lost_at = Instant::now();
+    played
+        .blocked
+        .lock()
+        .unwrap()
+        .extend(others.iter().copied());
+    wait_for(
+        "the members' ConfigMap fenced",
+        Duration::from_secs(60),
+        || {
+            std::thread::sleep(Duration::from_millis(300));
+            let configs: Api<ConfigMap> = Api::namespaced(played.kube.clone(), NS);
+            let config = rt.block_on(configs.get(&format!("{NAME}-members"))).ok()?;
+            (config.data.as_ref()?.get("ETCD_INITIAL_CLUSTER")? == FENCED_INITIAL_CLUSTER)
+                .then_some(())
+        },
+    );
+    {
+        let n = net.lock().unwrap();
+        for &i in &others {
+            std::fs::remove_dir_all(n.pods[i].data.join("data")).unwrap();
+        }
+    }
+    let back_at = Instant::now();
+    played.blocked.lock().unwrap().clear();
+
+    // The loop copies the survivor first: its rescue Job's pod, played.
+    let (reason, message) = wait_for("RestoringFromSnapshot", Duration::from_secs(90), || {
+        std::thread::sleep(Duration::from_millis(500));
+        available(&cluster_json(cp)).filter(|(r, _)| r == "RestoringFromSnapshot")
+    });
+    let said_at = back_at.elapsed().as_secs_f64();
+    assert!(
+        message.contains(&format!(
+            "each member is restored from {uri} (revision {snapshot_revision}, verified;"
+        )) && message.contains(&format!(
+            "the data of {NAME}-{survivor} is copied to pvc://{NAME}-backup/ first"
+        )),
+        "{reason}: {message}"
+    );
+    let (copied, report) = played.play_job(
+        &format!("{NAME}-rescue-{survivor}"),
+        Duration::from_secs(60),
+    );
+    assert!(copied, "the rescue copy: {report}");
+    // Then the clear and the restore: one restore Job at a time (the claim attaches to one
+    // node), each played once its pod is there.
+    let mut opened = false;
+    for i in 0..3 {
+        let job = format!("{NAME}-restore-{i}");
+        let (restored, report) = played.play_job(&job, Duration::from_secs(120));
+        assert!(restored, "{job}: {report}");
+        if !opened {
+            // The survivor's old pod is gone with the clear: its peer port opens for the
+            // restored members.
+            cut("-D");
+            opened = true;
+        }
+    }
+    let restored_at = back_at.elapsed().as_secs_f64();
+    let ec = wait_for(
+        "Running again with 3 voters",
+        Duration::from_secs(180),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            let ec = cluster_json(cp);
+            is_running(&ec, 3).then_some(ec)
+        },
+    );
+    let healed = back_at.elapsed().as_secs_f64();
+    let restored = ec["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Restored")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (restored["status"].as_str(), restored["message"].as_str()),
+        (Some("True"), Some(format!("started from {uri}").as_str())),
+        "{restored}"
+    );
+    assert_ne!(
+        ec["metadata"]["annotations"]["etcd.example.com/cluster-id"], cluster_id,
+        "a cluster ID of its own"
+    );
+    let events = event_counts(cp);
+    let new = |key: &str| {
+        events.get(key).copied().unwrap_or(0) - events_before.get(key).copied().unwrap_or(0)
+    };
+    // Each step once. The diagnosis is told again when `Available` said something else between
+    // (a pass that reads an empty member between two of its restarts says QuorumLost).
+    for key in [
+        "Warning RestoringInPlace",
+        "Normal ClearedForRestore",
+        "Normal Restored",
+    ] {
+        assert_eq!(new(key), 1, "one {key}: {events:?}");
+    }
+    let told = new("Warning RestoringFromSnapshot");
+    assert!(told >= 1, "the diagnosis told: {events:?}");
+    // The survivor's data as it was is in its rescue copy on the backup claim.
+    let copies: Vec<String> = std::fs::read_dir(&backups)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.contains(&format!("-rescue-{NAME}-{survivor}-")))
+        .collect();
+    assert_eq!(copies.len(), 1, "the survivor's copy: {copies:?}");
+    {
+        let n = net.lock().unwrap();
+        for key in &keys {
+            for i in 0..3 {
+                assert_eq!(
+                    n.get(i, key).as_deref(),
+                    Some(key.trim_start_matches("/w/")),
+                    "{key} through member {i} after the restore"
+                );
+            }
+        }
+        assert!(n.put(survivor, "/after", "x"), "a write after the restore");
+    }
+    eprintln!(
+        "    {NAME}-{survivor} behind the newest backup (revision {snapshot_revision}), the other two lost: RestoringFromSnapshot {said_at:.1} s after they came back ({:.1} s after the loss; told {told} time(s)), copied, cleared and restored by {restored_at:.1} s, Running with 3 voters {healed:.1} s after, all {} writes acknowledged before the backup on every member, a new cluster ID",
+        back_at.duration_since(lost_at).as_secs_f64() + said_at,
         keys.len()
     );
 }
