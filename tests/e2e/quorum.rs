@@ -563,15 +563,15 @@ fn restore_in_place_behind_the_newest_backup(cp: &ControlPlane, played: &Played,
     let new = |key: &str| {
         events.get(key).copied().unwrap_or(0) - events_before.get(key).copied().unwrap_or(0)
     };
-    // Each step once. The diagnosis is told again when `Available` said something else between
-    // (a pass that reads an empty member between two of its restarts says QuorumLost).
-    for key in [
-        "Warning RestoringInPlace",
-        "Normal ClearedForRestore",
-        "Normal Restored",
-    ] {
-        assert_eq!(new(key), 1, "one {key}: {events:?}");
+    // Each step told. The request and the swap are told by the pass that makes them; a pass
+    // that read the cluster just before that write landed in its cache may tell it once more
+    // (the write itself is the same). The diagnosis is told again when `Available` said
+    // something else between (a pass that reads an empty member between two of its restarts
+    // says QuorumLost).
+    for key in ["Warning RestoringInPlace", "Normal ClearedForRestore"] {
+        assert!((1..=2).contains(&new(key)), "{key} told: {events:?}");
     }
+    assert_eq!(new("Normal Restored"), 1, "one Restored: {events:?}");
     let told = new("Warning RestoringFromSnapshot");
     assert!(told >= 1, "the diagnosis told: {events:?}");
     // The survivor's data as it was is in its rescue copy on the backup claim.

@@ -158,16 +158,20 @@ pub(crate) async fn prepare(
         });
         return Ok(false);
     }
-    ctx.event(
-        ec,
-        EventType::Normal,
-        "Restored",
-        format!(
-            "{} members restored from {}; starting them",
-            ec.spec.size, restore.from
-        ),
-    )
-    .await;
+    // Told once: a pass that reads the cluster before the last one's status is in the cache
+    // finds the Jobs done again.
+    if !has_condition(ec, "Restored", "Restored") {
+        ctx.event(
+            ec,
+            EventType::Normal,
+            "Restored",
+            format!(
+                "{} members restored from {}; starting them",
+                ec.spec.size, restore.from
+            ),
+        )
+        .await;
+    }
     seen.restored = Some(Restored::Done);
     Ok(true)
 }
