@@ -819,6 +819,76 @@ fn rescue_copy(
     .map_err(|e| e.to_string())
 }
 
+/// Passes (at most 120 s after `lost`) until the member list is `spec.size` started voters and
+/// every member has `key`; `each` is the test's own step after every pass. What the diagnoses
+/// said (each change once) and a timeline since `lost`: each diagnosis, each rescue step, the
+/// first leader (with the crashes since the loss).
+fn until_recovered(
+    lp: &mut Loop,
+    net: &mut Net,
+    key: &str,
+    lost: Instant,
+    what: &str,
+    each: &mut dyn FnMut(&mut Loop, &mut Net, &Outcome),
+) -> (Vec<&'static str>, Vec<String>) {
+    use etcd_webhook::controller::decide::quorum::Diagnosis;
+    let size = lp.ec.spec.size as usize;
+    let (mut said, mut timeline): (Vec<&'static str>, Vec<String>) = (Vec::new(), Vec::new());
+    let (mut done, mut led) = (0, false);
+    let crashes_at_loss = lp.crashes.len();
+    let deadline = lost + Duration::from_secs(120);
+    loop {
+        let outcome = lp.pass(net);
+        each(lp, net, &outcome);
+        if let Some(kind) = lp.diagnosis.as_ref().map(Diagnosis::reason)
+            && said.last() != Some(&kind)
+        {
+            said.push(kind);
+            timeline.push(format!("{kind} at {:.1} s", lost.elapsed().as_secs_f64()));
+        }
+        if outcome.members.is_some() && !led {
+            led = true;
+            let crashed = lp.crashes.len() - crashes_at_loss;
+            timeline.push(format!(
+                "a leader at {:.1} s ({crashed} crashes since the loss)",
+                lost.elapsed().as_secs_f64()
+            ));
+        }
+        if lp.rescued.len() > done {
+            done = lp.rescued.len();
+            timeline.push(format!(
+                "{} at {:.1} s",
+                lp.rescued[done - 1].split(" to ").next().unwrap(),
+                lost.elapsed().as_secs_f64()
+            ));
+        }
+        if outcome
+            .members
+            .as_ref()
+            .is_some_and(|m| m.len() == size && m.iter().all(|m| !m.is_learner && m.started()))
+            && (0..size).all(|i| net.running(i) && net.get(i, key).is_some())
+        {
+            return (said, timeline);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not {what}: {:?}, said {said:?}, rescue {:?}\n{}",
+            lp.diagnosis,
+            lp.rescued,
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// 30 writes through member `x` (`/w/late<k>`): the keys acknowledged.
+fn late_writes(net: &Net, x: usize) -> Vec<String> {
+    (0..30)
+        .map(|k| format!("/w/late{k}"))
+        .filter(|key| net.put(x, key, key.trim_start_matches("/w/")))
+        .collect()
+}
+
 /// Pod `i`'s volume made anew: an empty folder the members' user owns.
 fn empty_volume(net: &Net, i: usize) {
     let data = &net.pods[i].data;
@@ -1669,26 +1739,9 @@ fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_afte
     let y = (x + 1) % 5;
     let gone: Vec<usize> = (0..5).filter(|&i| i != x && i != y).collect();
     let ns = net.pods[y].ns.clone();
-    // Every packet to or from a peer port, both ways: the streams Y opened itself carry the
-    // leader's appends back to it as replies.
-    let cut = |op: &str| {
-        for chain in ["INPUT", "OUTPUT"] {
-            for port in ["--dport", "--sport"] {
-                run(Command::new("ip").args([
-                    "netns", "exec", &ns, "iptables", op, chain, "-p", "tcp", port, "2380", "-j",
-                    "DROP",
-                ]));
-            }
-        }
-    };
+    let cut = |op: &str| common::members::cut_peers(&ns, op);
     cut("-A");
-    let mut acknowledged = Vec::new();
-    for k in 0..30 {
-        let key = format!("/w/late{k}");
-        if net.put(x, &key, &format!("late{k}")) {
-            acknowledged.push(key);
-        }
-    }
+    let acknowledged = late_writes(&net, x);
     assert_eq!(acknowledged.len(), 30, "four of five take every write");
     // Past the backend's 100 ms commit interval, so X's file has them before the loss.
     std::thread::sleep(Duration::from_millis(500));
@@ -1739,66 +1792,30 @@ fn quorum_loss_of_three_of_five_rebuilds_from_the_member_with_the_most_data_afte
     lp.blocked.clear();
     let lost = Instant::now();
     let mut open = false;
-    let mut said: Vec<&'static str> = Vec::new();
-    let (mut timeline, mut done, mut led) = (Vec::new(), 0, false);
-    let crashes_at_loss = lp.crashes.len();
-    let deadline = lost + Duration::from_secs(120);
-    loop {
-        let outcome = lp.pass(&mut net);
-        // Y's peer port opens once its volume is made anew (its process with it: what the
-        // leader of term 2 had sent it before the cut, still in flight, would otherwise arrive
-        // and catch it up, as TCP delivers it once the cut is gone).
-        if !open && lp.rescued.contains(&format!("made {y} anew")) {
-            cut("-D");
-            open = true;
-        }
-        if let Some(kind) = lp.diagnosis.as_ref().map(Diagnosis::reason)
-            && said.last() != Some(&kind)
-        {
-            said.push(kind);
-            timeline.push(format!("{kind} at {:.1} s", lost.elapsed().as_secs_f64()));
-        }
-        if outcome.members.is_some() && !led {
-            led = true;
-            let crashed = lp.crashes.len() - crashes_at_loss;
-            timeline.push(format!(
-                "a leader at {:.1} s ({crashed} crashes since the loss)",
-                lost.elapsed().as_secs_f64()
-            ));
-        }
-        if lp.rescued.len() > done {
-            done = lp.rescued.len();
-            timeline.push(format!(
-                "{} at {:.1} s",
-                lp.rescued[done - 1].split(" to ").next().unwrap(),
-                lost.elapsed().as_secs_f64()
-            ));
-        }
-        if let Some(Diagnosis::Rebuilding { plan, .. }) = &lp.diagnosis {
-            let applied = outcome.survey[&(x as i32)].raft_applied_index;
-            assert_eq!(
-                plan,
-                &format!("rejoin-from-{}-at-{applied}", net.pods[x].name),
-                "the rebuild keeps X"
-            );
-        }
-        if outcome
-            .members
-            .as_ref()
-            .is_some_and(|m| m.len() == 5 && m.iter().all(|m| !m.is_learner && m.started()))
-            && (0..5).all(|i| net.running(i) && net.get(i, &acknowledged[29]).is_some())
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not rebuilt: {:?}, said {said:?}, rescue {:?}\n{}",
-            lp.diagnosis,
-            lp.rescued,
-            net.logs()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let (said, timeline) = until_recovered(
+        &mut lp,
+        &mut net,
+        &acknowledged[29],
+        lost,
+        "rebuilt",
+        &mut |lp, net, outcome| {
+            // Y's peer port opens once its volume is made anew (its process with it: what the
+            // leader of term 2 had sent it before the cut, still in flight, would otherwise arrive
+            // and catch it up, as TCP delivers it once the cut is gone).
+            if !open && lp.rescued.contains(&format!("made {y} anew")) {
+                cut("-D");
+                open = true;
+            }
+            if let Some(Diagnosis::Rebuilding { plan, .. }) = &lp.diagnosis {
+                let applied = outcome.survey[&(x as i32)].raft_applied_index;
+                assert_eq!(
+                    plan,
+                    &format!("rejoin-from-{}-at-{applied}", net.pods[x].name),
+                    "the rebuild keeps X"
+                );
+            }
+        },
+    );
     let healed = lost.elapsed();
     assert!(
         said.contains(&"RebuildingFromSurvivor") && said.contains(&"RejoiningFromSurvivor"),
@@ -1883,24 +1900,9 @@ fn quorum_loss_behind_the_newest_snapshot_restores_it_in_place_after_copying_the
     let y = (x + 1) % 3;
     let z = (x + 2) % 3;
     let ns = net.pods[y].ns.clone();
-    let cut = |op: &str| {
-        for chain in ["INPUT", "OUTPUT"] {
-            for port in ["--dport", "--sport"] {
-                run(Command::new("ip").args([
-                    "netns", "exec", &ns, "iptables", op, chain, "-p", "tcp", port, "2380", "-j",
-                    "DROP",
-                ]));
-            }
-        }
-    };
+    let cut = |op: &str| common::members::cut_peers(&ns, op);
     cut("-A");
-    let mut acknowledged = Vec::new();
-    for k in 0..30 {
-        let key = format!("/w/late{k}");
-        if net.put(x, &key, &format!("late{k}")) {
-            acknowledged.push(key);
-        }
-    }
+    let acknowledged = late_writes(&net, x);
     assert_eq!(acknowledged.len(), 30, "two of three take every write");
     let revision_of = |i: usize| {
         net.v3(i, "maintenance/status", json!({})).expect("status")["header"]["revision"]
@@ -1999,54 +2001,26 @@ fn quorum_loss_behind_the_newest_snapshot_restores_it_in_place_after_copying_the
     );
     lp.blocked.clear();
     let lost = Instant::now();
-    let mut said: Vec<&'static str> = Vec::new();
-    let mut timeline = Vec::new();
-    let mut done = 0;
     let mut open = false;
-    let deadline = lost + Duration::from_secs(120);
-    loop {
-        let outcome = lp.pass(&mut net);
-        if !open && lp.rescued.iter().any(|r| r.starts_with("restoring from")) {
-            cut("-D");
-            open = true;
-        }
-        if let Some(kind) = lp.diagnosis.as_ref().map(Diagnosis::reason)
-            && said.last() != Some(&kind)
-        {
-            said.push(kind);
-            timeline.push(format!("{kind} at {:.1} s", lost.elapsed().as_secs_f64()));
-        }
-        if lp.rescued.len() > done {
-            done = lp.rescued.len();
-            timeline.push(format!(
-                "{} at {:.1} s",
-                lp.rescued[done - 1].split(" to ").next().unwrap(),
-                lost.elapsed().as_secs_f64()
-            ));
-        }
-        if let Some(Diagnosis::Restoring { plan, .. }) = &lp.diagnosis {
-            assert_eq!(
-                plan,
-                &etcd_webhook::controller::decide::quorum::restore_plan(&newest)
-            );
-        }
-        if outcome
-            .members
-            .as_ref()
-            .is_some_and(|m| m.len() == 3 && m.iter().all(|m| !m.is_learner && m.started()))
-            && (0..3).all(|i| net.running(i) && net.get(i, &acknowledged[29]).is_some())
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not restored: {:?}, said {said:?}, rescue {:?}\n{}",
-            lp.diagnosis,
-            lp.rescued,
-            net.logs()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let (said, timeline) = until_recovered(
+        &mut lp,
+        &mut net,
+        &acknowledged[29],
+        lost,
+        "restored",
+        &mut |lp, _, _| {
+            if !open && lp.rescued.iter().any(|r| r.starts_with("restoring from")) {
+                cut("-D");
+                open = true;
+            }
+            if let Some(Diagnosis::Restoring { plan, .. }) = &lp.diagnosis {
+                assert_eq!(
+                    plan,
+                    &etcd_webhook::controller::decide::quorum::restore_plan(&newest)
+                );
+            }
+        },
+    );
     let healed = lost.elapsed();
     // QuorumLost until the kubelet has seen X and Z stop on their empty volumes; never a
     // rejoin from Y or a rebuild keeping it.

@@ -3353,6 +3353,16 @@ fn available(api: &FakeApi) -> Value {
         .unwrap()
 }
 
+/// The paths of the objects deleted since the calls were last cleared, Jobs left out.
+fn deleted_but_jobs(api: &FakeApi) -> Vec<String> {
+    let jobs = JOBS.trim_end_matches('/');
+    api.calls()
+        .into_iter()
+        .filter(|c| c.method == "DELETE" && !c.path.starts_with(jobs))
+        .map(|c| c.path)
+        .collect()
+}
+
 /// A rescue Job's pod that filed member `member`'s copy for `plan` (its report in the
 /// termination message, as `etcd-webhook backup --kind=rescue` writes it).
 fn rescue_pod(api: &FakeApi, ec: &EtcdCluster, name: &str, plan: &str, member: i32) {
@@ -3529,13 +3539,7 @@ async fn a_lost_quorum_with_two_members_holding_data_is_rebuilt_after_both_are_c
             "{arg} in {args}"
         );
     }
-    let deleted = |api: &FakeApi| -> Vec<String> {
-        api.calls()
-            .into_iter()
-            .filter(|c| c.method == "DELETE" && !c.path.starts_with(jobs))
-            .map(|c| c.path)
-            .collect()
-    };
+    let deleted = deleted_but_jobs;
     assert_eq!(
         deleted(&api),
         Vec::<String>::new(),
@@ -3697,13 +3701,7 @@ async fn a_lost_quorum_behind_the_newest_snapshot_is_restored_in_place_after_the
         rescue["metadata"]["annotations"][render::RESCUE_PLAN_ANNOTATION],
         plan
     );
-    let deleted = |api: &FakeApi| -> Vec<String> {
-        api.calls()
-            .into_iter()
-            .filter(|c| c.method == "DELETE" && !c.path.starts_with(jobs))
-            .map(|c| c.path)
-            .collect()
-    };
+    let deleted = deleted_but_jobs;
     assert_eq!(
         deleted(&api),
         Vec::<String>::new(),

@@ -1441,3 +1441,16 @@ pub fn run_job_container(
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
     )
 }
+
+/// Cuts (`-A`) or restores (`-D`) every packet to or from the peer port in the network
+/// namespace `ns`, both ways (the streams the member opened itself carry the leader's appends
+/// back to it as replies): that member falls behind while the others keep a quorum.
+pub fn cut_peers(ns: &str, op: &str) {
+    for chain in ["INPUT", "OUTPUT"] {
+        for port in ["--dport", "--sport"] {
+            run(Command::new("ip").args([
+                "netns", "exec", ns, "iptables", op, chain, "-p", "tcp", port, "2380", "-j", "DROP",
+            ]));
+        }
+    }
+}

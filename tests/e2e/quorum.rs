@@ -26,7 +26,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{ControlPlane, wait_for};
-use crate::common::members::{Release, run, writer};
+use crate::common::members::{Release, writer};
 use crate::install::ok;
 use crate::members::{
     NAME, NS, Played, cluster_json, count_events, create_cluster, is_running, patch_spec,
@@ -71,6 +71,37 @@ fn available(ec: &Value) -> Option<(String, String)> {
         })
 }
 
+/// A writer through member `i` for 3 s: the keys it wrote, every one acknowledged (`when`
+/// says when, for a failure).
+fn three_seconds_of_writes(played: &Played, i: usize, when: &str) -> Vec<String> {
+    let (ns, addr) = {
+        let n = played.net.lock().unwrap();
+        (n.pods[i].ns.clone(), n.pods[i].addr.clone())
+    };
+    let writing = Arc::new(AtomicBool::new(true));
+    let writes = writer(ns, addr, writing.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    writing.store(false, Ordering::Relaxed);
+    let (keys, failed) = writes.join().unwrap();
+    assert_eq!(failed, 0, "writes failed {when}");
+    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
+    keys
+}
+
+/// Every key with its value (`/w/k` holds `k`) through each of the three members.
+fn every_key_on_every_member(played: &Played, keys: &[String], when: &str) {
+    let n = played.net.lock().unwrap();
+    for key in keys {
+        for i in 0..3 {
+            assert_eq!(
+                n.get(i, key).as_deref(),
+                Some(key.trim_start_matches("/w/")),
+                "{key} through member {i} {when}"
+            );
+        }
+    }
+}
+
 pub fn quorum_loss_through_the_apiserver_rejoins_the_survivor(cp: ControlPlane) {
     let played = Played::start(&cp, 3, Release::V3_7_4, Settings::default());
     create_cluster(&cp, 3, "v3.7.4", Duration::from_secs(120));
@@ -105,17 +136,7 @@ fn lose_two_and_recover(cp: &ControlPlane, played: &Played, survivor: usize, man
     let others: Vec<usize> = (0..3).filter(|&i| i != survivor).collect();
 
     // Acknowledged writes through the member that will be left.
-    let (ns, addr) = {
-        let n = net.lock().unwrap();
-        (n.pods[survivor].ns.clone(), n.pods[survivor].addr.clone())
-    };
-    let writing = Arc::new(AtomicBool::new(true));
-    let writes = writer(ns, addr, writing.clone());
-    std::thread::sleep(Duration::from_secs(3));
-    writing.store(false, Ordering::Relaxed);
-    let (keys, failed) = writes.join().unwrap();
-    assert_eq!(failed, 0, "writes failed before the loss");
-    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
+    let keys = three_seconds_of_writes(played, survivor, "before the loss");
     let events_before = event_counts(cp);
 
     // The other two members' nodes go: no leader, and the loop fences.
@@ -303,17 +324,9 @@ fn lose_two_and_recover(cp: &ControlPlane, played: &Played, survivor: usize, man
         unfenced,
         "the fence lifted"
     );
+    every_key_on_every_member(played, &keys, "after the recovery");
     {
         let n = net.lock().unwrap();
-        for key in &keys {
-            for i in 0..3 {
-                assert_eq!(
-                    n.get(i, key).as_deref(),
-                    Some(key.trim_start_matches("/w/")),
-                    "{key} through member {i} after the recovery"
-                );
-            }
-        }
         assert!(
             n.put(others[0], "/after", "x"),
             "a write after the recovery"
@@ -378,26 +391,7 @@ fn restore_in_place_behind_the_newest_backup(cp: &ControlPlane, played: &Played,
 
     // The survivor falls behind: its peer port cut both ways while the other two take writes.
     let survivor_ns = net.lock().unwrap().pods[survivor].ns.clone();
-    let cut = |op: &str| {
-        for chain in ["INPUT", "OUTPUT"] {
-            for port in ["--dport", "--sport"] {
-                run(std::process::Command::new("ip").args([
-                    "netns",
-                    "exec",
-                    &survivor_ns,
-                    "iptables",
-                    op,
-                    chain,
-                    "-p",
-                    "tcp",
-                    port,
-                    "2380",
-                    "-j",
-                    "DROP",
-                ]));
-            }
-        }
-    };
+    let cut = |op: &str| crate::common::members::cut_peers(&survivor_ns, op);
     cut("-A");
     // Should the survivor have led, the other two elect a leader of their own first.
     wait_for(
@@ -410,17 +404,7 @@ fn restore_in_place_behind_the_newest_backup(cp: &ControlPlane, played: &Played,
                 .then_some(())
         },
     );
-    let (ns, addr) = {
-        let n = net.lock().unwrap();
-        (n.pods[others[0]].ns.clone(), n.pods[others[0]].addr.clone())
-    };
-    let writing = Arc::new(AtomicBool::new(true));
-    let writes = writer(ns, addr, writing.clone());
-    std::thread::sleep(Duration::from_secs(3));
-    writing.store(false, Ordering::Relaxed);
-    let (keys, failed) = writes.join().unwrap();
-    assert_eq!(failed, 0, "two of three take every write");
-    assert!(keys.len() > 20, "the writer wrote ({})", keys.len());
+    let keys = three_seconds_of_writes(played, others[0], "with the survivor cut");
     let events_before = event_counts(cp);
 
     // The scheduled backup, run now: its pod files the snapshot on the backup claim.
@@ -581,17 +565,9 @@ fn restore_in_place_behind_the_newest_backup(cp: &ControlPlane, played: &Played,
         .filter(|f| f.contains(&format!("-rescue-{NAME}-{survivor}-")))
         .collect();
     assert_eq!(copies.len(), 1, "the survivor's copy: {copies:?}");
+    every_key_on_every_member(played, &keys, "after the restore");
     {
         let n = net.lock().unwrap();
-        for key in &keys {
-            for i in 0..3 {
-                assert_eq!(
-                    n.get(i, key).as_deref(),
-                    Some(key.trim_start_matches("/w/")),
-                    "{key} through member {i} after the restore"
-                );
-            }
-        }
         assert!(n.put(survivor, "/after", "x"), "a write after the restore");
     }
     eprintln!(
