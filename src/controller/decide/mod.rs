@@ -10,6 +10,7 @@ pub mod membership;
 pub mod memory;
 pub mod observation;
 pub mod quorum;
+pub mod recovery;
 pub mod restoring;
 pub mod status;
 pub mod upgrade;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use kube::ResourceExt;
 
 use super::members::MemberStatus;
-use super::quorum::{Diagnosis, Rescue, approved, awaiting, manual, restore_plan};
+use super::recovery::{Diagnosis, Rescue, approved, awaiting, manual, restore_plan};
 use crate::api::v1::{EtcdCluster, SnapshotRecord};
 use crate::controller::render::{self, InPlace};
 
