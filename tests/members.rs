@@ -577,24 +577,22 @@ impl Loop {
                 }) => (plan, copy, Vec::new(), Some(restore)),
                 _ => Default::default(),
             };
-            {
-                for &o in &copy {
-                    match rescue_copy(net, &self.ec, o as usize, &self.rescue) {
-                        Ok(uri) => {
-                            self.rescued.push(format!("copied {o} to {uri}"));
-                            self.rescue.copied.insert((o, plan.clone()), uri);
-                        }
-                        Err(e) => {
-                            self.rescued.push(format!("copy of {o} failed: {e}"));
-                            self.rescue.failed.insert(o, e);
-                        }
+            for &o in &copy {
+                match rescue_copy(net, &self.ec, o as usize, &self.rescue) {
+                    Ok(uri) => {
+                        self.rescued.push(format!("copied {o} to {uri}"));
+                        self.rescue.copied.insert((o, plan.clone()), uri);
+                    }
+                    Err(e) => {
+                        self.rescued.push(format!("copy of {o} failed: {e}"));
+                        self.rescue.failed.insert(o, e);
                     }
                 }
-                for o in wipe {
-                    self.rescued.push(format!("made {o} anew"));
-                    self.recreate(net, o as usize);
-                    empty_volume(net, o as usize);
-                }
+            }
+            for o in wipe {
+                self.rescued.push(format!("made {o} anew"));
+                self.recreate(net, o as usize);
+                empty_volume(net, o as usize);
             }
             // A restore in place once every copy is filed (pass/rescue.rs asks for it,
             // pass/restore.rs `clear` and `prepare` carry it out).

@@ -196,7 +196,6 @@ pub fn diagnose(
         chosen.clone()
     };
     let keeps = "what it had applied is kept, writes acknowledged after it are gone";
-    let awaiting = |would: String, plan: &str| awaiting(ec, would, plan);
     let approved_note = if manual(ec) {
         format!("approved ({plan}): ")
     } else {
@@ -228,6 +227,7 @@ pub fn diagnose(
             .unwrap_or_default();
         if !approved(ec, &plan) {
             return Some(awaiting(
+                ec,
                 format!(
                     "{found}; spec.recovery.quorumLoss is Manual: the loop would {first}let the empty members rejoin under their old IDs and copy its data ({keeps})"
                 ),
@@ -298,6 +298,7 @@ pub fn diagnose(
         );
         if !approved(ec, &plan) {
             return Some(awaiting(
+                ec,
                 format!("{found}; spec.recovery.quorumLoss is Manual: with the rebuild {would}"),
                 &plan,
             ));
