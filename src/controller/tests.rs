@@ -3709,6 +3709,33 @@ async fn a_lost_quorum_behind_the_newest_snapshot_is_restored_in_place_after_the
     );
     let annotations = |api: &FakeApi| cluster_json(api)["metadata"]["annotations"].clone();
     assert!(annotations(&api)[render::RESTORE_IN_PLACE_ANNOTATION].is_null());
+    // The Job seen complete while the pods' cache still shows its pod running (the two caches
+    // are fed by separate watches): the report is on its way, and the Job is left alone
+    // (deleting it would delete the pod that carries the report, and copy again).
+    let job = format!("{jobs}/etcd-rescue-0");
+    complete_job(&api, &job, true);
+    let uid = api.get(&job).unwrap()["metadata"]["uid"].clone();
+    assert!(uid.is_string(), "{uid}");
+    api.insert(
+        "/api/v1/namespaces/prod/pods/etcd-rescue-0-x",
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd-rescue-0-x", "namespace": "prod",
+                "labels": render::labels(&ec, "rescue"),
+                "annotations": {render::RESCUE_PLAN_ANNOTATION: plan,
+                    render::RESCUE_MEMBER_ANNOTATION: "0"},
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                    "name": "etcd-rescue-0", "uid": uid, "controller": true}]},
+            "spec": {"containers": [{"name": "backup", "image": "x"}]},
+            "status": {"phase": "Running"}}),
+    );
+    api.clear_calls();
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        !api.requested(&format!("DELETE {job}")),
+        "a finished rescue Job whose pod has not reported yet is waited for: {:?}",
+        describe(&writes(&api.calls()))
+    );
+    assert!(annotations(&api)[render::RESTORE_IN_PLACE_ANNOTATION].is_null());
     // The copy filed: the restore is asked for, with a Warning.
     rescue_pod(&api, &ec, "etcd-rescue-0-x", plan, 0);
     api.clear_calls();

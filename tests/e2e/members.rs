@@ -594,15 +594,23 @@ impl Played {
         let pods: Api<Pod> = Api::namespaced(self.kube.clone(), NS);
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.kube.clone(), NS);
         let selector = format!("batch.kubernetes.io/job-name={job}");
-        let pod = wait_for(&format!("the pod of Job {job}"), within, || {
-            std::thread::sleep(Duration::from_millis(250));
-            self.rt
+        let start = Instant::now();
+        let pod = loop {
+            if let Some(p) = self
+                .rt
                 .block_on(pods.list(&ListParams::default().labels(&selector)))
-                .ok()?
-                .items
-                .into_iter()
-                .next()
-        });
+                .ok()
+                .and_then(|l| l.items.into_iter().next())
+            {
+                break p;
+            }
+            assert!(
+                start.elapsed() < within,
+                "timed out after {within:?} waiting for the pod of Job {job}; the namespace then:\n{}",
+                self.namespace_now()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        };
         let name = pod.name_any();
         let spec = pod.spec.clone().unwrap();
         let (scratch, ns, hosts) = {
@@ -703,6 +711,84 @@ impl Played {
             .block_on(pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)))
             .expect("the played node's status of a Job's pod");
         (passed, said)
+    }
+}
+
+impl Played {
+    /// What a stuck scenario needs read: the cluster's conditions and annotations, its Jobs,
+    /// pods and claims, and the namespace's last Events.
+    pub fn namespace_now(&self) -> String {
+        let list = |what: &str| -> Vec<Value> {
+            let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+                self.kube.clone(),
+                NS,
+                &kube::discovery::ApiResource::from_gvk(&match what {
+                    "jobs" => kube::api::GroupVersionKind::gvk("batch", "v1", "Job"),
+                    "pods" => kube::api::GroupVersionKind::gvk("", "v1", "Pod"),
+                    "claims" => kube::api::GroupVersionKind::gvk("", "v1", "PersistentVolumeClaim"),
+                    "events" => kube::api::GroupVersionKind::gvk("", "v1", "Event"),
+                    _ => kube::api::GroupVersionKind::gvk("etcd.example.com", "v1", "EtcdCluster"),
+                }),
+            );
+            self.rt
+                .block_on(api.list(&ListParams::default()))
+                .map(|l| {
+                    l.items
+                        .into_iter()
+                        .map(|o| serde_json::to_value(o).unwrap())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut out = Vec::new();
+        for ec in list("clusters") {
+            out.push(format!(
+                "EtcdCluster {}: annotations {}; conditions {}",
+                ec["metadata"]["name"], ec["metadata"]["annotations"], ec["status"]["conditions"]
+            ));
+        }
+        for j in list("jobs") {
+            out.push(format!(
+                "Job {} (uid {}, deleting {}): {}",
+                j["metadata"]["name"],
+                j["metadata"]["uid"],
+                j["metadata"]["deletionTimestamp"],
+                j["status"]["conditions"]
+            ));
+        }
+        for p in list("pods") {
+            out.push(format!(
+                "pod {} (owner {}, deleting {}): {}",
+                p["metadata"]["name"],
+                p["metadata"]["ownerReferences"][0]["uid"],
+                p["metadata"]["deletionTimestamp"],
+                p["status"]["phase"]
+            ));
+        }
+        for c in list("claims") {
+            out.push(format!(
+                "claim {} (uid {}, deleting {}, finalizers {})",
+                c["metadata"]["name"],
+                c["metadata"]["uid"],
+                c["metadata"]["deletionTimestamp"],
+                c["metadata"]["finalizers"]
+            ));
+        }
+        let mut events = list("events");
+        events.sort_by_key(|e| {
+            e["lastTimestamp"]
+                .as_str()
+                .or(e["eventTime"].as_str())
+                .unwrap_or_default()
+                .to_owned()
+        });
+        for e in events.iter().rev().take(20).rev() {
+            out.push(format!(
+                "Event {} {} {}: {}",
+                e["lastTimestamp"], e["type"], e["reason"], e["message"]
+            ));
+        }
+        out.join("\n")
     }
 }
 

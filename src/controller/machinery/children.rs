@@ -238,6 +238,25 @@ pub(crate) fn job_outcome(job: &Job) -> Option<bool> {
     }
 }
 
+/// Whether a pod of `job` (owned by it: a former Job's pods of the same name are not) is in
+/// `pods` (the cache) neither ended nor being deleted: the Job controller saw it end, the
+/// pods' cache has not yet (the two caches are fed by separate watches), and the pod's
+/// report comes with its next event. A finished Job is read with its pod's report only
+/// once this is false.
+pub(crate) fn report_on_its_way(job: &Job, pods: &[Arc<Pod>]) -> bool {
+    let Some(uid) = job.metadata.uid.as_deref() else {
+        return false;
+    };
+    pods.iter().any(|p| {
+        p.owner_references().iter().any(|o| o.uid == uid)
+            && p.metadata.deletion_timestamp.is_none()
+            && !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+    })
+}
+
 /// Whether `meta`'s controller is `ec` itself (the same UID), not a former cluster of its name
 /// whose children the garbage collector has not removed yet.
 pub(crate) fn owned_by(
@@ -249,4 +268,41 @@ pub(crate) fn owned_by(
         .flatten()
         .filter(|o| o.controller == Some(true))
         .any(|o| Some(&o.uid) == ec.metadata.uid.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(owner: &str, phase: &str, deleting: bool) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "ownerReferences": [{"apiVersion": "batch/v1",
+                    "kind": "Job", "name": "j", "uid": owner, "controller": true}],
+                    "deletionTimestamp": if deleting { Some("2026-12-06T00:00:00Z") } else { None }},
+                "status": {"phase": phase}}))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_finished_jobs_report_is_on_its_way_while_its_own_pod_is_cached_unended() {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j", "uid": "u1"},
+            "status": {"succeeded": 1}}))
+        .unwrap();
+        assert!(report_on_its_way(&job, &[pod("u1", "Pending", false)]));
+        assert!(report_on_its_way(&job, &[pod("u1", "Running", false)]));
+        assert!(!report_on_its_way(&job, &[pod("u1", "Succeeded", false)]));
+        assert!(!report_on_its_way(&job, &[pod("u1", "Failed", false)]));
+        assert!(
+            !report_on_its_way(&job, &[pod("u0", "Running", false)]),
+            "a former Job's pod of the same name"
+        );
+        assert!(
+            !report_on_its_way(&job, &[pod("u1", "Running", true)]),
+            "a pod being deleted reports nothing"
+        );
+        assert!(!report_on_its_way(&job, &[]), "its pod gone");
+    }
 }

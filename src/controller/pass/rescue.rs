@@ -16,7 +16,7 @@ use crate::controller::decide::exits::Exit;
 use crate::controller::decide::quorum::{self, Diagnosis, Rescue, diagnose};
 use crate::controller::decide::status::has_condition;
 use crate::controller::etcd::membership::Outcome;
-use crate::controller::machinery::children::{Children, job_outcome};
+use crate::controller::machinery::children::{Children, job_outcome, report_on_its_way};
 use crate::controller::machinery::error::Error;
 use crate::controller::render::{self, BackupTarget};
 
@@ -104,6 +104,7 @@ pub(crate) async fn rebuild(
         return Ok(());
     };
     let ctx = kids.ctx;
+    let pods = kids.pods().await?;
     for &ordinal in copy {
         let name = render::rescue_job_name(ec, ordinal);
         match kids.read::<Job>(&name).await? {
@@ -112,15 +113,18 @@ pub(crate) async fn rebuild(
                 kids.ensure_created(&job).await?;
                 tracing::warn!(cluster = %ec.name_any(), member = ordinal, %plan, "copying the member's data before its volume is made anew");
             }
-            // From another plan, failed, or done without a report of its copy (its pod gone):
-            // made again on the next pass.
+            // From another plan, failed, or done without a report of its copy (its pod gone,
+            // or its report unreadable): made again on the next pass. A Job seen finished
+            // while the pods' cache still shows its pod running is waited for: the report
+            // is on its way (the two caches are fed by separate watches), and deleting the
+            // Job would delete the pod that carries it.
             Some(job)
                 if job.annotations().get(render::RESCUE_PLAN_ANNOTATION) != Some(plan)
-                    || job_outcome(&job).is_some() =>
+                    || (job_outcome(&job).is_some() && !report_on_its_way(&job, &pods)) =>
             {
                 kids.remove::<Job>(&name).await?;
             }
-            // Running.
+            // Running, or its report on its way.
             Some(_) => {}
         }
     }

@@ -18,7 +18,7 @@ use crate::api::SnapshotSource;
 use crate::api::v1::EtcdCluster;
 use crate::controller::decide::observation::{Observation, Restored};
 use crate::controller::decide::status::has_condition;
-use crate::controller::machinery::children::{Children, job_outcome};
+use crate::controller::machinery::children::{Children, job_outcome, report_on_its_way};
 use crate::controller::machinery::error::Error;
 use crate::controller::render;
 
@@ -114,7 +114,10 @@ pub(crate) async fn prepare(
             seen.settle = true;
             return Ok(false);
         }
-        match job_outcome(&job) {
+        // A finished Job whose pod's report the cache has not caught up with is still running
+        // for this pass: its outcome is read with the report (the digest, why it failed).
+        let pods = kids.pods().await?;
+        match job_outcome(&job).filter(|_| !report_on_its_way(&job, &pods)) {
             Some(true) => done += 1,
             Some(false) => failed.push(format!(
                 "{}: {}",
@@ -193,6 +196,9 @@ async fn first_digest(
         return Ok(None);
     }
     let pods = kids.pods().await?;
+    if report_on_its_way(&job, &pods) {
+        return Ok(None);
+    }
     let said = pods
         .iter()
         .filter(|p| p.labels().get("batch.kubernetes.io/job-name") == Some(&name))
