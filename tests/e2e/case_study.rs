@@ -434,6 +434,37 @@ fn backup_and_restore(env: &Env, acked: &BTreeMap<String, String>) -> S3 {
         })
         .count();
     assert_eq!(done, SIZE, "one real restore Job per member: {jobs}");
+    // The claims the loop made ahead are the StatefulSet's to control (its retention policy
+    // deletes them with it), the cluster an owner beside it: no conflicting controller.
+    for i in 0..SIZE {
+        let claim = env.get_json(&["-n", NS, "pvc", &format!("data-{restored}-{i}")]);
+        let owners = claim["metadata"]["ownerReferences"].as_array().cloned();
+        let owners = owners.unwrap_or_default();
+        let controls = |kind: &str| {
+            owners
+                .iter()
+                .filter(|o| o["kind"] == kind && o["name"] == restored)
+                .map(|o| o["controller"].as_bool() == Some(true))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            (controls("StatefulSet"), controls("EtcdCluster")),
+            (vec![true], vec![false]),
+            "data-{restored}-{i}'s owners: {owners:?}"
+        );
+    }
+    let conflicts = env.get_json(&[
+        "-n",
+        NS,
+        "events",
+        "--field-selector",
+        "reason=ConflictingController",
+    ]);
+    assert_eq!(
+        conflicts["items"].as_array().map(Vec::len),
+        Some(0),
+        "no claim under another controller: {conflicts}"
+    );
     let etcd = Members::of(env, restored);
     for i in 0..SIZE {
         etcd.assert_has_all(i, acked);

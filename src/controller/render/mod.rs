@@ -1176,6 +1176,27 @@ pub(crate) mod tests {
         assert!(c.contains(&"--cluster=etcd-9f000000".to_owned()), "{c:?}");
     }
 
+    /// A restored member's claim, made ahead by the loop, is the cluster's (the garbage
+    /// collector deletes it with the cluster) but not under its control: the StatefulSet's
+    /// retention policy takes control of it as of a claim it made (Kubernetes' StatefulSet
+    /// controller leaves a claim another controller controls out of the policy and warns
+    /// `ConflictingController` on every pod it makes).
+    #[test]
+    fn a_restored_members_claim_is_owned_by_the_cluster_not_controlled() {
+        let ec = cluster("etcd", 3, None);
+        let claim = member_claim_object(&ec, 2);
+        assert_eq!(claim.metadata.name.as_deref(), Some("data-etcd-2"));
+        let owners = claim.metadata.owner_references.unwrap();
+        assert_eq!(owners.len(), 1, "{owners:?}");
+        assert_eq!(
+            (owners[0].kind.as_str(), owners[0].name.as_str()),
+            ("EtcdCluster", "etcd")
+        );
+        assert_eq!(owners[0].uid, ec.metadata.uid.clone().unwrap());
+        assert_eq!(owners[0].controller, Some(false));
+        assert_eq!(owners[0].block_owner_deletion, Some(true));
+    }
+
     /// A restore's pods are spread as the members are (one per node preferred, over zones),
     /// each over the other restore pods: a member's claim binds where its restore pod runs.
     #[test]

@@ -16,10 +16,19 @@ use crate::api::SnapshotSource;
 pub const RESTORE_SOURCE_MOUNT: &str = "/source";
 
 /// Member `ordinal`'s claim `data-NAME-<ordinal>` as the StatefulSet's claim template makes it,
-/// made ahead by the loop for a restore (the StatefulSet then uses it).
+/// made ahead by the loop for a restore (the StatefulSet then uses it). The cluster owns it
+/// without controlling it: the StatefulSet's retention policy (`whenDeleted: Delete`) makes
+/// the StatefulSet its controller once it makes the member's pod, as for a claim it made
+/// itself; a claim another controller controls is left out of that policy, with a
+/// `ConflictingController` Warning on every pod the StatefulSet makes. Until then (a restore
+/// that never finished), the garbage collector deletes it with the cluster.
 pub fn member_claim_object(ec: &EtcdCluster, ordinal: i32) -> PersistentVolumeClaim {
+    let mut metadata = meta(ec, member_claim(ec, ordinal), "member");
+    for o in metadata.owner_references.iter_mut().flatten() {
+        o.controller = Some(false);
+    }
     PersistentVolumeClaim {
-        metadata: meta(ec, member_claim(ec, ordinal), "member"),
+        metadata,
         spec: Some(claim_spec(ec)),
         ..Default::default()
     }
