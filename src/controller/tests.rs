@@ -3404,6 +3404,25 @@ fn lost_volume_pods(api: &FakeApi, ordinals: &[i32]) {
     }
 }
 
+/// Member pods running again under the fence (their etcd started at `started`), their last
+/// run refused by etcd on an empty volume with the fenced membership.
+fn fenced_pods_running(api: &FakeApi, ordinals: &[i32], started: &str) {
+    for i in ordinals {
+        api.insert(
+            &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                    "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
+                    "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
+                "status": {"conditions": [{"type": "Ready", "status": "False"}],
+                    "containerStatuses": [{"name": "etcd", "ready": false, "restartCount": 4,
+                        "image": "x", "imageID": "", "state": {"running": {"startedAt": started}},
+                        "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-12-06T10:00:50Z",
+                            "message": format!("member etcd-{i} has no entry {}", crate::controller::decide::exits::EMPTY_AT_START_SIGN)}}}]}}),
+        );
+    }
+}
+
 /// A lost quorum in the status: no member list, the survivor answering `status` alone. With
 /// nothing saying the others' data is gone, Available says QuorumLost naming the survivor and
 /// that the loop waits, and the members' ConfigMap is fenced (no member on an empty volume
@@ -3449,9 +3468,42 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
         before.as_str(),
         "the list kept"
     );
-    lost_volume_pods(&api, &[1, 2]);
+    let fenced_at: k8s_openapi::jiff::Timestamp = config()["metadata"]["annotations"]
+        [render::FENCED_AT_ANNOTATION]
+        .as_str()
+        .expect("when the fence went on")
+        .parse()
+        .unwrap();
+    assert!(
+        k8s_openapi::jiff::Timestamp::now()
+            .duration_since(fenced_at)
+            .as_secs()
+            < 60,
+        "{fenced_at}"
+    );
+    // The fence went on at 10:00 (as the loop's clock said). A pod read while its container
+    // runs again, its last run refused on an empty volume: if that run started before the
+    // fence (or within the clocks' margin of it), it may not be fenced, and its last exit is
+    // old news: still QuorumLost.
+    let mut fenced = config();
+    fenced["metadata"]["annotations"][render::FENCED_AT_ANNOTATION] = json!("2026-12-06T10:00:00Z");
+    api.insert("/api/v1/namespaces/prod/configmaps/etcd-members", fenced);
+    fenced_pods_running(&api, &[1, 2], "2026-12-06T10:00:05Z");
+    pass(&api, &ctx).await.unwrap();
+    assert_eq!(available(&api)["reason"], "QuorumLost");
+    // Started a minute after the fence: a fenced run on a volume known empty, as if it were
+    // stopped (no pass that reads a fenced pod between restarts loses what the last one knew).
+    fenced_pods_running(&api, &[1, 2], "2026-12-06T10:01:00Z");
     api.clear_calls();
-    for _ in 0..3 {
+    pass(&api, &ctx).await.unwrap();
+    let a = available(&api);
+    assert_eq!(a["reason"], "RejoiningFromSurvivor", "{a}");
+    assert!(
+        config()["metadata"]["annotations"][render::FENCED_AT_ANNOTATION].is_null(),
+        "dropped when lifted"
+    );
+    lost_volume_pods(&api, &[1, 2]);
+    for _ in 0..2 {
         pass(&api, &ctx).await.unwrap();
     }
     let a = available(&api);

@@ -144,6 +144,10 @@ struct Tracked {
     restarts: i32,
     /// How the container last ended (`lastState.terminated`).
     last: Option<Exit>,
+    /// When the container's current run started (`state.running.startedAt`), and when the
+    /// run that ended last had (`lastState.terminated.startedAt`).
+    started: Option<k8s_openapi::jiff::Timestamp>,
+    last_started: Option<k8s_openapi::jiff::Timestamp>,
     backoff: Backoff,
     probes: Probes,
     reported: Value,
@@ -204,6 +208,8 @@ async fn kubelet_sweep(
                         uid: uid.clone(),
                         restarts: 0,
                         last: None,
+                        started: None,
+                        last_started: None,
                         backoff: Backoff::new(BACKOFF_SCALE),
                         probes: Probes::new(BACKOFF_SCALE),
                         reported: Value::Null,
@@ -228,6 +234,7 @@ async fn kubelet_sweep(
                 if let Some(exit) = net.exited(i) {
                     t.backoff.exited();
                     t.last = Some(exit);
+                    t.last_started = t.started.take();
                 }
                 if !net.running(i) && t.backoff.may_start() {
                     // The container starts once its ConfigMap and its claim are there (the kubelet
@@ -243,6 +250,7 @@ async fn kubelet_sweep(
                         net.pods[i].data = folder;
                         net.config = config.data.unwrap_or_default();
                         net.start(i, &container);
+                        t.started = Some(k8s_openapi::jiff::Timestamp::now());
                         if t.last.is_some() {
                             t.restarts += 1;
                         }
@@ -274,7 +282,7 @@ async fn kubelet_sweep(
             let mut ended = json!({
                 "exitCode": e.code,
                 "reason": if e.code == 0 { "Completed" } else { "Error" },
-                "startedAt": "2026-12-01T00:00:00Z",
+                "startedAt": t.last_started.map(|at| at.to_string()),
                 "finishedAt": e.at.map(|at| at.to_string()),
             });
             if !e.message.is_empty() {
@@ -283,7 +291,7 @@ async fn kubelet_sweep(
             json!({"terminated": ended})
         });
         let state = if running {
-            json!({"running": {"startedAt": "2026-12-01T00:00:00Z"}})
+            json!({"running": {"startedAt": t.started.map(|at| at.to_string())}})
         } else if backing_off {
             json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container etcd"}})
         } else {

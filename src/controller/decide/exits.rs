@@ -75,9 +75,63 @@ impl Exit {
     }
 }
 
+/// How much later than the fence (the loop's clock) a container's start (the kubelet's
+/// clock) must be for [`fenced_run`] to count it: clocks of a cluster's nodes are kept within
+/// seconds of each other (NTP; Kubernetes' leases and certificates assume it).
+pub const FENCE_CLOCK_MARGIN_SECONDS: i64 = 10;
+
+/// Whether a member container running now is known to run on an empty volume under the fence
+/// put on at `fenced_at`: it started (`started`) after the fence, so it read the fenced
+/// membership and etcd refuses to start on an empty data directory with it, and its last run
+/// (`last`) ended on an empty volume. Nothing ran in between to fill the volume, so it is as
+/// empty as when that run ended, and will stay so. A pass that reads such a pod between two
+/// of its fenced restarts knows what the pass before it knew.
+pub fn fenced_run(started: Timestamp, fenced_at: Timestamp, last: &Exit) -> bool {
+    let margin = k8s_openapi::jiff::SignedDuration::from_secs(FENCE_CLOCK_MARGIN_SECONDS);
+    fenced_at
+        .checked_add(margin)
+        .is_ok_and(|after| started >= after)
+        && last.empty_volume()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_started_under_the_fence_after_an_empty_exit_is_known_empty() {
+        let fenced: Timestamp = "2026-12-06T10:00:00Z".parse().unwrap();
+        let at = |s: &str| -> Timestamp { s.parse().unwrap() };
+        let refused = Exit {
+            code: 1,
+            message: format!("member etcd-1 {EMPTY_AT_START_SIGN}"),
+            at: Some(at("2026-12-06T10:01:00Z")),
+        };
+        assert!(fenced_run(at("2026-12-06T10:01:10Z"), fenced, &refused));
+        assert!(
+            !fenced_run(at("2026-12-06T10:00:05Z"), fenced, &refused),
+            "within the clocks' margin of the fence: maybe not fenced"
+        );
+        assert!(
+            !fenced_run(at("2026-12-06T09:59:00Z"), fenced, &refused),
+            "started before the fence"
+        );
+        let crashed = Exit {
+            code: 2,
+            message: "panic: tocommit(105) is out of range [lastIndex(0)]".to_owned(),
+            at: None,
+        };
+        assert!(fenced_run(at("2026-12-06T10:01:10Z"), fenced, &crashed));
+        let other = Exit {
+            code: 1,
+            message: "listener failed".to_owned(),
+            at: None,
+        };
+        assert!(
+            !fenced_run(at("2026-12-06T10:01:10Z"), fenced, &other),
+            "an exit that says nothing of the volume"
+        );
+    }
 
     #[test]
     fn lost_volume_signs() {

@@ -51,16 +51,48 @@ pub(crate) fn any_running(pods: &[std::sync::Arc<Pod>]) -> bool {
 }
 
 /// The `exits` of member pods whose etcd container is not running now (waiting to restart, or
-/// terminated): their last exit is their latest word; a running container's is old news.
+/// terminated): their last exit is their latest word; a running container's is old news,
+/// unless it started under the fence `config` says was put on before it and its last run
+/// ended on an empty volume ([`crate::controller::decide::exits::fenced_run`]): a fenced pod
+/// read between two of its restarts.
 pub(crate) fn stopped_exits(
     ec: &EtcdCluster,
     pods: &[std::sync::Arc<Pod>],
     exits: &std::collections::BTreeMap<i32, Exit>,
+    config: Option<&ConfigMap>,
 ) -> std::collections::BTreeMap<i32, Exit> {
+    let fenced_at = config
+        .and_then(|c| c.metadata.annotations.as_ref())
+        .and_then(|a| a.get(render::FENCED_AT_ANNOTATION))
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+    let started = |p: &Pod| {
+        p.status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .iter()
+            .find(|c| c.name == "etcd")?
+            .state
+            .as_ref()?
+            .running
+            .as_ref()?
+            .started_at
+            .as_ref()
+            .map(|t| t.0)
+    };
     let running: BTreeSet<i32> = pods
         .iter()
         .filter(|p| any_running(std::slice::from_ref(p)))
-        .filter_map(|p| pod_ordinal(ec, p))
+        .filter_map(|p| {
+            let i = pod_ordinal(ec, p)?;
+            let fenced = match (started(p), fenced_at, exits.get(&i)) {
+                (Some(s), Some(f), Some(last)) => {
+                    crate::controller::decide::exits::fenced_run(s, f, last)
+                }
+                _ => false,
+            };
+            (!fenced).then_some(i)
+        })
         .collect();
     exits
         .iter()
@@ -277,12 +309,19 @@ pub(crate) async fn fence(
         "ETCD_INITIAL_CLUSTER": list,
         "ETCD_INITIAL_CLUSTER_STATE": "existing",
     }});
-    if let Some(keep) = keep {
-        patch["metadata"] = json!({"annotations": {render::FENCED_FROM_ANNOTATION: keep}});
-    }
+    // When the fence went on (a container started after it runs fenced); none once lifted.
+    let mut annotations = serde_json::Map::new();
     if let Some(plan) = rejoin {
-        patch["metadata"] = json!({"annotations": {render::REJOIN_PLAN_ANNOTATION: plan}});
+        annotations.insert(render::REJOIN_PLAN_ANNOTATION.into(), json!(plan));
+        annotations.insert(render::FENCED_AT_ANNOTATION.into(), json!(null));
+    } else {
+        if let Some(keep) = keep {
+            annotations.insert(render::FENCED_FROM_ANNOTATION.into(), json!(keep));
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        annotations.insert(render::FENCED_AT_ANNOTATION.into(), json!(now));
     }
+    patch["metadata"] = json!({ "annotations": annotations });
     kids.api::<ConfigMap>()
         .patch(config_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -53,7 +53,7 @@ pub(crate) async fn diagnosis(
         .as_ref()
         .and_then(|s| s.backup.as_ref())
         .and_then(|b| b.last.as_ref());
-    let ended = super::members::stopped_exits(ec, pods, exits);
+    let ended = super::members::stopped_exits(ec, pods, exits, config);
     let rescue = Rescue {
         destination: destination(ec),
         lifted: config
@@ -183,7 +183,7 @@ pub(crate) async fn lift(
     if !super::members::fence(ec, kids, config, &name, Some(plan)).await? {
         return Ok(());
     }
-    let empty: Vec<i32> = super::members::stopped_exits(ec, pods, exits)
+    let empty: Vec<i32> = super::members::stopped_exits(ec, pods, exits, config)
         .into_iter()
         .filter(|(_, e)| e.empty_volume())
         .map(|(i, _)| i)
