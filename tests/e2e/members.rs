@@ -755,32 +755,23 @@ impl Played {
                 ec["metadata"]["name"], ec["metadata"]["annotations"], ec["status"]["conditions"]
             ));
         }
-        for j in list("jobs") {
-            out.push(format!(
-                "Job {} (uid {}, deleting {}): {}",
-                j["metadata"]["name"],
-                j["metadata"]["uid"],
-                j["metadata"]["deletionTimestamp"],
-                j["status"]["conditions"]
-            ));
-        }
-        for p in list("pods") {
-            out.push(format!(
-                "pod {} (owner {}, deleting {}): {}",
-                p["metadata"]["name"],
-                p["metadata"]["ownerReferences"][0]["uid"],
-                p["metadata"]["deletionTimestamp"],
-                p["status"]["phase"]
-            ));
-        }
-        for c in list("claims") {
-            out.push(format!(
-                "claim {} (uid {}, deleting {}, finalizers {})",
-                c["metadata"]["name"],
-                c["metadata"]["uid"],
-                c["metadata"]["deletionTimestamp"],
-                c["metadata"]["finalizers"]
-            ));
+        // Each object's name, UID, owner, deletion and what says its state.
+        for (kinds, kind, state) in [
+            ("jobs", "Job", "/status/conditions"),
+            ("pods", "pod", "/status/phase"),
+            ("claims", "claim", "/metadata/finalizers"),
+        ] {
+            for o in list(kinds) {
+                let m = &o["metadata"];
+                out.push(format!(
+                    "{kind} {} (uid {}, owner {}, deleting {}): {}",
+                    m["name"],
+                    m["uid"],
+                    m["ownerReferences"][0]["uid"],
+                    m["deletionTimestamp"],
+                    o.pointer(state).unwrap_or(&Value::Null)
+                ));
+            }
         }
         let mut events = list("events");
         events.sort_by_key(|e| {
