@@ -2865,13 +2865,14 @@ fn through_gateway<T: Send>(net: &Net, f: impl AsyncFnOnce(&Etcd<'_>) -> T + Sen
 /// `member list` through the loop's own client: a [`Context`] on an in-memory API server
 /// holding the Secret `NAME-client-tls` with `ca_dir`'s `ca.crt` and `cert_dir`'s `tls.crt`
 /// and `tls.key` (as cert-manager writes it), [`Context::etcd_for`] making the transport, in
-/// the controller's network namespace. The number of members, or the error.
+/// the controller's network namespace. The number of members with the loop's metrics then,
+/// or the error.
 fn loop_member_list(
     net: &Net,
     ec: &EtcdCluster,
     ca_dir: &std::path::Path,
     cert_dir: &std::path::Path,
-) -> Result<usize, String> {
+) -> Result<(usize, String), String> {
     use base64::Engine;
     let b64 = |p: std::path::PathBuf| {
         base64::engine::general_purpose::STANDARD.encode(std::fs::read(&p).unwrap())
@@ -2912,7 +2913,7 @@ fn loop_member_list(
                 };
                 etcd.member_list()
                     .await
-                    .map(|l| l.members.len())
+                    .map(|l| (l.members.len(), ctx.metrics.encode()))
                     .map_err(|e| e.to_string())
             })
     })
@@ -3411,11 +3412,26 @@ fn tls_cluster(name: &str, release: Release) {
     // The loop's own way in: its Context reads the Secret `NAME-client-tls` through the API
     // and makes the transport from it. The right one lists the members over TLS; another
     // CA's certificate in the Secret is refused by the members.
-    let listed =
+    let (listed, metrics) =
         loop_member_list(&net, &lp.ec, client, client).expect("through the loop's Context");
     assert_eq!(
         listed, 3,
         "the members listed through the loop's own client"
+    );
+    // The certificate it holds, in its metrics (what the expiry alert reads).
+    let pem = std::fs::read(client.join("tls.crt")).unwrap();
+    let der = {
+        use rustls_pki_types::pem::PemObject;
+        rustls_pki_types::CertificateDer::from_pem_slice(&pem).unwrap()
+    };
+    let not_after = etcd_webhook::tls::cert_info(&der).unwrap().not_after;
+    let series = format!(
+        "etcd_webhook_member_client_cert_not_after_timestamp_seconds{{namespace=\"{NAMESPACE}\",name=\"{}\"}} {not_after}",
+        lp.ec.metadata.name.as_deref().unwrap()
+    );
+    assert!(
+        metrics.lines().any(|l| l == series),
+        "{series} in the loop's metrics:\n{metrics}"
     );
     let refused_loop = loop_member_list(&net, &lp.ec, client, &stranger["client-tls"])
         .expect_err("another CA's certificate in the Secret");

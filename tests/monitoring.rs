@@ -89,7 +89,7 @@ fn the_alerts_pass_promtool_check_and_their_unit_tests() {
         .current_dir(root()));
     assert!(out.status.success(), "promtool check rules: {}", text(&out));
     assert!(
-        text(&out).contains("SUCCESS: 15 rules found"),
+        text(&out).contains("SUCCESS: 16 rules found"),
         "{}",
         text(&out)
     );

@@ -7,6 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+mod exposition;
 mod families;
 mod labels;
 mod report;
@@ -54,6 +55,7 @@ pub struct Metrics {
     pub defragmentation_freed_bytes: Family<ClusterLabels, Counter>,
     pub defragmentation_seconds: Family<ClusterLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     pub nospace_alarm: Family<ClusterLabels, Gauge>,
+    pub member_client_cert_not_after: Family<ClusterLabels, Gauge>,
     pub cluster_members: Family<MemberStateLabels, Gauge>,
     pub member_db_size: Family<MemberLabels, Gauge>,
     pub member_db_size_in_use: Family<MemberLabels, Gauge>,
@@ -115,6 +117,7 @@ impl Metrics {
             defragmentation_freed_bytes: Family::default(),
             defragmentation_seconds: Family::default(),
             nospace_alarm: Family::default(),
+            member_client_cert_not_after: Family::default(),
             cluster_members: Family::default(),
             member_db_size: Family::default(),
             member_db_size_in_use: Family::default(),
@@ -367,6 +370,13 @@ impl Metrics {
         register(
             &mut registry,
             &mut families,
+            "member_client_cert_not_after_timestamp_seconds",
+            "notAfter of the client certificate the loop reaches a TLS EtcdCluster's members with (its Secret NAME-client-tls, read at least every 5 minutes), Unix seconds",
+            m.member_client_cert_not_after.clone(),
+        );
+        register(
+            &mut registry,
+            &mut families,
             "cluster_members",
             "Members of each EtcdCluster by state as etcd last reported them: leader, follower, learner, or unhealthy (no answer, no leader, or an error)",
             m.cluster_members.clone(),
@@ -404,47 +414,5 @@ impl Metrics {
             families,
             ..m
         }
-    }
-
-    /// The name of every series the exposition can hold, sample or not yet: a gauge's name, a
-    /// counter's `_total`, a histogram's `_bucket`, `_sum` and `_count` (what PromQL reads).
-    pub fn series_names(&self) -> std::collections::BTreeSet<String> {
-        let mut out = std::collections::BTreeSet::new();
-        for (name, kind) in &self.families {
-            let suffixes: &[&str] = match kind {
-                MetricType::Counter => &["_total"],
-                MetricType::Histogram => &["_bucket", "_sum", "_count"],
-                _ => &[""],
-            };
-            out.extend(suffixes.iter().map(|s| format!("{name}{s}")));
-        }
-        out
-    }
-
-    /// Drops every per-cluster series: a replica that stops leading no longer looks at the
-    /// clusters, and what it last saw would otherwise stand beside the new leader's view (and
-    /// keep an alert firing) for as long as it runs.
-    pub fn forget_clusters(&self) {
-        self.backup_last_success.clear();
-        self.backup_last_verified.clear();
-        self.backup_verification_failed.clear();
-        self.backup_interval.clear();
-        self.backup_scheduled_since.clear();
-        self.leader_changes.clear();
-        self.defragmentations.clear();
-        self.defragmentation_freed_bytes.clear();
-        self.defragmentation_seconds.clear();
-        self.nospace_alarm.clear();
-        self.cluster_members.clear();
-        self.member_db_size.clear();
-        self.member_db_size_in_use.clear();
-    }
-
-    /// The OpenMetrics text of every metric.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
     }
 }

@@ -119,6 +119,7 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
         args.contains("--client-cert-auth=true") && args.contains("https://"),
         "the members run TLS by default: {args}"
     );
+    loop_holds_the_client_certificate(&env);
 
     // What only a node does: the data directory made by etcd running as 65532, on a volume
     // whose group the kubelet set (fsGroup).
@@ -182,7 +183,8 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
         &format!("{leader_pod} back Ready as a new pod"),
         Duration::from_secs(120),
         || {
-            let pod = env.get_json(&["-n", NS, "pod", &leader_pod]);
+            // NotFound until the StatefulSet has made the new pod.
+            let pod = env.cp.get_json_opt(&["-n", NS, "pod", &leader_pod])?;
             (pod["metadata"]["uid"] != old_uid && ready(&pod)).then_some(())
         },
     );
@@ -708,6 +710,51 @@ fn client_tls(env: &Env, name: &str) -> std::sync::Arc<rustls::ClientConfig> {
         key_pem: field("tls.key"),
     };
     common::client_config(&field("ca.crt"), Some(&issued))
+}
+
+/// The loop (the Lease holder's pod) reaches the members with the certificate of the Secret
+/// `NAME-client-tls` cert-manager issued, and says its notAfter in its metrics (what the alert
+/// `EtcdClusterClientCertificateExpiresSoon` reads).
+fn loop_holds_the_client_certificate(env: &Env) {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let secret = env.get_json(&["-n", NS, "secret", &format!("{NAME}-client-tls")]);
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(secret["data"]["tls.crt"].as_str().unwrap())
+        .unwrap();
+    let der = CertificateDer::from_pem_slice(&pem).unwrap();
+    let not_after = etcd_webhook::tls::cert_info(&der).unwrap().not_after;
+    let series = format!(
+        "etcd_webhook_member_client_cert_not_after_timestamp_seconds{{namespace=\"{NS}\",name=\"{NAME}\"}} {not_after}"
+    );
+    let lease = env.get_json(&["-n", "etcd-system", "lease", "etcd-webhook-leader"]);
+    let holder = lease["spec"]["holderIdentity"].as_str().unwrap().to_owned();
+    let pod = env.get_json(&["-n", "etcd-system", "pod", &holder]);
+    let url = format!(
+        "http://{}:8081/metrics",
+        pod["status"]["podIP"].as_str().unwrap()
+    );
+    let start = Instant::now();
+    loop {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--max-time", "3", &url])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.lines().any(|l| l == series) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{url} did not say {series} within 30 s; it said: {:?} {}",
+            text.lines()
+                .filter(|l| l.contains("member_client_cert"))
+                .collect::<Vec<_>>(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!("the loop's metrics name the client certificate it holds: {series}");
 }
 
 /// The serial number of the leaf `member` serves on a new connection (hex), or empty when it

@@ -582,6 +582,18 @@ impl ControlPlane {
         .unwrap()
     }
 
+    /// [`Self::get_json`] of an object that may be gone for a while (a pod between its delete
+    /// and its controller's new one): `None` while kubectl says NotFound.
+    pub fn get_json_opt(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let mut all = vec!["get", "-o", "json"];
+        all.extend_from_slice(args);
+        let out = self.kubectl_output(&all, None);
+        if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("(NotFound)") {
+            return None;
+        }
+        Some(serde_json::from_str(&ok(out, &format!("kubectl {}", all.join(" ")))).unwrap())
+    }
+
     /// Prints the tail of every component's log (for a failure).
     pub fn print_logs(&self, lines: usize) {
         print_logs(&self.logs, lines);

@@ -52,7 +52,8 @@ pub fn sole_survivor(
 
 /// The diagnosis from the members that answered `status` (`answered`, by ordinal), how each
 /// member pod whose etcd is not running now last ended (`exits`: the last run of a running
-/// container is old news), the newest snapshot, and the copies a rebuild made (`rescue`).
+/// container is old news, unless that container runs fenced, [`super::exits::fenced_run`]),
+/// the newest snapshot, and the copies a rebuild made (`rescue`).
 /// `None` when no member answers or one knows a leader (the member list failed for another
 /// reason: the loop's own network, say). A recovery that `Manual` recovery has not approved
 /// yet is [`Diagnosis::AwaitingApproval`].

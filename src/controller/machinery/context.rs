@@ -140,7 +140,17 @@ impl Context {
             .etcd
             .with_identity(&identity)
             .map_err(|e| Error::MemberTls(format!("the Secret {name}: {e}")))?;
-        // Said once per Secret version, so a renewal is seen to reach the loop.
+        // Said once per Secret version, so a renewal is seen to reach the loop, and kept in
+        // the metrics, so that a certificate the loop holds to its end is alerted on.
+        if let Some(not_after) = not_after(&identity.cert) {
+            self.metrics
+                .member_client_cert_not_after
+                .get_or_create(&crate::metrics::ClusterLabels {
+                    namespace: ns.clone(),
+                    name: ec.name_any(),
+                })
+                .set(not_after);
+        }
         tracing::info!(
             cluster = %key,
             secret = %name,
@@ -300,6 +310,14 @@ pub(crate) fn now() -> Time {
 
 /// The first certificate of a PEM bundle as the log says it: its serial (hex, as openssl
 /// prints it) and when it expires.
+/// The notAfter (Unix seconds) of the first certificate in `pem`.
+fn not_after(pem: &[u8]) -> Option<i64> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let der = CertificateDer::pem_slice_iter(pem).next()?.ok()?;
+    crate::tls::cert_info(&der).ok().map(|i| i.not_after)
+}
+
 fn describe(pem: &[u8]) -> String {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;

@@ -46,6 +46,7 @@ pub(crate) fn forget(ec: &EtcdCluster, ctx: &Context) {
     ctx.metrics.defragmentation_freed_bytes.remove(&l);
     ctx.metrics.defragmentation_seconds.remove(&l);
     ctx.metrics.nospace_alarm.remove(&l);
+    ctx.metrics.member_client_cert_not_after.remove(&l);
     for state in MEMBER_STATES {
         ctx.metrics
             .cluster_members
