@@ -3404,19 +3404,20 @@ fn lost_volume_pods(api: &FakeApi, ordinals: &[i32]) {
     }
 }
 
-/// Member pods running again under the fence (their etcd started at `started`), their last
-/// run refused by etcd on an empty volume with the fenced membership.
-fn fenced_pods_running(api: &FakeApi, ordinals: &[i32], started: &str) {
-    for i in ordinals {
+/// Member pods running again under the fence (ordinal, etcd restart count; pod UID
+/// `uid-etcd-<ordinal>`), their last run refused by etcd on an empty volume with the fenced
+/// membership.
+fn fenced_pods_running(api: &FakeApi, pods: &[(i32, i32)]) {
+    for (i, restarts) in pods {
         api.insert(
             &format!("/api/v1/namespaces/prod/pods/etcd-{i}"),
             json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "labels": {
+                "metadata": {"name": format!("etcd-{i}"), "namespace": "prod", "uid": format!("uid-etcd-{i}"), "labels": {
                     "app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": "etcd",
                     "app.kubernetes.io/component": "member", "app.kubernetes.io/managed-by": "etcd-webhook"}},
                 "status": {"conditions": [{"type": "Ready", "status": "False"}],
-                    "containerStatuses": [{"name": "etcd", "ready": false, "restartCount": 4,
-                        "image": "x", "imageID": "", "state": {"running": {"startedAt": started}},
+                    "containerStatuses": [{"name": "etcd", "ready": false, "restartCount": restarts,
+                        "image": "x", "imageID": "", "state": {"running": {"startedAt": "2026-12-06T10:01:00Z"}},
                         "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-12-06T10:00:50Z",
                             "message": format!("member etcd-{i} has no entry {}", crate::controller::decide::exits::EMPTY_AT_START_SIGN)}}}]}}),
         );
@@ -3468,38 +3469,30 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
         before.as_str(),
         "the list kept"
     );
-    let fenced_at: k8s_openapi::jiff::Timestamp = config()["metadata"]["annotations"]
-        [render::FENCED_AT_ANNOTATION]
-        .as_str()
-        .expect("when the fence went on")
-        .parse()
-        .unwrap();
+    // Each member pod's restart count as the fence went on: etcd-1's was 3.
     assert!(
-        k8s_openapi::jiff::Timestamp::now()
-            .duration_since(fenced_at)
-            .as_secs()
-            < 60,
-        "{fenced_at}"
+        config()["metadata"]["annotations"][render::FENCED_RESTARTS_ANNOTATION].is_string(),
+        "the restart counts recorded"
     );
-    // The fence went on at 10:00 (as the loop's clock said). A pod read while its container
-    // runs again, its last run refused on an empty volume: if that run started before the
-    // fence (or within the clocks' margin of it), it may not be fenced, and its last exit is
-    // old news: still QuorumLost.
     let mut fenced = config();
-    fenced["metadata"]["annotations"][render::FENCED_AT_ANNOTATION] = json!("2026-12-06T10:00:00Z");
+    fenced["metadata"]["annotations"][render::FENCED_RESTARTS_ANNOTATION] = json!("1=uid-etcd-1/3");
     api.insert("/api/v1/namespaces/prod/configmaps/etcd-members", fenced);
-    fenced_pods_running(&api, &[1, 2], "2026-12-06T10:00:05Z");
+    // A pod read while its container runs again, its last run refused on an empty volume. One
+    // restart past the record (etcd-1) or a pod the fence did not see at its first restart
+    // (etcd-2): that run may have begun before the fence, and its last exit is old news: still
+    // QuorumLost.
+    fenced_pods_running(&api, &[(1, 4), (2, 1)]);
     pass(&api, &ctx).await.unwrap();
     assert_eq!(available(&api)["reason"], "QuorumLost");
-    // Started a minute after the fence: a fenced run on a volume known empty, as if it were
-    // stopped (no pass that reads a fenced pod between restarts loses what the last one knew).
-    fenced_pods_running(&api, &[1, 2], "2026-12-06T10:01:00Z");
+    // Two restarts past: a fenced run on a volume known empty, as if it were stopped (no pass
+    // that reads a fenced pod between restarts loses what the last one knew).
+    fenced_pods_running(&api, &[(1, 5), (2, 2)]);
     api.clear_calls();
     pass(&api, &ctx).await.unwrap();
     let a = available(&api);
     assert_eq!(a["reason"], "RejoiningFromSurvivor", "{a}");
     assert!(
-        config()["metadata"]["annotations"][render::FENCED_AT_ANNOTATION].is_null(),
+        config()["metadata"]["annotations"][render::FENCED_RESTARTS_ANNOTATION].is_null(),
         "dropped when lifted"
     );
     lost_volume_pods(&api, &[1, 2]);

@@ -250,10 +250,13 @@ async fn kubelet_sweep(
                         net.pods[i].data = folder;
                         net.config = config.data.unwrap_or_default();
                         net.start(i, &container);
-                        t.started = Some(k8s_openapi::jiff::Timestamp::now());
-                        if t.last.is_some() {
+                        // A restart when the container ran before: after an exit, or after
+                        // its node went with it running (a run that began and never ended,
+                        // as the kubelet counts it once the node is back).
+                        if t.last.is_some() || t.started.is_some() {
                             t.restarts += 1;
                         }
+                        t.started = Some(k8s_openapi::jiff::Timestamp::now());
                         t.backoff.started();
                         t.probes.started();
                     }

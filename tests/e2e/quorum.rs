@@ -19,9 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_webhook::controller::Settings;
-use etcd_webhook::controller::decide::exits::FENCE_CLOCK_MARGIN_SECONDS;
 use etcd_webhook::controller::render::{
-    FENCED_AT_ANNOTATION, FENCED_FROM_ANNOTATION, FENCED_INITIAL_CLUSTER,
+    FENCED_FROM_ANNOTATION, FENCED_INITIAL_CLUSTER, FENCED_RESTARTS_ANNOTATION,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
 use kube::ResourceExt;
@@ -182,23 +181,16 @@ fn lose_two_and_recover(cp: &ControlPlane, played: &Played, survivor: usize, man
         fence[FENCED_FROM_ANNOTATION], unfenced,
         "the list it had is kept aside"
     );
-    let fenced_at: k8s_openapi::jiff::Timestamp = fence[FENCED_AT_ANNOTATION]
-        .parse()
-        .expect("when the fence went on");
+    assert!(
+        fence.contains_key(FENCED_RESTARTS_ANNOTATION),
+        "the members' restart counts recorded: {fence:?}"
+    );
     assert!(
         !net.lock().unwrap().put(survivor, "/refused", "x"),
         "a write without a quorum"
     );
     // Several passes with the pods merely down change nothing: the loop waits for them.
     still_says(cp, 12, &["QuorumLost"]);
-    // Past the clocks' margin after the fence (the loop and this node share a clock), so every
-    // run from here on is known fenced.
-    let margin = k8s_openapi::jiff::SignedDuration::from_secs(FENCE_CLOCK_MARGIN_SECONDS + 1);
-    wait_for(
-        "the clocks' margin after the fence",
-        Duration::from_secs(15),
-        || (k8s_openapi::jiff::Timestamp::now() >= fenced_at + margin).then_some(()),
-    );
 
     // They come back on empty disks: the played node wipes the claims' folders.
     {
@@ -226,8 +218,8 @@ fn lose_two_and_recover(cp: &ControlPlane, played: &Played, survivor: usize, man
             "{message}"
         );
         // Nothing changes while it waits: still fenced, no rejoin, no write taken; a pass that
-        // reads a fenced pod between two of its restarts knows it empty still (its run started
-        // after the fence, its last run refused on an empty volume).
+        // reads a fenced pod between two of its restarts knows it empty still (two restarts
+        // past the count recorded at the fence, its last run refused on an empty volume).
         still_says(cp, 12, &["RecoveryAwaitingApproval"]);
         assert_eq!(
             members_config().data.unwrap()["ETCD_INITIAL_CLUSTER"],
@@ -565,8 +557,8 @@ fn restore_in_place_behind_the_newest_backup(cp: &ControlPlane, played: &Played,
     // that read the cluster just before that write landed in its cache may tell it once more
     // (the write itself is the same). The diagnosis is told again when `Available` said
     // something else between (a pass that reads an empty member between two of its restarts
-    // says QuorumLost while that run started within the clocks' margin of the fence,
-    // `FENCE_CLOCK_MARGIN_SECONDS`: here the members come back at once).
+    // says QuorumLost while that run is less than two restarts past the count recorded at
+    // the fence).
     for key in ["Warning RestoringInPlace", "Normal ClearedForRestore"] {
         assert!((1..=2).contains(&new(key)), "{key} told: {events:?}");
     }

@@ -75,23 +75,16 @@ impl Exit {
     }
 }
 
-/// How much later than the fence (the loop's clock) a container's start (the kubelet's
-/// clock) must be for [`fenced_run`] to count it: clocks of a cluster's nodes are kept within
-/// seconds of each other (NTP; Kubernetes' leases and certificates assume it).
-pub const FENCE_CLOCK_MARGIN_SECONDS: i64 = 10;
-
-/// Whether a member container running now is known to run on an empty volume under the fence
-/// put on at `fenced_at`: it started (`started`) after the fence, so it read the fenced
-/// membership and etcd refuses to start on an empty data directory with it, and its last run
-/// (`last`) ended on an empty volume. Nothing ran in between to fill the volume, so it is as
-/// empty as when that run ended, and will stay so. A pass that reads such a pod between two
-/// of its fenced restarts knows what the pass before it knew.
-pub fn fenced_run(started: Timestamp, fenced_at: Timestamp, last: &Exit) -> bool {
-    let margin = k8s_openapi::jiff::SignedDuration::from_secs(FENCE_CLOCK_MARGIN_SECONDS);
-    fenced_at
-        .checked_add(margin)
-        .is_ok_and(|after| started >= after)
-        && last.empty_volume()
+/// Whether a member container running now, under the fence, is known to run on an empty
+/// volume: its last run ended on an empty volume, and its restart count (`restarts`) is at
+/// least two past the one the loop recorded for that pod when the fence went on (`recorded`;
+/// 0 for a pod it did not see then). One past could be a run that started before the fence
+/// (the pods' cache may lag a restart), or one whose container read the membership before the
+/// kubelet saw the fence; two past, its previous run began after the fence was written and
+/// ended empty, and nothing ran in between to fill the volume. No clock is compared. A pass
+/// that reads such a pod between two of its restarts knows what the pass before it knew.
+pub fn fenced_run(restarts: i32, recorded: Option<i32>, last: &Exit) -> bool {
+    restarts >= recorded.unwrap_or(0).saturating_add(2) && last.empty_volume()
 }
 
 #[cfg(test)]
@@ -99,36 +92,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_started_under_the_fence_after_an_empty_exit_is_known_empty() {
-        let fenced: Timestamp = "2026-12-06T10:00:00Z".parse().unwrap();
-        let at = |s: &str| -> Timestamp { s.parse().unwrap() };
+    fn a_run_two_restarts_past_the_fence_after_an_empty_exit_is_known_empty() {
         let refused = Exit {
             code: 1,
             message: format!("member etcd-1 {EMPTY_AT_START_SIGN}"),
-            at: Some(at("2026-12-06T10:01:00Z")),
+            at: None,
         };
-        assert!(fenced_run(at("2026-12-06T10:01:10Z"), fenced, &refused));
+        assert!(fenced_run(5, Some(3), &refused));
         assert!(
-            !fenced_run(at("2026-12-06T10:00:05Z"), fenced, &refused),
-            "within the clocks' margin of the fence: maybe not fenced"
+            !fenced_run(4, Some(3), &refused),
+            "one past: maybe begun before the fence, or on the membership before it"
         );
+        assert!(!fenced_run(3, Some(3), &refused));
         assert!(
-            !fenced_run(at("2026-12-06T09:59:00Z"), fenced, &refused),
-            "started before the fence"
+            fenced_run(2, None, &refused),
+            "a pod made after the fence: its runs from 0"
         );
+        assert!(!fenced_run(1, None, &refused));
         let crashed = Exit {
             code: 2,
             message: "panic: tocommit(105) is out of range [lastIndex(0)]".to_owned(),
             at: None,
         };
-        assert!(fenced_run(at("2026-12-06T10:01:10Z"), fenced, &crashed));
+        assert!(fenced_run(5, Some(3), &crashed));
         let other = Exit {
             code: 1,
             message: "listener failed".to_owned(),
             at: None,
         };
         assert!(
-            !fenced_run(at("2026-12-06T10:01:10Z"), fenced, &other),
+            !fenced_run(9, Some(3), &other),
             "an exit that says nothing of the volume"
         );
     }

@@ -52,42 +52,27 @@ pub(crate) fn any_running(pods: &[std::sync::Arc<Pod>]) -> bool {
 
 /// The `exits` of member pods whose etcd container is not running now (waiting to restart, or
 /// terminated): their last exit is their latest word; a running container's is old news,
-/// unless it started under the fence `config` says was put on before it and its last run
-/// ended on an empty volume ([`crate::controller::decide::exits::fenced_run`]): a fenced pod
-/// read between two of its restarts.
+/// unless `config` is fenced now and the container runs two restarts past the count recorded
+/// when the fence went on, after a last run that ended on an empty volume
+/// ([`crate::controller::decide::exits::fenced_run`]): a fenced pod read between two of its
+/// restarts.
 pub(crate) fn stopped_exits(
     ec: &EtcdCluster,
     pods: &[std::sync::Arc<Pod>],
     exits: &std::collections::BTreeMap<i32, Exit>,
     config: Option<&ConfigMap>,
 ) -> std::collections::BTreeMap<i32, Exit> {
-    let fenced_at = config
-        .and_then(|c| c.metadata.annotations.as_ref())
-        .and_then(|a| a.get(render::FENCED_AT_ANNOTATION))
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
-    let started = |p: &Pod| {
-        p.status
-            .as_ref()?
-            .container_statuses
-            .as_ref()?
-            .iter()
-            .find(|c| c.name == "etcd")?
-            .state
-            .as_ref()?
-            .running
-            .as_ref()?
-            .started_at
-            .as_ref()
-            .map(|t| t.0)
-    };
+    let recorded = fenced_restarts(config);
     let running: BTreeSet<i32> = pods
         .iter()
         .filter(|p| any_running(std::slice::from_ref(p)))
         .filter_map(|p| {
             let i = pod_ordinal(ec, p)?;
-            let fenced = match (started(p), fenced_at, exits.get(&i)) {
-                (Some(s), Some(f), Some(last)) => {
-                    crate::controller::decide::exits::fenced_run(s, f, last)
+            let fenced = match (&recorded, exits.get(&i)) {
+                (Some(recorded), Some(last)) => {
+                    let uid = p.metadata.uid.clone().unwrap_or_default();
+                    let then = recorded.get(&i).filter(|(u, _)| *u == uid).map(|(_, r)| *r);
+                    crate::controller::decide::exits::fenced_run(etcd_restarts(p), then, last)
                 }
                 _ => false,
             };
@@ -99,6 +84,47 @@ pub(crate) fn stopped_exits(
         .filter(|(i, _)| !running.contains(i))
         .map(|(i, e)| (*i, e.clone()))
         .collect()
+}
+
+/// A member pod's etcd restart count, as the kubelet reports it.
+fn etcd_restarts(p: &Pod) -> i32 {
+    p.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .find(|c| c.name == "etcd")
+        .map_or(0, |c| c.restart_count)
+}
+
+/// The restart counts [`render::FENCED_RESTARTS_ANNOTATION`] recorded (ordinal to pod UID and
+/// count), while `config` is fenced; `None` when it is not (a stale record from an earlier
+/// fence is never read).
+fn fenced_restarts(
+    config: Option<&ConfigMap>,
+) -> Option<std::collections::BTreeMap<i32, (String, i32)>> {
+    let config = config?;
+    let fenced = config
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ETCD_INITIAL_CLUSTER"))
+        .is_some_and(|l| l == render::FENCED_INITIAL_CLUSTER);
+    if !fenced {
+        return None;
+    }
+    let record = config
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(render::FENCED_RESTARTS_ANNOTATION)?;
+    Some(
+        record
+            .split(',')
+            .filter_map(|e| {
+                let (i, rest) = e.split_once('=')?;
+                let (uid, n) = rest.rsplit_once('/')?;
+                Some((i.parse().ok()?, (uid.to_owned(), n.parse().ok()?)))
+            })
+            .collect(),
+    )
 }
 
 /// A member removed for its lost volume starts again on a new, empty one: its claim and pod
@@ -285,6 +311,7 @@ pub(crate) async fn fence(
     config: Option<&ConfigMap>,
     config_name: &str,
     rejoin: Option<&str>,
+    pods: &[std::sync::Arc<Pod>],
 ) -> Result<bool, Error> {
     let data = config.and_then(|c| c.data.as_ref());
     let current = data
@@ -309,17 +336,28 @@ pub(crate) async fn fence(
         "ETCD_INITIAL_CLUSTER": list,
         "ETCD_INITIAL_CLUSTER_STATE": "existing",
     }});
-    // When the fence went on (a container started after it runs fenced); none once lifted.
+    // Each member pod's restart count as the fence goes on (a run two past it runs fenced);
+    // none once lifted.
     let mut annotations = serde_json::Map::new();
     if let Some(plan) = rejoin {
         annotations.insert(render::REJOIN_PLAN_ANNOTATION.into(), json!(plan));
-        annotations.insert(render::FENCED_AT_ANNOTATION.into(), json!(null));
+        annotations.insert(render::FENCED_RESTARTS_ANNOTATION.into(), json!(null));
     } else {
         if let Some(keep) = keep {
             annotations.insert(render::FENCED_FROM_ANNOTATION.into(), json!(keep));
         }
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        annotations.insert(render::FENCED_AT_ANNOTATION.into(), json!(now));
+        let record: Vec<String> = pods
+            .iter()
+            .filter_map(|p| {
+                let i = pod_ordinal(ec, p)?;
+                let uid = p.metadata.uid.as_deref()?;
+                Some(format!("{i}={uid}/{}", etcd_restarts(p)))
+            })
+            .collect();
+        annotations.insert(
+            render::FENCED_RESTARTS_ANNOTATION.into(),
+            json!(record.join(",")),
+        );
     }
     patch["metadata"] = json!({ "annotations": annotations });
     kids.api::<ConfigMap>()
@@ -345,6 +383,29 @@ pub(crate) fn recorded_cluster_id(ec: &EtcdCluster) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::controller::render::tests::cluster;
+
+    /// The restart counts recorded at the fence are read only while the ConfigMap is fenced: a
+    /// record left from an earlier fence, after the list came back, says nothing of the runs
+    /// since.
+    #[test]
+    fn the_fences_restart_counts_are_read_only_while_fenced() {
+        let config = |list: &str| -> ConfigMap {
+            serde_json::from_value(json!({
+                "metadata": {"name": "etcd-members", "annotations": {
+                    render::FENCED_RESTARTS_ANNOTATION: "0=a/3,2=c/0,junk"}},
+                "data": {"ETCD_INITIAL_CLUSTER": list}}))
+            .unwrap()
+        };
+        let fenced = fenced_restarts(Some(&config(render::FENCED_INITIAL_CLUSTER))).unwrap();
+        assert_eq!(
+            fenced,
+            std::collections::BTreeMap::from([(0, ("a".to_owned(), 3)), (2, ("c".to_owned(), 0))])
+        );
+        assert_eq!(
+            fenced_restarts(Some(&config("etcd-0=http://etcd-0.etcd.prod.svc:2380"))),
+            None
+        );
+    }
 
     /// A StatefulSet made again after a storage growth runs the members the ConfigMap lists,
     /// never `spec.size` (a growth under way goes on one learner at a time); a new cluster's

@@ -180,7 +180,7 @@ pub(crate) async fn lift(
     exits: &BTreeMap<i32, Exit>,
 ) -> Result<(), Error> {
     let name = render::members_config_name(ec);
-    if !super::members::fence(ec, kids, config, &name, Some(plan)).await? {
+    if !super::members::fence(ec, kids, config, &name, Some(plan), pods).await? {
         return Ok(());
     }
     let empty: Vec<i32> = super::members::stopped_exits(ec, pods, exits, config)

@@ -163,7 +163,8 @@ pub(crate) async fn converge(
                     super::rescue::lift(ec, kids, config.as_deref(), &plan, &pods, &exits).await?
                 }
                 None => {
-                    super::members::fence(ec, kids, config.as_deref(), &config_name, None).await?;
+                    super::members::fence(ec, kids, config.as_deref(), &config_name, None, &pods)
+                        .await?;
                 }
             }
             // A rebuild copies the other members' data, then makes their volumes anew.

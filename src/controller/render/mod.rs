@@ -73,10 +73,10 @@ pub const CORRUPT_ANNOTATION: &str = "etcd.example.com/corrupt-detected";
 /// On the members' ConfigMap while it is fenced: the `ETCD_INITIAL_CLUSTER` it had (the
 /// membership the members' IDs belong to), written back when the empty members may rejoin.
 pub const FENCED_FROM_ANNOTATION: &str = "etcd.example.com/fenced-initial-cluster";
-/// On the members' ConfigMap while it is fenced: when the loop last put the fence on
-/// (RFC 3339, the loop's clock); dropped when the fence is lifted. A member container that
-/// started after it runs fenced (`decide::exits::fenced_run`).
-pub const FENCED_AT_ANNOTATION: &str = "etcd.example.com/fenced-at";
+/// On the members' ConfigMap, written when the fence goes on: `ORDINAL=POD_UID/RESTARTS,...`,
+/// each member pod's etcd restart count as the loop saw it then. Read only while the ConfigMap
+/// is fenced (`decide::exits::fenced_run`).
+pub const FENCED_RESTARTS_ANNOTATION: &str = "etcd.example.com/fenced-restarts";
 
 /// On the members' ConfigMap: the recovery plan the fence was last lifted for
 /// (`quorum::rejoin_plan`): while that member answers alone at that applied index, the fence
