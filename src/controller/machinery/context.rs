@@ -142,20 +142,21 @@ impl Context {
             .map_err(|e| Error::MemberTls(format!("the Secret {name}: {e}")))?;
         // Said once per Secret version, so a renewal is seen to reach the loop, and kept in
         // the metrics, so that a certificate the loop holds to its end is alerted on.
-        if let Some(not_after) = not_after(&identity.cert) {
+        let info = first_cert(&identity.cert);
+        if let Some(Ok(i)) = &info {
             self.metrics
                 .member_client_cert_not_after
                 .get_or_create(&crate::metrics::ClusterLabels {
                     namespace: ns.clone(),
                     name: ec.name_any(),
                 })
-                .set(not_after);
+                .set(i.not_after);
         }
         tracing::info!(
             cluster = %key,
             secret = %name,
             resource_version = %version,
-            certificate = %describe(&identity.cert),
+            certificate = %describe(&info),
             "the members' client certificate loaded"
         );
         self.identities
@@ -308,23 +309,19 @@ pub(crate) fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
-/// The first certificate of a PEM bundle as the log says it: its serial (hex, as openssl
-/// prints it) and when it expires.
-/// The notAfter (Unix seconds) of the first certificate in `pem`.
-fn not_after(pem: &[u8]) -> Option<i64> {
+/// The first certificate of a PEM bundle, read: `None` when there is none.
+fn first_cert(pem: &[u8]) -> Option<Result<crate::tls::CertInfo, String>> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
-    let der = CertificateDer::pem_slice_iter(pem).next()?.ok()?;
-    crate::tls::cert_info(&der).ok().map(|i| i.not_after)
-}
-
-fn describe(pem: &[u8]) -> String {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let info = CertificateDer::pem_slice_iter(pem)
+    CertificateDer::pem_slice_iter(pem)
         .next()
         .and_then(Result::ok)
-        .map(|der| crate::tls::cert_info(&der));
+        .map(|der| crate::tls::cert_info(&der))
+}
+
+/// The first certificate of a PEM bundle as the log says it: its serial (hex, as openssl
+/// prints it) and when it expires.
+fn describe(info: &Option<Result<crate::tls::CertInfo, String>>) -> String {
     match info {
         Some(Ok(i)) => {
             let until = k8s_openapi::jiff::Timestamp::from_second(i.not_after)
@@ -344,11 +341,14 @@ mod tests {
             .unwrap()
             .cert
             .pem();
-        let said = super::describe(pem.as_bytes());
+        let said = super::describe(&super::first_cert(pem.as_bytes()));
         assert!(
             said.starts_with("serial ") && said.contains(", not after 4096-01-01T00:00:00Z"),
             "{said}"
         );
-        assert_eq!(super::describe(b"not PEM"), "no certificate");
+        assert_eq!(
+            super::describe(&super::first_cert(b"not PEM")),
+            "no certificate"
+        );
     }
 }

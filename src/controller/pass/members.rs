@@ -70,8 +70,11 @@ pub(crate) fn stopped_exits(
             let i = pod_ordinal(ec, p)?;
             let fenced = match (&recorded, exits.get(&i)) {
                 (Some(recorded), Some(last)) => {
-                    let uid = p.metadata.uid.clone().unwrap_or_default();
-                    let then = recorded.get(&i).filter(|(u, _)| *u == uid).map(|(_, r)| *r);
+                    let uid = p.metadata.uid.as_deref();
+                    let then = recorded
+                        .get(&i)
+                        .filter(|(u, _)| Some(u.as_str()) == uid)
+                        .map(|(_, r)| *r);
                     crate::controller::decide::exits::fenced_run(etcd_restarts(p), then, last)
                 }
                 _ => false,

@@ -68,6 +68,7 @@ pub(crate) async fn prepare(
             return Ok(false);
         }
     }
+    let pods = kids.pods().await?;
     let mut done = 0;
     let mut failed = Vec::new();
     // The digest every member's snapshot must have: the spec's, else the one the first member
@@ -116,7 +117,6 @@ pub(crate) async fn prepare(
         }
         // A finished Job whose pod's report the cache has not caught up with is still running
         // for this pass: its outcome is read with the report (the digest, why it failed).
-        let pods = kids.pods().await?;
         match job_outcome(&job).filter(|_| !report_on_its_way(&job, &pods)) {
             Some(true) => done += 1,
             Some(false) => failed.push(format!(
