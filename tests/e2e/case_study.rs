@@ -10,7 +10,9 @@
 //! peers that find each other by their headless Service's DNS names and check each other's
 //! certificates by reverse lookups); writes with the client certificate; the leader's pod
 //! deleted, then the leader's container killed: a leader in a later term, the member back on
-//! its own data, every acknowledged write still there; a write through the client Service. Then
+//! its own data, every acknowledged write still there; a write through the client Service; two
+//! of three members lost with their volumes (the node cordoned, their pods deleted, their
+//! folders wiped) and the quorum recovered by the loop from the one left. Then
 //! the members' leaf renewed by cert-manager under writes; a scheduled backup made by the real
 //! CronJob controller to S3, verified, and restored into a new cluster by real restore Jobs;
 //! scale 3 -> 5; a rolling upgrade v3.6.17 -> v3.7.4 under writes; the deletion with its final
@@ -258,6 +260,7 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
         .expect("a write through the client Service");
     acked.insert("/orders/via-service".to_owned(), "s".to_owned());
 
+    quorum_lost_with_two_volumes(&env, &node, &acked);
     leaf_renewal_under_writes(&env, &mut acked);
     let s3 = backup_and_restore(&env, &acked);
     scale_to_five(&env, &acked);
@@ -272,6 +275,173 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
     drop(env);
     let left = node::leftovers(&dir, &made);
     assert!(left.is_empty(), "the node left behind: {left:#?}");
+}
+
+/// Failover 3, issue 47's scenario 2 on real pods: two of three members lost with their
+/// volumes. The node is cordoned and the two followers' pods deleted, so the StatefulSet's new
+/// pods wait unscheduled (their "nodes" are gone); the leader is left alone, the loop says
+/// `QuorumLost` and fences the members' ConfigMap. Then the two volumes' folders are wiped and
+/// the node uncordoned: the new pods start on empty volumes, stop at the fence (the kubelet
+/// keeps etcd's refusal as their termination message, and backs off), the loop knows them
+/// empty, lifts the fence, makes their pods anew, and they rejoin from the survivor under
+/// their old member IDs. Every acknowledged write is on every member afterwards.
+fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String, String>) {
+    use etcd_webhook::controller::render::FENCED_INITIAL_CLUSTER;
+    let etcd = Members::new(env);
+    let survivor = ordinal(&etcd.leader().pod);
+    let others: Vec<usize> = (0..SIZE).filter(|&i| i != survivor).collect();
+    let ids: Vec<String> = (0..SIZE)
+        .map(|i| etcd.status(i).expect("every member answers").0)
+        .collect();
+    let members_config = || env.get_json(&["-n", NS, "configmap", &format!("{NAME}-members")]);
+    let unfenced = members_config()["data"]["ETCD_INITIAL_CLUSTER"].clone();
+    let warnings = |reason: &str| {
+        let events = env.get_json(&["-n", NS, "events.events.k8s.io"]);
+        events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["type"] == "Warning" && e["reason"] == reason)
+            .map(|e| e["series"]["count"].as_i64().unwrap_or(1))
+            .sum::<i64>()
+    };
+    let rejoins_before = warnings("RejoiningFromSurvivor");
+    let available = || {
+        let ec = env.get_json(&["-n", NS, "etcdcluster", NAME]);
+        let found = ec["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Available")
+            .map(|c| {
+                (
+                    c["reason"].as_str().unwrap_or_default().to_owned(),
+                    c["message"].as_str().unwrap_or_default().to_owned(),
+                )
+            });
+        (ec, found)
+    };
+    let pods: Vec<String> = others.iter().map(|i| format!("{NAME}-{i}")).collect();
+    let old_uids: Vec<Value> = pods
+        .iter()
+        .map(|p| env.get_json(&["-n", NS, "pod", p])["metadata"]["uid"].clone())
+        .collect();
+
+    // Their nodes go: nothing can run them again until the node is uncordoned.
+    ok(env.kubectl(&["cordon", node::NODE_NAME]), "cordon the node");
+    let lost_at = Instant::now();
+    let mut delete = vec!["-n", NS, "delete", "pod", "--wait=false"];
+    delete.extend(pods.iter().map(String::as_str));
+    ok(env.kubectl(&delete), "delete two members' pods");
+    let (_, message) = wait_for(
+        "the status to say the quorum is lost",
+        Duration::from_secs(90),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            available()
+                .1
+                .filter(|(r, m)| r == "QuorumLost" && m.contains("members answer"))
+        },
+    );
+    let lost_said = lost_at.elapsed().as_secs_f64();
+    assert!(
+        message.contains(&format!(
+            "1 of 3 members answer ({NAME}-{survivor} (applied index"
+        )),
+        "{message}"
+    );
+    wait_for(
+        "the members' ConfigMap fenced",
+        Duration::from_secs(30),
+        || {
+            std::thread::sleep(Duration::from_millis(300));
+            (members_config()["data"]["ETCD_INITIAL_CLUSTER"] == FENCED_INITIAL_CLUSTER)
+                .then_some(())
+        },
+    );
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    assert!(
+        etcd.call(
+            survivor,
+            "kv/put",
+            json!({"key": b64("/orders/refused"), "value": b64("x")})
+        )
+        .is_err(),
+        "a write without a quorum"
+    );
+
+    // The volumes go too: their folders wiped once the old pods (and their etcd) are gone.
+    for (pod, uid) in pods.iter().zip(&old_uids) {
+        wait_for(
+            &format!("{pod}'s old pod gone"),
+            Duration::from_secs(60),
+            || {
+                let now = env.cp.get_json_opt(&["-n", NS, "pod", pod]);
+                now.is_none_or(|p| p["metadata"]["uid"] != *uid)
+                    .then_some(())
+            },
+        );
+        let claim = env.get_json(&["-n", NS, "pvc", &format!("data-{pod}")]);
+        let pv: usize = claim["spec"]["volumeName"]
+            .as_str()
+            .and_then(|v| v.strip_prefix("local-"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("data-{pod} is bound to a local volume: {claim}"));
+        std::fs::remove_dir_all(node.volume_path(pv).join("data")).unwrap();
+    }
+    ok(
+        env.kubectl(&["uncordon", node::NODE_NAME]),
+        "uncordon the node",
+    );
+    let back_at = Instant::now();
+    let mut said = vec!["QuorumLost".to_owned()];
+    let mut rejoin = String::new();
+    wait_for(
+        "Running with 3 voters after the rejoin",
+        Duration::from_secs(180),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            let (ec, now) = available();
+            if let Some((r, m)) = now {
+                if r == "RejoiningFromSurvivor" {
+                    rejoin = m;
+                }
+                if said.last() != Some(&r) {
+                    said.push(r);
+                }
+            }
+            (!rejoin.is_empty() && crate::members::is_running(&ec, SIZE as i64)).then_some(())
+        },
+    );
+    let healed = back_at.elapsed().as_secs_f64();
+    assert!(
+        rejoin.contains(&format!("{NAME}-{survivor} is the only member with data")),
+        "the rejoin names the survivor: {rejoin}"
+    );
+    assert_eq!(
+        warnings("RejoiningFromSurvivor") - rejoins_before,
+        1,
+        "one Warning RejoiningFromSurvivor"
+    );
+    assert_eq!(
+        members_config()["data"]["ETCD_INITIAL_CLUSTER"],
+        unfenced,
+        "the fence lifted, the old list back"
+    );
+    let etcd = Members::new(env);
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            &etcd.status(i).expect("every member answers").0,
+            id,
+            "{NAME}-{i} rejoined under its old member ID"
+        );
+        etcd.assert_has_all(i, acked);
+    }
+    println!(
+        "quorum lost: {} gone with their volumes, {NAME}-{survivor} left: QuorumLost said {lost_said:.1} s after, fenced, no write taken; back on empty volumes: {said:?}, Running with 3 voters {healed:.1} s after, under their old member IDs, with all {} acknowledged writes on every member",
+        pods.join(" and "),
+        acked.len()
+    );
 }
 
 /// The S3 server of the tests (`controlplane s3`, SigV4 checked) on the node's address, so
