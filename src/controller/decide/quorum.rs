@@ -77,12 +77,19 @@ pub fn diagnose(
     // What a recovery keeps: the voter with the most applied data.
     let best = best(answered);
     let plan = plan(ec, answered);
-    // The fence was lifted for this very plan, and that member still answers alone at that
-    // index (no leader since, no other member with data): the empty members are rejoining
-    // (running now, their pods no longer say they are empty), and the fence stays lifted.
+    // The fence was lifted for this very plan, and that member still answers at that index
+    // with no leader since: the empty members are rejoining (running now, their pods no
+    // longer say they are empty), and the fence stays lifted. An empty member that has
+    // started answers too, behind it, until the survivor's leadership reaches it (measured on
+    // the real node under NetworkPolicy: its first packets are dropped until the agent knows
+    // its pod's new address); that is the rejoin going on, not a new loss. The fence keeps
+    // only members on empty volumes from starting, so it stays lifted for them while every
+    // other member that answers is behind the one the plan keeps.
     if let (Some((i, s)), Some(p)) = (best, plan.as_ref())
         && rescue.lifted.as_ref() == Some(p)
-        && answered.len() == 1
+        && answered
+            .iter()
+            .all(|(o, a)| o == i || a.raft_applied_index < s.raft_applied_index)
     {
         let others: Vec<String> = (0..size).filter(|o| o != i).map(pod).collect();
         return Some(Diagnosis::Rejoining(format!(
@@ -389,6 +396,38 @@ mod tests {
             revision,
             ..Default::default()
         }
+    }
+
+    /// Once the fence is lifted for a plan, the empty members that start answer too, with no
+    /// leader and nothing applied, until the survivor leads them: still the rejoin of that
+    /// plan. A member that answers at or past the survivor's index is not one of them.
+    #[test]
+    fn an_empty_member_answering_mid_rejoin_keeps_the_fence_lifted() {
+        let ec = crate::controller::render::tests::cluster("etcd", 3, None);
+        let alone = BTreeMap::from([(1, status(67, 55))]);
+        let plan = plan(&ec, &alone).unwrap();
+        let rescue = Rescue {
+            lifted: Some(plan.clone()),
+            ..Default::default()
+        };
+        let rejoining = |answered: &BTreeMap<i32, MemberStatus>| {
+            matches!(
+                diagnose(&ec, answered, &BTreeMap::new(), None, &rescue),
+                Some(Diagnosis::Rejoining(m)) if m.contains("etcd-1 is the only member with data")
+            )
+        };
+        assert!(rejoining(&alone));
+        let started = BTreeMap::from([(0, status(0, 0)), (1, status(67, 55))]);
+        assert!(
+            rejoining(&started),
+            "an empty member started, no leader yet"
+        );
+        let both = BTreeMap::from([(0, status(0, 0)), (1, status(67, 55)), (2, status(0, 0))]);
+        assert!(rejoining(&both));
+        let level = BTreeMap::from([(0, status(67, 55)), (1, status(67, 55))]);
+        assert!(!rejoining(&level), "another member at the kept index");
+        let ahead = BTreeMap::from([(0, status(70, 58)), (1, status(67, 55))]);
+        assert!(!rejoining(&ahead), "another member ahead of it");
     }
 
     #[test]
