@@ -13,6 +13,8 @@
 //	controlplane otlp --grpc ADDR --http ADDR --out FILE (otlp.go)
 //	controlplane kube-scheduler|kubelet|kube-proxy [flags]: the real node's parts (tests/e2e/node.rs)
 //	controlplane dns --kubeconfig FILE --listen ADDR: the real node's cluster DNS (dns.go)
+//	controlplane network-policies --kubeconfig FILE --hostname-override NODE: the real node's
+//	  NetworkPolicy agent, kube-network-policies (netpol.go)
 //
 // The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
 // loopback Endpoints, so webhooks named by a service reference (as the shipped configurations do) are
@@ -47,17 +49,19 @@ import (
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kube-proxy|dns|cert-manager-controller|cainjector|s3|etcdutl|etcdctl|otlp [flags]"
+const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kube-proxy|dns|network-policies|cert-manager-controller|cainjector|s3|etcdutl|etcdctl|otlp [flags]"
 
 func main() {
 	// Called by the name of a link to it, as the real node's etcd image does
-	// (/usr/local/bin/etcd and /usr/local/bin/etcdutl, tests/e2e/node.rs): that tool.
+	// (/usr/local/bin/etcd, etcdutl and etcdctl, tests/e2e/node.rs): that tool.
 	switch filepath.Base(os.Args[0]) {
 	case "etcd":
 		etcdmain.Main(os.Args)
 		return
 	case "etcdutl":
 		os.Exit(runEtcdutl(os.Args[1:]))
+	case "etcdctl":
+		os.Exit(runEtcdctl(os.Args[1:]))
 	}
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, usage)
@@ -92,6 +96,8 @@ func main() {
 		os.Exit(cli.Run(command))
 	case "dns":
 		os.Exit(runDNS(rest))
+	case "network-policies":
+		os.Exit(runNetworkPolicies(rest))
 	case "cert-manager-controller":
 		os.Exit(runCertManagerController(rest))
 	case "cainjector":

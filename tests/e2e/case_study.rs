@@ -18,9 +18,13 @@
 //! scale 3 -> 5; a rolling upgrade v3.6.17 -> v3.7.4 under writes; the deletion with its final
 //! snapshot before the claims go; and nothing of the node left on the machine.
 //!
+//! All of it with NetworkPolicy enforced by the node's agent (kube-network-policies): the
+//! members' policy lets the loop, the peers and the Jobs through, and a pod without the client
+//! label is dropped on the client port while one with it is answered.
+//!
 //! Not here yet (issue 44 goes on): the loop's own client certificate renewed while it runs
 //! (the loop reads that Secret through the API, not a volume, by name at most every 5 minutes
-//! with config/default: more than this scenario can wait), NetworkPolicy enforcement.
+//! with config/default: more than this scenario can wait).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -122,6 +126,7 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
         "the members run TLS by default: {args}"
     );
     loop_holds_the_client_certificate(&env);
+    network_policy_enforced(&env);
 
     // What only a node does: the data directory made by etcd running as 65532, on a volume
     // whose group the kubelet set (fsGroup).
@@ -925,6 +930,104 @@ fn loop_holds_the_client_certificate(env: &Env) {
         std::thread::sleep(Duration::from_millis(500));
     }
     println!("the loop's metrics name the client certificate it holds: {series}");
+}
+
+/// The members' NetworkPolicy, enforced by the node's agent (kube-network-policies, running
+/// since the node started, so the loop, the members' peers and the backup Jobs have been let
+/// through all along): etcdctl with the cluster's client certificate, in a pod of the
+/// namespace, is answered through the client Service with the client label
+/// (`etcd.example.com/client: NAME`) and dropped without it.
+fn network_policy_enforced(env: &Env) {
+    let policy = env.get_json(&["-n", NS, "networkpolicy", NAME]);
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        json!(["Ingress"]),
+        "the loop made the members' policy: {policy}"
+    );
+    let started = Instant::now();
+    let run = |pod: &str, labels: Value| {
+        let spec = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": NS, "labels": labels},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "etcdctl",
+                    "image": format!("quay.io/coreos/etcd:{}", etcd_webhook::api::defaults::VERSION),
+                    "command": ["/usr/local/bin/etcdctl"],
+                    "args": [
+                        format!("--endpoints=https://{NAME}-client.{NS}.svc:2379"),
+                        "--cacert=/tls/ca.crt", "--cert=/tls/tls.crt", "--key=/tls/tls.key",
+                        "--dial-timeout=3s", "--command-timeout=5s", "endpoint", "health",
+                    ],
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                    "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": true}],
+                }],
+                "volumes": [{"name": "tls", "secret": {"secretName": format!("{NAME}-client-tls")}}],
+            },
+        });
+        ok(
+            env.kubectl_in(&["apply", "-f", "-"], &spec.to_string()),
+            &format!("create the pod {pod}"),
+        );
+        pod.to_owned()
+    };
+    let labelled = run(
+        "etcdctl-with-client-label",
+        json!({etcd_webhook::controller::render::CLIENT_LABEL: NAME}),
+    );
+    let unlabelled = run("etcdctl-without-client-label", json!({"app": "etcdctl"}));
+    let ended = |pod: &str| {
+        wait_for(
+            &format!("the pod {pod} to end"),
+            Duration::from_secs(90),
+            || {
+                std::thread::sleep(Duration::from_millis(500));
+                let p = env.get_json(&["-n", NS, "pod", pod]);
+                let phase = p["status"]["phase"].as_str().unwrap_or_default().to_owned();
+                let state = &p["status"]["containerStatuses"][0]["state"]["terminated"];
+                matches!(phase.as_str(), "Succeeded" | "Failed").then(|| {
+                    (
+                        phase,
+                        state["exitCode"].as_i64(),
+                        state["message"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+            },
+        )
+    };
+    let (phase, code, message) = ended(&labelled);
+    assert_eq!(
+        (phase.as_str(), code),
+        ("Succeeded", Some(0)),
+        "etcdctl with the client label is let through: {message}"
+    );
+    let (phase, code, message) = ended(&unlabelled);
+    assert_eq!(
+        (phase.as_str(), code),
+        ("Failed", Some(1)),
+        "etcdctl without the client label is dropped: {message}"
+    );
+    assert!(
+        message.contains("unhealthy") && message.contains("deadline exceeded"),
+        "dropped, not refused by TLS: {message}"
+    );
+    ok(
+        env.kubectl(&[
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            &labelled,
+            &unlabelled,
+            "--wait=false",
+        ]),
+        "delete the etcdctl pods",
+    );
+    println!(
+        "NetworkPolicy enforced (kube-network-policies): etcdctl with the client label answered, without it dropped ({:.1} s for both)",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// The serial number of the leaf `member` serves on a new connection (hex), or empty when it

@@ -5,7 +5,10 @@
 //! and EndpointSlices (`controlplane dns`). Pods run for real: images and entrypoints,
 //! `securityContext`, fsGroup on volumes, Secret volumes and their `..data` swap, probes with
 //! their timing, restarts with the kubelet's back-off, termination messages, DNS names of
-//! headless Services.
+//! headless Services. NetworkPolicy is enforced by kube-network-policies (`controlplane
+//! network-policies`: nftables rules that send each new connection to or from a pod to an
+//! nfqueue, where the agent accepts or drops it by the policies; the node's root user, the
+//! kubelet's probes and the tests' own clients among it, is never queued).
 //!
 //! The node's network is a bridge of its own, `e2ebr0` at 10.244.0.1/24 (made before the
 //! apiserver, which listens there: the kubelet refuses a loopback node IP and pods reach the
@@ -31,6 +34,8 @@ pub const BRIDGE: &str = "e2ebr0";
 pub const NODE_IP: &str = "10.244.0.1";
 const SUBNET: &str = "10.244.0.0/24";
 pub const NODE_NAME: &str = "e2e-node";
+/// The nfqueue the NetworkPolicy agent's rules send new connections to.
+const NFQUEUE: u16 = 100;
 /// The image the CRI runs as each pod's sandbox (containerd's pinned `sandbox` image).
 const PAUSE_IMAGE: &str = "localhost/e2e/pause:1";
 
@@ -298,6 +303,27 @@ impl Node {
                 .contains("default/kubernetes:https")
                 .then_some(())
         });
+        // NetworkPolicy enforced: kube-network-policies (nftables and nfqueue) for this node,
+        // once its rules are in.
+        node.spawn(
+            "network-policies",
+            Command::new(cp.bin())
+                .arg("network-policies")
+                .arg(format!("--kubeconfig={}", cp.kubeconfig.display()))
+                .arg(format!("--hostname-override={NODE_NAME}"))
+                .arg(format!("--nfqueue-id={NFQUEUE}")),
+        );
+        wait_for(
+            "the NetworkPolicy agent synced",
+            Duration::from_secs(60),
+            || {
+                node.check_alive();
+                let log = std::fs::read_to_string(node.logs.join("network-policies.log"))
+                    .unwrap_or_default();
+                log.contains("enforcing").then_some(())
+            },
+        );
+        divert_to_policy_agent();
         cp.resolv_conf = Some(node.resolv_conf.clone());
         println!(
             "real node {NODE_NAME} Ready in {:.1} s (kubelet, containerd, runc; images: {})",
@@ -535,6 +561,7 @@ impl Drop for Node {
         let start = Instant::now();
         // 1. The kubelet first, so nothing restarts; then every container and sandbox is
         //    killed through containerd, and containerd stops (its shims with it).
+        self.stop("network-policies", Duration::from_secs(15));
         self.stop("kube-proxy", Duration::from_secs(5));
         self.stop("kubelet", Duration::from_secs(10));
         self.stop("dns", Duration::from_secs(2));
@@ -654,6 +681,9 @@ pub fn leftovers(dir: &Path, made: &[&str]) -> Vec<String> {
             }
         }
     }
+    if let Some(table) = policy_table() {
+        found.push(format!("the nftables table {table}"));
+    }
     if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
         for c in controllers.flatten() {
             if c.path().join("kubepods").exists() {
@@ -667,6 +697,97 @@ pub fn leftovers(dir: &Path, made: &[&str]) -> Vec<String> {
             .map(|p| (*p).to_owned()),
     );
     found
+}
+
+/// The agent's own nftables rules cannot go in on this machine: its kernel has no nftables
+/// `queue` expression (nft_queue; "No such file or directory" for any rule that queues), while
+/// the nfqueue itself and iptables' NFQUEUE target are there. So the same diversion is made
+/// with iptables, rule for rule as the agent's postrouting chain (v0.8.0,
+/// `syncNFTablesRules`): the node's root user, established connections and DNS are let go,
+/// every other packet from or to a pod address goes to the agent's queue, which accepts or
+/// drops it by the policies (bypassed, so accepted, while no agent listens). The chain is
+/// `KUBE-`, so the teardown removes it and [`leftovers`] looks for it.
+fn divert_to_policy_agent() {
+    let queue = NFQUEUE.to_string();
+    let rules: Vec<Vec<&str>> = vec![
+        vec!["-N", "KUBE-E2E-NETPOL"],
+        vec![
+            "-A",
+            "KUBE-E2E-NETPOL",
+            "-m",
+            "owner",
+            "--uid-owner",
+            "0",
+            "-j",
+            "RETURN",
+        ],
+        vec![
+            "-A",
+            "KUBE-E2E-NETPOL",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "ESTABLISHED,RELATED",
+            "-j",
+            "RETURN",
+        ],
+        vec![
+            "-A",
+            "KUBE-E2E-NETPOL",
+            "-p",
+            "udp",
+            "--dport",
+            "53",
+            "-j",
+            "RETURN",
+        ],
+        vec![
+            "-A",
+            "KUBE-E2E-NETPOL",
+            "-s",
+            SUBNET,
+            "-j",
+            "NFQUEUE",
+            "--queue-num",
+            &queue,
+            "--queue-bypass",
+        ],
+        vec![
+            "-A",
+            "KUBE-E2E-NETPOL",
+            "-d",
+            SUBNET,
+            "-j",
+            "NFQUEUE",
+            "--queue-num",
+            &queue,
+            "--queue-bypass",
+        ],
+        vec!["-I", "POSTROUTING", "-j", "KUBE-E2E-NETPOL"],
+    ];
+    for rule in rules {
+        let out = Command::new("iptables")
+            .args(["-t", "mangle"])
+            .args(&rule)
+            .output()
+            .expect("run iptables");
+        assert!(
+            out.status.success(),
+            "iptables -t mangle {}: {}",
+            rule.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The NetworkPolicy agent's nftables table (`inet kube-network-policies`), while it exists:
+/// made once the agent has synced, deleted when it stops.
+fn policy_table() -> Option<String> {
+    let out = Command::new("nft").args(["list", "tables"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.trim() == "table inet kube-network-policies")
+        .map(|l| l.trim().trim_start_matches("table ").to_owned())
 }
 
 fn remove_kube_chains(ipt: &str, table: &str) {
@@ -856,9 +977,11 @@ pub fn etcd_image(cp: &ControlPlane, version: &str) -> Image {
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         copy_keeping_time(&std::fs::canonicalize(&lib).unwrap(), &to);
     }
-    let _ = std::fs::remove_file(bin.join("etcdutl"));
-    if source == cp.bin() {
-        std::os::unix::fs::symlink("etcd", bin.join("etcdutl")).unwrap();
+    for tool in ["etcdutl", "etcdctl"] {
+        let _ = std::fs::remove_file(bin.join(tool));
+        if source == cp.bin() {
+            std::os::unix::fs::symlink("etcd", bin.join(tool)).unwrap();
+        }
     }
     std::fs::write(
         root.join("etc/passwd"),
