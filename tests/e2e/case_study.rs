@@ -408,7 +408,8 @@ fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String,
             std::thread::sleep(Duration::from_millis(500));
             let (ec, now) = available();
             if let Some((r, m)) = now {
-                if r == "RejoiningFromSurvivor" {
+                // The first: it names the survivor (a later one may say a leader is elected).
+                if r == "RejoiningFromSurvivor" && rejoin.is_empty() {
                     rejoin = m;
                 }
                 if said.last() != Some(&r) {

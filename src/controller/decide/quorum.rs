@@ -64,6 +64,19 @@ pub fn diagnose(
     newest: Option<&SnapshotRecord>,
     rescue: &Rescue,
 ) -> Option<Diagnosis> {
+    // The rejoin of the plan the fence is lifted for has elected a leader (the survivor,
+    // whose applied index then moves past the plan's): the member list answers once that
+    // leader has committed in its term, and until then the rejoin goes on with the fence
+    // lifted. Only while the status says the rejoin: a plan recorded by an earlier recovery
+    // says nothing of a later loss.
+    if let Some(p) = rescue.lifted.as_ref()
+        && rescue.rejoining
+        && answered.values().any(|s| s.leader != 0)
+    {
+        return Some(Diagnosis::Rejoining(format!(
+            "quorum lost: the members on empty volumes are rejoining under their old IDs from the only member with data (the fence is lifted for {p}) and a leader is elected; the member list answers once it has committed"
+        )));
+    }
     // No member answers at all: the loop cannot tell a lost quorum from its own way to the
     // members being cut (a NetworkPolicy, DNS); a member that knows a leader: the member list
     // failed for another reason.
@@ -428,6 +441,31 @@ mod tests {
         assert!(!rejoining(&level), "another member at the kept index");
         let ahead = BTreeMap::from([(0, status(70, 58)), (1, status(67, 55))]);
         assert!(!rejoining(&ahead), "another member ahead of it");
+
+        // The rejoin elected a leader (etcd-1, now one entry further) before the member list
+        // answers: still the rejoin while the status says it, never for a later loss.
+        let mut led = BTreeMap::from([(0, status(0, 0)), (1, status(68, 55))]);
+        for s in led.values_mut() {
+            s.leader = 7;
+        }
+        assert_eq!(diagnose(&ec, &led, &BTreeMap::new(), None, &rescue), None);
+        let saying = Rescue {
+            rejoining: true,
+            ..rescue.clone()
+        };
+        match diagnose(&ec, &led, &BTreeMap::new(), None, &saying) {
+            Some(Diagnosis::Rejoining(m)) => assert!(m.contains(&plan), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let unplanned = Rescue {
+            rejoining: true,
+            ..Rescue::default()
+        };
+        assert_eq!(
+            diagnose(&ec, &led, &BTreeMap::new(), None, &unplanned),
+            None,
+            "no plan lifted"
+        );
     }
 
     #[test]

@@ -62,6 +62,9 @@ pub struct Rescue {
     pub failed: BTreeMap<i32, String>,
     /// The plan the fence was last lifted for (the members' ConfigMap says it).
     pub lifted: Option<String>,
+    /// The status says the rejoin (`Available` is `RejoiningFromSurvivor`): a lifted plan is
+    /// one under way, not one an earlier recovery left recorded.
+    pub rejoining: bool,
 }
 
 /// The plan of a recovery from the members that answered: the voter with the most applied data

@@ -60,6 +60,7 @@ pub(crate) async fn diagnosis(
             .and_then(|c| c.metadata.annotations.as_ref())
             .and_then(|a| a.get(render::REJOIN_PLAN_ANNOTATION))
             .cloned(),
+        rejoining: has_condition(ec, "Available", "RejoiningFromSurvivor"),
         ..crate::controller::decide::backup::rescues(ec, &kids.pods().await?)
     };
     let d = diagnose(ec, &o.survey, &ended, newest, &rescue);
@@ -75,7 +76,14 @@ pub(crate) async fn diagnosis(
         ctx.event(ec, EventType::Warning, d.reason(), d.message().to_owned())
             .await;
     }
-    Ok((d, quorum::plan(ec, &o.survey)))
+    // A rejoin that has a leader goes on under the plan its fence was lifted for (the
+    // survivor's applied index has moved past that plan's).
+    let led = o.survey.values().any(|s| s.leader != 0);
+    let plan = match (&d, rescue.lifted) {
+        (Some(Diagnosis::Rejoining(_)), Some(lifted)) if led => Some(lifted),
+        _ => quorum::plan(ec, &o.survey),
+    };
+    Ok((d, plan))
 }
 
 /// A rebuild's step ([`Diagnosis::Rebuilding`]) or a restore's ([`Diagnosis::Restoring`]): a
