@@ -303,8 +303,9 @@ impl Node {
                 .contains("default/kubernetes:https")
                 .then_some(())
         });
-        // NetworkPolicy enforced: kube-network-policies (nftables and nfqueue) for this node,
-        // once its rules are in.
+        // NetworkPolicy enforced: kube-network-policies for this node, its nfqueue fed by the
+        // iptables diversion once it has synced (divert_to_policy_agent says why not its own
+        // nftables rules).
         node.spawn(
             "network-policies",
             Command::new(cp.bin())
