@@ -3525,6 +3525,19 @@ async fn a_lost_quorum_is_diagnosed_fenced_and_rejoined_from_a_sole_survivor() {
         "{:?}",
         etcd.refusals()
     );
+    // The survivor leads the rejoined members and the member list answers: the rejoin is
+    // over, and its plan is no longer recorded (a later loss is not read as this rejoin).
+    assert!(
+        !config()["metadata"]["annotations"][render::REJOIN_PLAN_ANNOTATION].is_null(),
+        "the plan recorded while the rejoin goes on"
+    );
+    etcd.set_leader("etcd-0");
+    pass(&api, &ctx).await.unwrap();
+    assert!(
+        config()["metadata"]["annotations"][render::REJOIN_PLAN_ANNOTATION].is_null(),
+        "the plan dropped once a member list answers: {}",
+        config()["metadata"]
+    );
 }
 
 /// Of five, three lost their volumes and two members hold data, etcd-1 behind etcd-0: the

@@ -17,7 +17,9 @@ use kube::ResourceExt;
 
 use super::exits::Exit;
 use super::members::MemberStatus;
-pub use super::recovery::{Diagnosis, Rescue, approved, plan, rejoin_plan, restore_plan};
+pub use super::recovery::{
+    Diagnosis, Rescue, approved, parse_rejoin_plan, plan, rejoin_plan, restore_plan,
+};
 use super::recovery::{awaiting, best, manual};
 use crate::api::v1::{EtcdCluster, SnapshotRecord};
 
@@ -64,17 +66,27 @@ pub fn diagnose(
     newest: Option<&SnapshotRecord>,
     rescue: &Rescue,
 ) -> Option<Diagnosis> {
-    // The rejoin of the plan the fence is lifted for has elected a leader (the survivor,
-    // whose applied index then moves past the plan's): the member list answers once that
-    // leader has committed in its term, and until then the rejoin goes on with the fence
-    // lifted. Only while the status says the rejoin: a plan recorded by an earlier recovery
-    // says nothing of a later loss.
+    // The rejoin of the plan the fence is lifted for has elected a leader: the member list
+    // answers once that leader has committed in its term, and until then the rejoin goes on
+    // with the fence lifted. Only while the status says the rejoin and the plan is still
+    // recorded (the loop drops it once a member list answers), only with the plan approved,
+    // and only when the leader is the plan's survivor: it answers as a voter at or past the
+    // plan's index, and every voter that knows a leader names it (a learner's is ignored).
     if let Some(p) = rescue.lifted.as_ref()
         && rescue.rejoining
+        && approved(ec, p)
         && answered.values().any(|s| s.leader != 0)
+        && let Some((pod, index)) = parse_rejoin_plan(p)
+        && let Some(survivor) = ordinal_of(ec, pod).and_then(|i| answered.get(&i))
+        && !survivor.is_learner
+        && survivor.raft_applied_index >= index
+        && answered
+            .values()
+            .filter(|s| !s.is_learner && s.leader != 0)
+            .all(|s| s.leader == survivor.header.member_id)
     {
         return Some(Diagnosis::Rejoining(format!(
-            "quorum lost: the members on empty volumes are rejoining under their old IDs from the only member with data (the fence is lifted for {p}) and a leader is elected; the member list answers once it has committed"
+            "quorum lost: the members on empty volumes are rejoining under their old IDs from {pod}, the only member with data (the fence is lifted for {p}), and it leads them; the member list answers once it has committed"
         )));
     }
     // No member answers at all: the loop cannot tell a lost quorum from its own way to the
@@ -97,12 +109,14 @@ pub fn diagnose(
     // the real node under NetworkPolicy: its first packets are dropped until the agent knows
     // its pod's new address); that is the rejoin going on, not a new loss. The fence keeps
     // only members on empty volumes from starting, so it stays lifted for them while every
-    // other member that answers is behind the one the plan keeps.
+    // other member that answers has applied nothing (read from its metrics port it has data:
+    // that port is read only for a member that has applied something).
     if let (Some((i, s)), Some(p)) = (best, plan.as_ref())
         && rescue.lifted.as_ref() == Some(p)
+        && approved(ec, p)
         && answered
             .iter()
-            .all(|(o, a)| o == i || a.raft_applied_index < s.raft_applied_index)
+            .all(|(o, a)| o == i || (a.raft_applied_index == 0 && !a.metrics_only))
     {
         let others: Vec<String> = (0..size).filter(|o| o != i).map(pod).collect();
         return Some(Diagnosis::Rejoining(format!(
@@ -369,6 +383,13 @@ pub fn diagnose(
     )))
 }
 
+/// The ordinal of `pod` among `ec`'s members (`NAME-<i>`).
+fn ordinal_of(ec: &EtcdCluster, pod: &str) -> Option<i32> {
+    pod.strip_prefix(&format!("{}-", ec.name_any()))?
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,6 +458,15 @@ mod tests {
         );
         let both = BTreeMap::from([(0, status(0, 0)), (1, status(67, 55)), (2, status(0, 0))]);
         assert!(rejoining(&both));
+        let behind = BTreeMap::from([(0, status(30, 20)), (1, status(67, 55))]);
+        assert!(!rejoining(&behind), "another member with data, behind it");
+        let mut from_metrics = status(0, 0);
+        from_metrics.metrics_only = true;
+        let metrics = BTreeMap::from([(0, from_metrics), (1, status(67, 55))]);
+        assert!(
+            !rejoining(&metrics),
+            "read from its metrics port: it has data"
+        );
         let level = BTreeMap::from([(0, status(67, 55)), (1, status(67, 55))]);
         assert!(!rejoining(&level), "another member at the kept index");
         let ahead = BTreeMap::from([(0, status(70, 58)), (1, status(67, 55))]);
@@ -448,6 +478,7 @@ mod tests {
         for s in led.values_mut() {
             s.leader = 7;
         }
+        led.get_mut(&1).unwrap().header.member_id = 7;
         assert_eq!(diagnose(&ec, &led, &BTreeMap::new(), None, &rescue), None);
         let saying = Rescue {
             rejoining: true,
@@ -457,6 +488,25 @@ mod tests {
             Some(Diagnosis::Rejoining(m)) => assert!(m.contains(&plan), "{m}"),
             other => panic!("{other:?}"),
         }
+        // Another leader than the plan's survivor, or the survivor behind the plan's index:
+        // not this rejoin.
+        let mut other = led.clone();
+        other.get_mut(&0).unwrap().leader = 9;
+        assert_eq!(diagnose(&ec, &other, &BTreeMap::new(), None, &saying), None);
+        let mut behind = led.clone();
+        behind.get_mut(&1).unwrap().raft_applied_index = 60;
+        assert_eq!(
+            diagnose(&ec, &behind, &BTreeMap::new(), None, &saying),
+            None
+        );
+        // A learner's stale leader is not asked.
+        let mut learner = led.clone();
+        learner.get_mut(&0).unwrap().is_learner = true;
+        learner.get_mut(&0).unwrap().leader = 9;
+        assert!(matches!(
+            diagnose(&ec, &learner, &BTreeMap::new(), None, &saying),
+            Some(Diagnosis::Rejoining(_))
+        ));
         let unplanned = Rescue {
             rejoining: true,
             ..Rescue::default()

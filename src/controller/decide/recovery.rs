@@ -120,6 +120,12 @@ pub fn rejoin_plan(pod: &str, applied_index: u64) -> String {
     format!("rejoin-from-{pod}-at-{applied_index}")
 }
 
+/// The member pod and applied index a [`rejoin_plan`] names.
+pub fn parse_rejoin_plan(plan: &str) -> Option<(&str, u64)> {
+    let (pod, index) = plan.strip_prefix("rejoin-from-")?.rsplit_once("-at-")?;
+    Some((pod, index.parse().ok()?))
+}
+
 /// The plan a person approves for a restore in place from `snapshot`: the snapshot's revision
 /// and the start of its SHA-256 (another snapshot is another plan).
 pub fn restore_plan(snapshot: &SnapshotRecord) -> String {

@@ -211,3 +211,33 @@ pub(crate) async fn lift(
     }
     Ok(())
 }
+
+/// A member list answers again: a rejoin the fence was lifted for is over, so its plan is
+/// dropped from the members' ConfigMap (the loop's apply of that ConfigMap leaves an
+/// annotation it did not apply). A plan still recorded means a rejoin under way
+/// ([`quorum::diagnose`]), never one an earlier recovery finished.
+pub(crate) async fn rejoined(
+    ec: &EtcdCluster,
+    kids: &Children<'_>,
+    config: Option<&ConfigMap>,
+) -> Result<(), Error> {
+    let Some(plan) = config
+        .and_then(|c| c.metadata.annotations.as_ref())
+        .and_then(|a| a.get(render::REJOIN_PLAN_ANNOTATION))
+    else {
+        return Ok(());
+    };
+    let name = render::members_config_name(ec);
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {render::REJOIN_PLAN_ANNOTATION: null}}});
+    kids.api::<ConfigMap>()
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| Error::kube("patch", "ConfigMap", &name, e))?;
+    tracing::info!(cluster = %ec.name_any(), %plan, "the member list answers: the rejoin is over");
+    Ok(())
+}

@@ -218,6 +218,7 @@ pub(crate) async fn converge(
             .await?;
     }
     report(ec, kids, &outcome).await;
+    super::rescue::rejoined(ec, kids, config.as_deref()).await?;
     let mut memory = outcome.memory.clone();
     if let Some(ordinal) = volume_to_replace(&outcome) {
         replace_volume(ec, kids, ordinal).await?;

@@ -80,8 +80,9 @@ pub const FENCED_RESTARTS_ANNOTATION: &str = "etcd.example.com/fenced-restarts";
 
 /// On the members' ConfigMap: the recovery plan the fence was last lifted for
 /// (`quorum::rejoin_plan`): while that member answers at that applied index with no leader,
-/// every other member that answers behind it, the fence stays lifted (the empty members are
-/// rejoining, and their pods no longer report empty).
+/// every other member that answers having applied nothing, or leads them, the fence stays
+/// lifted (the empty members are rejoining, and their pods no longer report empty). Dropped
+/// once a member list answers again (`pass::rescue::rejoined`).
 pub const REJOIN_PLAN_ANNOTATION: &str = "etcd.example.com/rejoin-plan";
 
 /// On a rescue Job's pod: the recovery plan its copy was made for
