@@ -937,7 +937,10 @@ fn loop_holds_the_client_certificate(env: &Env) {
 /// since the node started, so the loop, the members' peers and the backup Jobs have been let
 /// through all along): etcdctl with the cluster's client certificate, in a pod of the
 /// namespace, is answered through the client Service with the client label
-/// (`etcd.example.com/client: NAME`) and dropped without it.
+/// (`etcd.example.com/client: NAME`) and dropped without it. Both dial for up to 15 s: the
+/// agent learns a new pod's address from the apiserver once the kubelet has reported it, and
+/// drops what that pod sends before (seen: a labelled pod's 3 s dial timed out), so each gets
+/// the same time to be let through.
 fn network_policy_enforced(env: &Env) {
     let policy = env.get_json(&["-n", NS, "networkpolicy", NAME]);
     assert_eq!(
@@ -959,7 +962,7 @@ fn network_policy_enforced(env: &Env) {
                     "args": [
                         format!("--endpoints=https://{NAME}-client.{NS}.svc:2379"),
                         "--cacert=/tls/ca.crt", "--cert=/tls/tls.crt", "--key=/tls/tls.key",
-                        "--dial-timeout=3s", "--command-timeout=5s", "endpoint", "health",
+                        "--dial-timeout=15s", "--command-timeout=20s", "endpoint", "health",
                     ],
                     "terminationMessagePolicy": "FallbackToLogsOnError",
                     "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": true}],

@@ -49,6 +49,10 @@ pub struct Context {
     pub(crate) identities: Mutex<HashMap<String, Identity>>,
     /// Per TLS cluster, without `cache_client_secrets`: its client Secret as last read by name.
     client_secrets: Mutex<HashMap<String, ReadSecret>>,
+    /// Per cluster whose quorum is lost: the reason of the diagnosis this replica last made.
+    /// A pass can start on a cached object that does not show the status the pass before
+    /// it wrote yet; this keeps such a pass from telling the same Warning again.
+    pub(crate) quorum_said: Mutex<HashMap<String, &'static str>>,
 }
 
 /// A TLS cluster's client Secret's resourceVersion and the transport made from it.
@@ -83,6 +87,7 @@ impl Context {
             etcd: Arc::new(etcd::Gateway::default()),
             identities: Mutex::default(),
             client_secrets: Mutex::default(),
+            quorum_said: Mutex::default(),
         }
     }
 

@@ -65,8 +65,16 @@ pub(crate) async fn diagnosis(
     };
     let d = diagnose(ec, &o.survey, &ended, newest, &rescue);
     let ctx = kids.ctx;
+    // Told once: not while the status says it, nor when this replica's last diagnosis said it
+    // (the status of a pass that started on a stale cached object lags).
+    let key = format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any());
+    let said = match &d {
+        Some(d) => ctx.quorum_said.lock().unwrap().insert(key, d.reason()),
+        None => ctx.quorum_said.lock().unwrap().remove(&key),
+    };
     if let Some(d) = d.as_ref().filter(|d| d.warns())
         && !has_condition(ec, "Available", d.reason())
+        && said != Some(d.reason())
     {
         if matches!(d, Diagnosis::DataLost(_)) {
             tracing::error!(cluster = %ec.name_any(), "{}", d.message());

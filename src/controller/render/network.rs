@@ -36,9 +36,11 @@ pub enum NetworkPolicies {
     None,
 }
 
+/// Selects by `labels`; none selects everything, as the apiserver stores it (no `matchLabels`,
+/// so that what the loop applies is what it reads back and nothing is applied again).
 fn selector(labels: BTreeMap<String, String>) -> LabelSelector {
     LabelSelector {
-        match_labels: Some(labels),
+        match_labels: (!labels.is_empty()).then_some(labels),
         ..Default::default()
     }
 }
