@@ -77,7 +77,7 @@ pub fn diagnose(
         && approved(ec, p)
         && answered.values().any(|s| s.leader != 0)
         && let Some((pod, index)) = parse_rejoin_plan(p)
-        && let Some(survivor) = ordinal_of(ec, pod).and_then(|i| answered.get(&i))
+        && let Some(survivor) = member_ordinal(ec, pod).and_then(|i| answered.get(&i))
         && !survivor.is_learner
         && survivor.raft_applied_index >= index
         && answered
@@ -383,8 +383,8 @@ pub fn diagnose(
     )))
 }
 
-/// The ordinal of `pod` among `ec`'s members (`NAME-<i>`).
-fn ordinal_of(ec: &EtcdCluster, pod: &str) -> Option<i32> {
+/// The ordinal of the member pod named `pod` (`NAME-<i>`) of `ec`.
+pub(crate) fn member_ordinal(ec: &EtcdCluster, pod: &str) -> Option<i32> {
     pod.strip_prefix(&format!("{}-", ec.name_any()))?
         .parse()
         .ok()

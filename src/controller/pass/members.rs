@@ -19,10 +19,7 @@ use crate::controller::render;
 
 /// The ordinal of a member pod `NAME-i` of `ec`.
 pub(crate) fn pod_ordinal(ec: &EtcdCluster, pod: &Pod) -> Option<i32> {
-    pod.name_any()
-        .strip_prefix(&format!("{}-", ec.name_any()))?
-        .parse()
-        .ok()
+    crate::controller::decide::quorum::member_ordinal(ec, &pod.name_any())
 }
 
 /// The member pods of `ec` from the pods cache.
