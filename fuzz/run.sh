@@ -2,6 +2,8 @@
 # Runs each fuzz target for a chosen time, seeded from tests/fixtures; fails (exit 1) when a
 # target crashes, printing libFuzzer's report and the crashing input (base64).
 #   fuzz/run.sh [seconds-per-target] [target...]     (default: 600 s; mutate validate convert)
+#   fuzz/run.sh --build-only [target...]             (builds them and stops; .ci/run does this
+#                                                      in the background while the tests run)
 # The targets are built once, then run side by side, as many at a time as the machine has
 # cores (FUZZ_JOBS overrides): each libFuzzer process is single-threaded, so each target still
 # gets a whole core for its time, and on 2 cores the three take 2 x secs instead of 3 x secs.
@@ -13,8 +15,15 @@ command -v cargo-fuzz >/dev/null 2>&1 || {
   echo "fuzz/run.sh: cargo-fuzz is not installed (cargo install cargo-fuzz --locked)" >&2
   exit 2
 }
-secs=${1:-600}
-shift || true
+build_only=0
+if [[ ${1:-} == --build-only ]]; then
+  build_only=1
+  shift
+  secs=0
+else
+  secs=${1:-600}
+  shift || true
+fi
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=(mutate validate convert)
 jobs=${FUZZ_JOBS:-$(nproc)}
@@ -30,6 +39,7 @@ echo "== building the fuzz targets (${targets[*]})"
 for t in "${targets[@]}"; do
   RUSTC_BOOTSTRAP=1 cargo fuzz build --sanitizer none --target-dir ../target/fuzz "$t"
 done
+[[ $build_only == 0 ]] || exit 0
 
 # One target: seed its corpus, fuzz it for $secs, and leave its exit status in status-$t.
 fuzz_one() {

@@ -1005,6 +1005,13 @@ pub fn etcd_image(cp: &ControlPlane, version: &str) -> Image {
 pub fn product_image(cp: &ControlPlane) -> Image {
     const TARGET: &str = "x86_64-unknown-linux-musl";
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    // A target folder of its own (target/image): cargo locks its folders while it builds, so
+    // `.ci/run` can build this binary in the background while `cargo test` runs from target/
+    // (the host's build scripts and macros are built once more here, for that).
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| common::root().join("target"))
+        .join("image");
     let mut build = Command::new(&cargo);
     // Without what `cargo test` sets for this test's own package (CARGO_PKG_NAME,
     // CARGO_MANIFEST_DIR, ...): build scripts that watch those (ring's) would otherwise run
@@ -1035,6 +1042,8 @@ pub fn product_image(cp: &ControlPlane) -> Image {
             "--bin",
             "etcd-webhook",
         ])
+        .arg("--target-dir")
+        .arg(&target)
         .current_dir(common::root())
         .status()
         .expect("run cargo build");
@@ -1044,9 +1053,6 @@ pub fn product_image(cp: &ControlPlane) -> Image {
          (rustup target add {TARGET}) and musl's C compiler for ring (Debian: musl-tools); \
          .ci/run installs both"
     );
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| common::root().join("target"));
     let built = target.join(TARGET).join("debug/etcd-webhook");
     let root = cp.dir.join("node/images/etcd-webhook");
     for d in ["etc/ssl/certs", "tmp"] {
