@@ -10,8 +10,9 @@
 //! peers that find each other by their headless Service's DNS names and check each other's
 //! certificates by reverse lookups); writes with the client certificate; the leader's pod
 //! deleted, then the leader's container killed: a leader in a later term, the member back on
-//! its own data, every acknowledged write still there; a write through the client Service; two
-//! of three members lost with their volumes (the node cordoned, their pods deleted, their
+//! its own data, every acknowledged write still there; a write through the client Service; a
+//! follower's volume lost under it (the member removed, its claim and pod made anew on another
+//! local volume, and it joins again as a learner); two of three members lost with their volumes (the node cordoned, their pods deleted, their
 //! folders wiped) and the quorum recovered by the loop from the one left. Then
 //! the members' leaf renewed by cert-manager under writes; a scheduled backup made by the real
 //! CronJob controller to S3, verified, and restored into a new cluster by real restore Jobs;
@@ -41,8 +42,9 @@ use crate::node::{self, Node};
 const NS: &str = "case-study";
 const NAME: &str = "orders";
 const SIZE: usize = 3;
-/// The case study's cluster grown to 5, the one restored from its backup, and the one upgraded.
-const VOLUMES: usize = 5 + SIZE + SIZE;
+/// The case study's cluster grown to 5, the volume that replaces a lost one, the cluster
+/// restored from its backup, and the one upgraded.
+const VOLUMES: usize = 5 + 1 + SIZE + SIZE;
 
 /// What the scenario asks of the cluster: kubectl as the admin.
 struct Env {
@@ -213,22 +215,11 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
     let leader = etcd.leader();
     let (leader_pod, leader_id) = (leader.pod.clone(), leader.id.clone());
     let pod = env.get_json(&["-n", NS, "pod", &leader_pod]);
-    let container = pod["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .and_then(|id| id.strip_prefix("containerd://"))
-        .expect("a containerd container ID")
-        .to_owned();
     let restarts = pod["status"]["containerStatuses"][0]["restartCount"]
         .as_i64()
         .unwrap_or(0);
     let killed = Instant::now();
-    ok(
-        crate::cluster::run(
-            node.ctr(&["tasks", "kill", "-s", "SIGKILL", &container]),
-            None,
-        ),
-        "kill the leader's etcd container",
-    );
+    kill_etcd(&node, &pod, "the leader's");
     let (_, new_leader) = write_until_new_leader(&etcd, &leader, "container", &mut acked);
     let new_leader = format!("{} (term {})", new_leader.pod, new_leader.term);
     let pod = wait_for(
@@ -265,6 +256,7 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
         .expect("a write through the client Service");
     acked.insert("/orders/via-service".to_owned(), "s".to_owned());
 
+    lost_one_volume(&env, &node, &acked);
     quorum_lost_with_two_volumes(&env, &node, &acked);
     leaf_renewal_under_writes(&env, &mut acked);
     let s3 = backup_and_restore(&env, &acked);
@@ -280,6 +272,119 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
     drop(env);
     let left = node::leftovers(&dir, &made);
     assert!(left.is_empty(), "the node left behind: {left:#?}");
+}
+
+/// A follower's volume lost under it (its disk replaced while it ran): its data folder wiped,
+/// then its container killed. The kubelet restarts etcd on the empty folder; etcd stops at the
+/// leader's first heartbeat (`[lastIndex(0)]`, which the kubelet keeps as the termination
+/// message); the loop says `MemberVolumeLost`, removes the member, and deletes its claim and
+/// pod. The claim waits for the pod to go (kube-controller-manager's pvc-protection), the
+/// StatefulSet controller makes the pod and a new claim once the old claim is gone, the new
+/// claim binds another local volume, and the member joins as a learner under a new member ID
+/// and is promoted, with every acknowledged write.
+fn lost_one_volume(env: &Env, node: &Node, acked: &BTreeMap<String, String>) {
+    let etcd = Members::new(env);
+    let leader = ordinal(&etcd.leader().pod);
+    let lost = (leader + 1) % SIZE;
+    let pod = format!("{NAME}-{lost}");
+    let claim_name = format!("data-{pod}");
+    let old_id = etcd.status(lost).expect("the member answers").0;
+    let claim = env.get_json(&["-n", NS, "pvc", &claim_name]);
+    let old_claim = claim["metadata"]["uid"].clone();
+    let old_pv = claim["spec"]["volumeName"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{claim_name} is bound: {claim}"))
+        .to_owned();
+    let pv: usize = old_pv
+        .strip_prefix("local-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{claim_name} is bound to a local volume: {old_pv}"));
+    let old_pod = env.get_json(&["-n", NS, "pod", &pod]);
+
+    std::fs::remove_dir_all(node.volume_path(pv).join("data")).unwrap();
+    let lost_at = Instant::now();
+    kill_etcd(node, &old_pod, "the wiped member's");
+    let event = wait_for(
+        &format!("a MemberVolumeLost Warning about {pod}"),
+        Duration::from_secs(120),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            let events = env.get_json(&["-n", NS, "events.events.k8s.io"]);
+            events["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["reason"] == "MemberVolumeLost" && e["related"]["name"] == pod.as_str())
+                .map(|e| e["note"].as_str().unwrap_or_default().to_owned())
+        },
+    );
+    let said = lost_at.elapsed().as_secs_f64();
+    assert!(event.contains("lost its data"), "{event}");
+    let new_claim = wait_for(
+        &format!("{claim_name} made anew and bound"),
+        Duration::from_secs(120),
+        || {
+            std::thread::sleep(Duration::from_millis(300));
+            let c = env.cp.get_json_opt(&["-n", NS, "pvc", &claim_name])?;
+            (c["metadata"]["uid"] != old_claim && c["status"]["phase"] == "Bound").then_some(c)
+        },
+    );
+    let new_pv = new_claim["spec"]["volumeName"].as_str().unwrap_or_default();
+    assert_ne!(new_pv, old_pv, "the new claim binds another volume");
+    let status = wait_running(env, NAME, Duration::from_secs(180));
+    let healed = lost_at.elapsed().as_secs_f64();
+    assert!(
+        status["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["role"] != "Learner"),
+        "every member a voter again: {status}"
+    );
+    let etcd = Members::new(env);
+    let new_id = etcd.status(lost).expect("the new member answers").0;
+    assert_ne!(new_id, old_id, "{pod} joined as a new member");
+    etcd.assert_has_all(lost, acked);
+    let voters = env.get_json(&[
+        "-n",
+        NS,
+        "pods",
+        "-l",
+        &format!("app.kubernetes.io/instance={NAME},etcd.example.com/voter=true"),
+    ]);
+    assert_eq!(
+        voters["items"].as_array().map(Vec::len),
+        Some(SIZE),
+        "every voter carries the label the budget and the client Service select"
+    );
+    let old = env.get_json(&["pv", &old_pv]);
+    assert_eq!(
+        old["status"]["phase"], "Released",
+        "the lost volume is kept (Retain) for its owner to look at: {}",
+        old["status"]
+    );
+    let events = env.get_json(&["-n", NS, "events.events.k8s.io"]);
+    // In the order they were first told (an Event told again keeps its first time).
+    let mut told: Vec<(String, String)> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["related"]["name"] == pod.as_str())
+        .map(|e| {
+            let at = e["eventTime"]
+                .as_str()
+                .or(e["metadata"]["creationTimestamp"].as_str());
+            let reason = e["reason"].as_str().unwrap_or_default();
+            (at.unwrap_or_default().to_owned(), reason.to_owned())
+        })
+        .collect();
+    told.sort();
+    let mut reasons: Vec<String> = told.into_iter().map(|(_, r)| r).collect();
+    reasons.dedup();
+    println!(
+        "lost volume of {pod}: MemberVolumeLost said {said:.1} s after the kill, the claim made anew on {new_pv} (was {old_pv}), Running with {SIZE} voters {healed:.1} s after, under a new member ID, with all {} acknowledged writes (the loop's Events about it: {reasons:?})",
+        acked.len()
+    );
 }
 
 /// Failover 3, issue 47's scenario 2 on real pods: two of three members lost with their
@@ -1219,6 +1324,26 @@ fn install_as_pods(env: &Env) {
         },
     );
     println!("the product runs as pods {names:?}; {holder} leads the loop");
+}
+
+/// SIGKILL to the etcd container of `pod` (as read from the API) through the node's containerd.
+fn kill_etcd(node: &Node, pod: &Value, whose: &str) {
+    let container = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .and_then(|id| id.strip_prefix("containerd://"))
+        .unwrap_or_else(|| {
+            panic!(
+                "a containerd container ID for {whose} etcd: {}",
+                pod["status"]
+            )
+        });
+    ok(
+        crate::cluster::run(
+            node.ctr(&["tasks", "kill", "-s", "SIGKILL", container]),
+            None,
+        ),
+        &format!("kill {whose} etcd container"),
+    );
 }
 
 fn ordinal(pod: &str) -> usize {
