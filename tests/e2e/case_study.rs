@@ -12,8 +12,9 @@
 //! deleted, then the leader's container killed: a leader in a later term, the member back on
 //! its own data, every acknowledged write still there; a write through the client Service; a
 //! follower's volume lost under it (the member removed, its claim and pod made anew on another
-//! local volume, and it joins again as a learner); two of three members lost with their volumes (the node cordoned, their pods deleted, their
-//! folders wiped) and the quorum recovered by the loop from the one left. Then
+//! local volume, and it joins again as a learner); two of three members lost with their
+//! volumes (the node cordoned, their pods deleted, their folders wiped) and the quorum
+//! recovered by the loop from the one left. Then
 //! the members' leaf renewed by cert-manager under writes; a scheduled backup made by the real
 //! CronJob controller to S3, verified, and restored into a new cluster by real restore Jobs;
 //! scale 3 -> 5; a rolling upgrade v3.6.17 -> v3.7.4 under writes; the deletion with its final
@@ -291,14 +292,8 @@ fn lost_one_volume(env: &Env, node: &Node, acked: &BTreeMap<String, String>) {
     let old_id = etcd.status(lost).expect("the member answers").0;
     let claim = env.get_json(&["-n", NS, "pvc", &claim_name]);
     let old_claim = claim["metadata"]["uid"].clone();
-    let old_pv = claim["spec"]["volumeName"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{claim_name} is bound: {claim}"))
-        .to_owned();
-    let pv: usize = old_pv
-        .strip_prefix("local-")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{claim_name} is bound to a local volume: {old_pv}"));
+    let pv = local_volume(&claim);
+    let old_pv = format!("local-{pv}");
     let old_pod = env.get_json(&["-n", NS, "pod", &pod]);
 
     std::fs::remove_dir_all(node.volume_path(pv).join("data")).unwrap();
@@ -492,11 +487,7 @@ fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String,
             },
         );
         let claim = env.get_json(&["-n", NS, "pvc", &format!("data-{pod}")]);
-        let pv: usize = claim["spec"]["volumeName"]
-            .as_str()
-            .and_then(|v| v.strip_prefix("local-"))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("data-{pod} is bound to a local volume: {claim}"));
+        let pv = local_volume(&claim);
         std::fs::remove_dir_all(node.volume_path(pv).join("data")).unwrap();
     }
     ok(
@@ -1344,6 +1335,16 @@ fn kill_etcd(node: &Node, pod: &Value, whose: &str) {
         ),
         &format!("kill {whose} etcd container"),
     );
+}
+
+/// The number of the node's local volume (`local-N`, [`Node::local_volumes`]) that `claim`
+/// (as read from the API) is bound to.
+fn local_volume(claim: &Value) -> usize {
+    claim["spec"]["volumeName"]
+        .as_str()
+        .and_then(|v| v.strip_prefix("local-"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the claim is bound to a local volume: {claim}"))
 }
 
 fn ordinal(pod: &str) -> usize {

@@ -2,8 +2,9 @@
 //! of three members' nodes go, with their local volumes, and the loop brings the cluster back
 //! from the one left once its plan is approved, with what a user reads on the way (the
 //! `Available` condition, the Warnings, the approval command, the members' ConfigMap). The
-//! same scenario under the default, Automatic, runs on real pods (case_study.rs). The same harness as the membership scenario (members.rs: the real StatefulSet
-//! and PVC-protection controllers, real etcd v3.7.4 members, the kubelet played by its rules);
+//! same scenario under the default, Automatic, runs on real pods (case_study.rs). The same
+//! harness as the membership scenario (members.rs: the real StatefulSet and PVC-protection
+//! controllers, real etcd v3.7.4 members, the kubelet played by its rules);
 //! the steps each stage of the recovery takes on real etcd alone are in tests/members.rs.
 //!
 //! In the order it happens to a user: the two nodes stop (the members' processes stop, their
@@ -11,8 +12,8 @@
 //! come back with their disks empty (the claims' folders wiped, the pods kept), their members
 //! stop at the fence; the loop sees the survivor alone with data and the others known empty,
 //! asks for the approval, and once given lifts the fence, and they rejoin from it under their
-//! old IDs. Then scenario 3 on the same
-//! cluster: a survivor behind the newest backup, and the cluster restored in place from it
+//! old IDs. Then scenario 3 on the same cluster: a survivor behind the newest backup, and the
+//! cluster restored in place from it
 //! (Jobs' pods played by the node: see [`Played::play_job`]).
 
 use std::collections::BTreeMap;
