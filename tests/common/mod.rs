@@ -18,14 +18,37 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_etcd-webhook");
 /// Builds (once: cached under target/) the real control plane's multi-call binary from Go
 /// modules (tests/controlplane/build.sh) and returns its path; etcd is its `etcd` subcommand.
 pub fn control_plane() -> PathBuf {
+    build_control_plane("tests/controlplane")
+}
+
+/// The same control plane from tests/controlplane/oldest: the oldest Kubernetes and cert-manager
+/// the chart claims (no node, S3 server, collector or promtool in it).
+pub fn oldest_control_plane() -> PathBuf {
+    build_control_plane("tests/controlplane/oldest")
+}
+
+/// The Kubernetes release tests/controlplane/oldest is pinned to (its go.mod's
+/// k8s.io/kubernetes), e.g. `v1.34.12`.
+pub fn oldest_kubernetes() -> String {
+    let go_mod = std::fs::read_to_string(root().join("tests/controlplane/oldest/go.mod")).unwrap();
+    go_mod
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("k8s.io/kubernetes "))
+        .unwrap_or_else(|| panic!("tests/controlplane/oldest/go.mod requires k8s.io/kubernetes"))
+        .trim()
+        .to_string()
+}
+
+fn build_control_plane(module: &str) -> PathBuf {
     let out = Command::new("bash")
         .arg(root().join("tests/controlplane/build.sh"))
+        .arg(root().join(module))
         .stderr(Stdio::inherit())
         .output()
         .expect("run tests/controlplane/build.sh");
     assert!(
         out.status.success(),
-        "tests/controlplane/build.sh failed (see above): these tests need the control plane's binaries"
+        "tests/controlplane/build.sh {module} failed (see above): these tests need the control plane's binaries"
     );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }

@@ -44,6 +44,11 @@ import (
 	_ "github.com/cert-manager/cert-manager/pkg/issuer/selfsigned"
 )
 
+func init() {
+	register("cert-manager-controller", runCertManagerController)
+	register("cainjector", runCAInjector)
+}
+
 // certManagerControllers are the controllers started, by their registered names.
 var certManagerControllers = []string{
 	"issuers",

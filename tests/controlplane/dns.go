@@ -41,6 +41,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
+func init() {
+	register("dns", runDNS)
+}
+
 const dnsTTL = 5
 
 type clusterDNS struct {

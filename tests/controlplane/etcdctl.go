@@ -12,6 +12,10 @@ import (
 	"go.etcd.io/etcd/etcdctl/v3/ctlv3"
 )
 
+func init() {
+	register("etcdctl", runEtcdctl)
+}
+
 func runEtcdctl(args []string) int {
 	// ctlv3's root command reads os.Args, as etcdctl's own main does.
 	os.Args = append([]string{"etcdctl"}, args...)

@@ -11,6 +11,10 @@ import (
 	"go.etcd.io/etcd/etcdutl/v3/etcdutl"
 )
 
+func init() {
+	register("etcdutl", runEtcdutl)
+}
+
 func runEtcdutl(args []string) int {
 	root := &cobra.Command{
 		Use:           "etcdutl",

@@ -11,10 +11,14 @@
 //	controlplane etcdutl snapshot restore|status ... (etcdutl.go)
 //	controlplane etcdctl [etcdctl flags] (etcdctl.go)
 //	controlplane otlp --grpc ADDR --http ADDR --out FILE (otlp.go)
-//	controlplane kube-scheduler|kubelet|kube-proxy [flags]: the real node's parts (tests/e2e/node.rs)
+//	controlplane kube-scheduler|kubelet|kube-proxy [flags]: the real node's parts (node.go)
 //	controlplane dns --kubeconfig FILE --listen ADDR: the real node's cluster DNS (dns.go)
 //	controlplane network-policies --kubeconfig FILE --hostname-override NODE: the real node's
 //	  NetworkPolicy agent, kube-network-policies (netpol.go)
+//
+// oldest/ is a second module with the same main.go and certmanager.go (links to these files) pinned
+// to the oldest Kubernetes and cert-manager the chart claims: etcd, kube-apiserver,
+// kube-controller-manager, cert-manager-controller and cainjector only.
 //
 // The only change to upstream behaviour is the apiserver's service resolver: the apiserver refuses
 // loopback Endpoints, so webhooks named by a service reference (as the shipped configurations do) are
@@ -29,11 +33,11 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	_ "time/tzdata" // CronJob time zones, as upstream's mains do
 
@@ -44,76 +48,60 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
-	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
-	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
-	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: controlplane etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kubelet|kube-proxy|dns|network-policies|cert-manager-controller|cainjector|s3|etcdutl|etcdctl|otlp [flags]"
+// A component: run with its arguments (without its own name), it returns the exit status.
+type component func(args []string) int
 
-func main() {
-	// Called by the name of a link to it, as the real node's etcd image does
-	// (/usr/local/bin/etcd, etcdutl and etcdctl, tests/e2e/node.rs): that tool.
-	switch filepath.Base(os.Args[0]) {
-	case "etcd":
-		etcdmain.Main(os.Args)
-		return
-	case "etcdutl":
-		os.Exit(runEtcdutl(os.Args[1:]))
-	case "etcdctl":
-		os.Exit(runEtcdctl(os.Args[1:]))
-	}
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, usage)
-		os.Exit(2)
-	}
-	component, rest := os.Args[1], os.Args[2:]
-	switch component {
-	case "etcd":
-		etcdmain.Main(append([]string{"etcd"}, rest...))
-	case "kube-apiserver":
+// Every component this binary is built with. Each file registers its own (init), so that the
+// module pinned to the oldest Kubernetes the chart claims (oldest/, which links only main.go and
+// certmanager.go) builds the control plane without the node, the S3 server or the collector.
+var components = map[string]component{}
+
+func register(name string, run component) { components[name] = run }
+
+func init() {
+	register("etcd", func(args []string) int {
+		etcdmain.Main(append([]string{"etcd"}, args...))
+		return 0
+	})
+	register("kube-apiserver", func(args []string) int {
 		if path := os.Getenv("CONTROLPLANE_SERVICE_MAP"); path != "" {
 			apiserver.SetServiceResolverForTests(fileResolver{path: path})
 		}
 		command := apiserver.NewAPIServerCommand()
-		command.SetArgs(rest)
-		os.Exit(cli.Run(command))
-	case "kube-controller-manager":
+		command.SetArgs(args)
+		return cli.Run(command)
+	})
+	register("kube-controller-manager", func(args []string) int {
 		command := controllermanager.NewControllerManagerCommand()
-		command.SetArgs(rest)
-		os.Exit(cli.Run(command))
-	case "kube-scheduler":
-		command := scheduler.NewSchedulerCommand()
-		command.SetArgs(rest)
-		os.Exit(cli.Run(command))
-	case "kubelet":
-		command := kubelet.NewKubeletCommand(context.Background())
-		command.SetArgs(rest)
-		os.Exit(cli.Run(command))
-	case "kube-proxy":
-		command := proxy.NewProxyCommand()
-		command.SetArgs(rest)
-		os.Exit(cli.Run(command))
-	case "dns":
-		os.Exit(runDNS(rest))
-	case "network-policies":
-		os.Exit(runNetworkPolicies(rest))
-	case "cert-manager-controller":
-		os.Exit(runCertManagerController(rest))
-	case "cainjector":
-		os.Exit(runCAInjector(rest))
-	case "s3":
-		os.Exit(runS3(rest))
-	case "etcdutl":
-		os.Exit(runEtcdutl(rest))
-	case "etcdctl":
-		os.Exit(runEtcdctl(rest))
-	case "otlp":
-		os.Exit(runOTLP(rest))
-	default:
-		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q\n%s\n", component, usage)
+		command.SetArgs(args)
+		return cli.Run(command)
+	})
+}
+
+func main() {
+	// Called by the name of a link to it, as the real node's etcd image does
+	// (/usr/local/bin/etcd, etcdutl and etcdctl, tests/e2e/node.rs): that tool.
+	if run, found := components[filepath.Base(os.Args[0])]; found {
+		os.Exit(run(os.Args[1:]))
+	}
+	names := make([]string, 0, len(components))
+	for name := range components {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	usage := "usage: controlplane " + strings.Join(names, "|") + " [flags]"
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
+	run, found := components[os.Args[1]]
+	if !found {
+		fmt.Fprintf(os.Stderr, "controlplane: unknown component %q\n%s\n", os.Args[1], usage)
+		os.Exit(2)
+	}
+	os.Exit(run(os.Args[2:]))
 }
 
 // fileResolver resolves service references through the map file, read on every call so that a

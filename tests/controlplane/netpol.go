@@ -34,6 +34,10 @@ import (
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
 )
 
+func init() {
+	register("network-policies", runNetworkPolicies)
+}
+
 func runNetworkPolicies(args []string) int {
 	flags := flag.NewFlagSet("network-policies", flag.ContinueOnError)
 	kubeconfig := flags.String("kubeconfig", "", "kubeconfig of the apiserver to watch")

@@ -30,6 +30,10 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+func init() {
+	register("otlp", runOTLP)
+}
+
 // spanLine is what the tests read: one span, with the service that sent it.
 type spanLine struct {
 	Service      string            `json:"service"`

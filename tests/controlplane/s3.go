@@ -34,6 +34,10 @@ import (
 	"github.com/johannesboyne/gofakes3/backend/s3bolt"
 )
 
+func init() {
+	register("s3", runS3)
+}
+
 func runS3(args []string) int {
 	flags := flag.NewFlagSet("s3", flag.ContinueOnError)
 	listen := flags.String("listen", "127.0.0.1:9000", "address to serve on")

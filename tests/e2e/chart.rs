@@ -13,6 +13,50 @@ use crate::install::{Env, NAMESPACE, ok, yaml_docs};
 use crate::lifecycle::the_served_certificate_is_what_the_apiserver_trusts_now;
 use crate::rotation::Delivery;
 
+/// Issue 46: the same install on the oldest Kubernetes the chart claims (Chart.yaml's
+/// `kubeVersion` floor) with the cert-manager release of its time: tests/controlplane/oldest,
+/// built from the Go modules of that release. Checked first: the apiserver is that release, the
+/// chart's floor is its minor, and it refuses a Service named `1etcd` (the reason the webhook's
+/// name rule exists; Kubernetes 1.37 takes that name).
+pub fn helm_chart_installed_on_the_oldest_kubernetes(cp: ControlPlane) {
+    let oldest = common::oldest_kubernetes();
+    let version: serde_json::Value = serde_json::from_str(&ok(
+        cp.kubectl_output(&["get", "--raw", "/version"], None),
+        "/version",
+    ))
+    .unwrap();
+    assert_eq!(version["gitVersion"], oldest.as_str(), "{version}");
+    let chart: serde_json::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(common::root().join("charts/etcd-webhook/Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    let floor = chart["kubeVersion"]
+        .as_str()
+        .expect("Chart.yaml's kubeVersion");
+    let minor = |v: &str| {
+        v.trim_start_matches(['>', '=', 'v'])
+            .split('.')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(".")
+    };
+    assert_eq!(
+        minor(floor),
+        minor(&oldest),
+        "Chart.yaml claims {floor}: tests/controlplane/oldest must pin that minor, not {oldest}"
+    );
+    let service = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"1etcd","namespace":"default"},
+        "spec":{"ports":[{"port":2379}]}}"#;
+    let out = cp.kubectl_output(&["create", "--dry-run=server", "-f", "-"], Some(service));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("1etcd") && stderr.contains("metadata.name"),
+        "Kubernetes {oldest} refuses a Service named 1etcd: {stderr}"
+    );
+    eprintln!("    Kubernetes {oldest} (the chart claims {floor}) refuses a Service named 1etcd");
+    helm_chart_installed_for_real(cp);
+}
+
 pub fn helm_chart_installed_for_real(cp: ControlPlane) {
     let kubeconfig = cp.kubeconfig.clone();
     let helm = |args: &[&str]| {

@@ -88,6 +88,9 @@ pub enum Kind {
     /// kube-scheduler runs, the controller manager runs the controllers a node needs, and the
     /// node's credentials are made.
     ForNode,
+    /// Loopback only, on the oldest Kubernetes and cert-manager the chart claims
+    /// (tests/controlplane/oldest).
+    Oldest,
 }
 
 /// Where a traced control plane's OTLP receiver listens, and the file it writes the spans to
@@ -207,7 +210,11 @@ impl ControlPlane {
         if for_node {
             crate::node::bridge_up();
         }
-        let bin = common::control_plane();
+        let bin = if kind == Kind::Oldest {
+            common::oldest_control_plane()
+        } else {
+            common::control_plane()
+        };
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()

@@ -65,11 +65,19 @@ const OWN_CLUSTER: &[OwnScenario] = &[
         "case_study_on_a_real_node",
         case_study::case_study_on_a_real_node,
     ),
+    // Last: in CI its control plane is built in the background while the suite runs (.ci/run).
+    (
+        "helm_chart_installed_on_the_oldest_kubernetes",
+        chart::helm_chart_installed_on_the_oldest_kubernetes,
+    ),
 ];
 
 /// Own-cluster scenarios that run on the real node (node.rs): their control plane is started
 /// for it (`cluster::Kind::ForNode`).
 const ON_NODE: &[&str] = &["case_study_on_a_real_node"];
+
+/// Own-cluster scenarios on the oldest Kubernetes the chart claims (`cluster::Kind::Oldest`).
+const OLDEST: &[&str] = &["helm_chart_installed_on_the_oldest_kubernetes"];
 
 /// Own-cluster scenarios whose control plane sends traces (`ControlPlane::start_with`).
 const TRACED: &[&str] = &["one_apply_is_one_trace_through_the_webhook"];
@@ -201,6 +209,8 @@ fn main() {
                 cluster::Kind::ForNode
             } else if TRACED.contains(name) {
                 cluster::Kind::Traced
+            } else if OLDEST.contains(name) {
+                cluster::Kind::Oldest
             } else {
                 cluster::Kind::Plain
             };
