@@ -169,6 +169,23 @@ pub fn helm_chart_installed_for_real(cp: ControlPlane) {
         "    the default TLS cluster's four Certificates Ready {:.1} s after it was admitted",
         tls_started.elapsed().as_secs_f64()
     );
+    // The loop's children as this apiserver took them (its server-side applies are checked
+    // against this release's schemas: a field it does not know is refused).
+    let children = [
+        "service/first",
+        "service/first-client",
+        "statefulset/first",
+        "poddisruptionbudget/first",
+    ];
+    crate::cluster::wait_for(
+        "the loop to apply the cluster's Services, StatefulSet and budget",
+        std::time::Duration::from_secs(60),
+        || {
+            let mut args = vec!["-n", "e2e-helm", "get"];
+            args.extend(children);
+            env.kubectl(&args).status.success().then_some(())
+        },
+    );
     let old = env.get_json(&[
         "-n",
         "e2e-helm",
