@@ -149,6 +149,41 @@ pub async fn run_with_etcd(
     .modify(|ec: &mut EtcdCluster| slim_meta(&mut ec.metadata))
     .reflect(clusters_writer)
     .applied_objects();
+    // The clusters' Certificates (cert-manager's; labelled as the loop's children): a client
+    // Certificate's new revision (a renewal, a re-issue) has the client Secret read again and
+    // brings the cluster's pass, so the loop holds the renewed certificate seconds after
+    // cert-manager issued it. Without cert-manager (clusters with `certificates: Secrets`) the
+    // list is refused (404) and tried again with the watcher's backoff (at most every 30 s);
+    // the Secret is then read by name every `CLIENT_SECRET_REFRESH`, as before.
+    let certificate_resource = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+        "cert-manager.io",
+        "v1",
+        "Certificate",
+    ));
+    let certificates_api = match ns {
+        Some(ns) => Api::<kube::api::DynamicObject>::namespaced_with(
+            client.clone(),
+            ns,
+            &certificate_resource,
+        ),
+        None => Api::all_with(client.clone(), &certificate_resource),
+    };
+    // (with a backoff: kube-runtime's `watches_with` has none, and would ask again at once.)
+    let certificates_events = watcher(certificates_api, owned.clone())
+        .default_backoff()
+        .touched_objects();
+    let revisions = crate::controller::pass::certificates::ClientRevisions::default();
+    let renewals = ctx.clone();
+    let client_certificate_renewed = move |certificate: kube::api::DynamicObject| {
+        let cluster = revisions.renewed(&certificate)?;
+        tracing::info!(
+            %cluster,
+            certificate = %kube::ResourceExt::name_any(&certificate),
+            "the client certificate was issued anew: its Secret is read again"
+        );
+        renewals.client_certificate_renewed(&cluster);
+        Some(cluster)
+    };
     let pass = in_turn(clusters.clone(), stop.clone(), turns);
     let controller = Controller::for_stream(clusters_events, clusters)
         .owns_stream(sets_events)
@@ -161,6 +196,11 @@ pub async fn run_with_etcd(
         // A backup pod that ends brings its cluster's pass (the loop records its report); member
         // pods fill the cache only (their readiness comes through the StatefulSet's status).
         .watches_stream(pods_events, backup_pod_owner)
+        .watches_stream_with(
+            certificates_events,
+            client_certificate_renewed,
+            certificate_resource,
+        )
         // Coalesce the bursts of events one pass causes (its own writes coming back through the
         // watches), so the next pass sees them all in the caches. No bound here: the turns
         // bound the passes (kube-runtime's own bound picks waiting clusters in hash order).

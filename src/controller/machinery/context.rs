@@ -227,6 +227,21 @@ impl Context {
         }
     }
 
+    /// The client Certificate of `cluster` was issued anew: its Secret is read again on the
+    /// next pass (it holds the new certificate by then: cert-manager writes the Secret before
+    /// it moves the Certificate's revision).
+    pub(crate) fn client_certificate_renewed(
+        &self,
+        cluster: &kube::runtime::reflector::ObjectRef<EtcdCluster>,
+    ) {
+        let key = format!(
+            "{}/{}",
+            cluster.namespace.as_deref().unwrap_or_default(),
+            cluster.name
+        );
+        self.client_secrets.lock().unwrap().remove(&key);
+    }
+
     /// Forgets the client Secret read for `ec` (the cluster is gone).
     pub(crate) fn forget_client_secret(&self, ec: &EtcdCluster) {
         let key = format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any());

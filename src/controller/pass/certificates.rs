@@ -4,13 +4,18 @@
 //! one is gone: every [`CHECK_EVERY`] each is looked for (a GET), so a Certificate deleted by
 //! hand, or cert-manager reinstalled with its CRDs (which deletes every Certificate and Issuer),
 //! never leaves the members' certificates unrenewed. cert-manager then makes and renews the
-//! Secrets the members mount and the loop reads.
+//! Secrets the members mount and the loop reads; a new revision of a client Certificate
+//! ([`ClientRevisions`], from the controller's watch) makes the loop read its Secret again at
+//! once.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::api::MANAGER;
@@ -22,15 +27,52 @@ use crate::controller::render;
 /// On the members' ConfigMap: the digest of the cert-manager objects last applied.
 pub const CERTIFICATES_ANNOTATION: &str = "etcd.example.com/certificates";
 
-/// The grant the loop needs for them (tests/manifests.rs checks the ClusterRole has it).
+/// The grant the loop needs for them (tests/manifests.rs checks the ClusterRole has it);
+/// `list` and `watch` on Certificates for [`ClientRevisions`] (objects without key material:
+/// the keys are in the Secrets, which the loop only reads by name).
 pub const CERTIFICATES_RBAC_RULES: &[(&str, &str, &[&str])] = &[
     ("cert-manager.io", "issuers", &["get", "create", "patch"]),
     (
         "cert-manager.io",
         "certificates",
-        &["get", "create", "patch"],
+        &["get", "list", "watch", "create", "patch"],
     ),
 ];
+
+/// The revision each of the loop's client Certificates was last seen at (the controller's
+/// watch of its Certificates), so that a renewal reaches the loop when cert-manager has issued
+/// it, not when the Secret read by name is next due ([`CLIENT_SECRET_REFRESH`]).
+///
+/// [`CLIENT_SECRET_REFRESH`]: crate::controller::machinery::settings::CLIENT_SECRET_REFRESH
+#[derive(Default)]
+pub struct ClientRevisions(Mutex<HashMap<String, i64>>);
+
+impl ClientRevisions {
+    /// The cluster whose client certificate was issued anew: `certificate` is a cluster's
+    /// client Certificate (its Secret template carries [`crate::api::CLIENT_TLS_LABEL`], its
+    /// controller is an EtcdCluster) and its `status.revision` is not the one last seen. The
+    /// first sight of each (the watch's first list, a relist) is only recorded: the pass a
+    /// start or a relist brings reads the Secret anyway.
+    pub fn renewed(&self, certificate: &DynamicObject) -> Option<ObjectRef<EtcdCluster>> {
+        let data = &certificate.data;
+        let labels = &data["spec"]["secretTemplate"]["labels"];
+        if labels[crate::api::CLIENT_TLS_LABEL].as_str() != Some("true") {
+            return None;
+        }
+        let owner = certificate
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "EtcdCluster" && o.controller == Some(true))?;
+        let ns = certificate.namespace()?;
+        let revision = data["status"]["revision"].as_i64()?;
+        let key = format!("{ns}/{}", certificate.name_any());
+        let before = self.0.lock().expect("not poisoned").insert(key, revision);
+        if before.is_none_or(|b| b == revision) {
+            return None;
+        }
+        Some(ObjectRef::new(&owner.name).within(&ns))
+    }
+}
 
 /// How often a steady TLS cluster's cert-manager objects are looked for: 6 GETs per cluster,
 /// so 1,000 TLS clusters cost 3.3 requests a second. The first look after a start comes at a
@@ -280,4 +322,68 @@ fn started_since(pod: &k8s_openapi::api::core::v1::Pod, at: k8s_openapi::jiff::T
             .filter(|c| c.name == "etcd")
             .filter_map(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
             .any(|t| t.0 >= at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn certificate(name: &str, client: bool, revision: Option<i64>) -> DynamicObject {
+        let mut object = json!({
+            "apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+            "metadata": {"name": name, "namespace": "prod", "ownerReferences": [{
+                "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster", "name": "main",
+                "uid": "6a3c1f9e-0000-4000-8000-000000000001", "controller": true}]},
+            "spec": {"secretTemplate": {"labels": {"app.kubernetes.io/managed-by": "etcd-webhook"}}},
+        });
+        if client {
+            object["spec"]["secretTemplate"]["labels"][crate::api::CLIENT_TLS_LABEL] =
+                json!("true");
+        }
+        if let Some(r) = revision {
+            object["status"] = json!({"revision": r});
+        }
+        serde_json::from_value(object).unwrap()
+    }
+
+    #[test]
+    fn a_client_certificate_brings_its_cluster_when_its_revision_moves() {
+        let seen = ClientRevisions::default();
+        let main = ObjectRef::<EtcdCluster>::new("main").within("prod");
+        // Not issued yet, then first seen at revision 1: recorded only.
+        assert_eq!(seen.renewed(&certificate("main-client", true, None)), None);
+        assert_eq!(
+            seen.renewed(&certificate("main-client", true, Some(1))),
+            None
+        );
+        // A status update at the same revision (conditions while issuing, a relist): nothing.
+        assert_eq!(
+            seen.renewed(&certificate("main-client", true, Some(1))),
+            None
+        );
+        // Renewed.
+        assert_eq!(
+            seen.renewed(&certificate("main-client", true, Some(2))),
+            Some(main.clone())
+        );
+        assert_eq!(
+            seen.renewed(&certificate("main-client", true, Some(2))),
+            None
+        );
+        // The members' own leaves are not the loop's identity.
+        assert_eq!(
+            seen.renewed(&certificate("main-server", false, Some(1))),
+            None
+        );
+        assert_eq!(
+            seen.renewed(&certificate("main-server", false, Some(2))),
+            None
+        );
+        // Not an EtcdCluster's controller reference: not ours to follow.
+        let mut foreign = certificate("other-client", true, Some(1));
+        foreign.metadata.owner_references = None;
+        assert_eq!(seen.renewed(&foreign), None);
+        foreign.data["status"]["revision"] = json!(2);
+        assert_eq!(seen.renewed(&foreign), None);
+    }
 }
