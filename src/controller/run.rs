@@ -152,9 +152,11 @@ pub async fn run_with_etcd(
     // The clusters' Certificates (cert-manager's; labelled as the loop's children): a client
     // Certificate's new revision (a renewal, a re-issue) has the client Secret read again and
     // brings the cluster's pass, so the loop holds the renewed certificate seconds after
-    // cert-manager issued it. Without cert-manager (clusters with `certificates: Secrets`) the
-    // list is refused (404) and tried again with the watcher's backoff (at most every 30 s);
-    // the Secret is then read by name every `CLIENT_SECRET_REFRESH`, as before.
+    // cert-manager issued it. Without cert-manager (clusters with `certificates: Secrets`) or
+    // without `list`/`watch` on Certificates, the list is refused and tried again with the
+    // watcher's backoff (at most every 30 s), and the Secret is read by name every
+    // `CLIENT_SECRET_REFRESH`, as before. The errors stop here: in a trigger stream of the
+    // controller, each would pause every trigger for the controller's own backoff.
     let certificate_resource = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
         "cert-manager.io",
         "v1",
@@ -168,22 +170,44 @@ pub async fn run_with_etcd(
         ),
         None => Api::all_with(client.clone(), &certificate_resource),
     };
-    // (with a backoff: kube-runtime's `watches_with` has none, and would ask again at once.)
-    let certificates_events = watcher(certificates_api, owned.clone())
-        .default_backoff()
-        .touched_objects();
     let revisions = crate::controller::pass::certificates::ClientRevisions::default();
     let renewals = ctx.clone();
-    let client_certificate_renewed = move |certificate: kube::api::DynamicObject| {
-        let cluster = revisions.renewed(&certificate)?;
-        tracing::info!(
-            %cluster,
-            certificate = %kube::ResourceExt::name_any(&certificate),
-            "the client certificate was issued anew: its Secret is read again"
-        );
-        renewals.client_certificate_renewed(&cluster);
-        Some(cluster)
-    };
+    let refused = std::sync::atomic::AtomicBool::new(false);
+    let renewed_clusters = watcher(certificates_api, owned.clone())
+        .default_backoff()
+        .filter_map(move |event| {
+            use std::sync::atomic::Ordering::Relaxed;
+            let renewed = match event {
+                Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) => {
+                    refused.store(false, Relaxed);
+                    revisions.renewed(&c).inspect(|cluster| {
+                        tracing::info!(
+                            %cluster,
+                            certificate = %kube::ResourceExt::name_any(&c),
+                            "the client certificate was issued anew: its Secret is read again"
+                        );
+                        renewals.client_certificate_renewed(cluster);
+                    })
+                }
+                Ok(watcher::Event::Delete(c)) => {
+                    revisions.forget(&c);
+                    None
+                }
+                Ok(_) => None,
+                Err(error) if !refused.swap(true, Relaxed) => {
+                    tracing::info!(
+                        %error,
+                        "the clusters' Certificates cannot be watched (cert-manager not installed, or the ClusterRole without list and watch on certificates.cert-manager.io): a renewed client certificate is read within 5 minutes instead"
+                    );
+                    None
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "the clusters' Certificates cannot be watched");
+                    None
+                }
+            };
+            std::future::ready(renewed)
+        });
     let pass = in_turn(clusters.clone(), stop.clone(), turns);
     let controller = Controller::for_stream(clusters_events, clusters)
         .owns_stream(sets_events)
@@ -196,11 +220,7 @@ pub async fn run_with_etcd(
         // A backup pod that ends brings its cluster's pass (the loop records its report); member
         // pods fill the cache only (their readiness comes through the StatefulSet's status).
         .watches_stream(pods_events, backup_pod_owner)
-        .watches_stream_with(
-            certificates_events,
-            client_certificate_renewed,
-            certificate_resource,
-        )
+        .reconcile_on(renewed_clusters)
         // Coalesce the bursts of events one pass causes (its own writes coming back through the
         // watches), so the next pass sees them all in the caches. No bound here: the turns
         // bound the passes (kube-runtime's own bound picks waiting clusters in hash order).

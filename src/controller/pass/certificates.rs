@@ -72,6 +72,17 @@ impl ClientRevisions {
         }
         Some(ObjectRef::new(&owner.name).within(&ns))
     }
+
+    /// `certificate` is gone (its cluster deleted): a cluster made again under the same name
+    /// starts its client Certificate over at revision 1.
+    pub fn forget(&self, certificate: &DynamicObject) {
+        let key = format!(
+            "{}/{}",
+            certificate.namespace().unwrap_or_default(),
+            certificate.name_any()
+        );
+        self.0.lock().expect("not poisoned").remove(&key);
+    }
 }
 
 /// How often a steady TLS cluster's cert-manager objects are looked for: 6 GETs per cluster,
