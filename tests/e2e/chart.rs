@@ -142,15 +142,15 @@ pub fn helm_chart_installed_for_real(cp: ControlPlane) {
         "certificate/first-server",
         "certificate/first-client",
     ];
-    crate::cluster::wait_for(
-        "the loop to make the cluster's Certificates",
-        std::time::Duration::from_secs(60),
-        || {
+    // Until the loop has made every one of `objects` (kind/name) in e2e-helm.
+    let wait_until_made = |what: &str, objects: &[&str]| {
+        crate::cluster::wait_for(what, std::time::Duration::from_secs(60), || {
             let mut args = vec!["-n", "e2e-helm", "get"];
-            args.extend(certificates);
+            args.extend(objects);
             env.kubectl(&args).status.success().then_some(())
-        },
-    );
+        })
+    };
+    wait_until_made("the loop to make the cluster's Certificates", &certificates);
     ok(
         env.kubectl(&[
             "-n",
@@ -177,14 +177,9 @@ pub fn helm_chart_installed_for_real(cp: ControlPlane) {
         "statefulset/first",
         "poddisruptionbudget/first",
     ];
-    crate::cluster::wait_for(
+    wait_until_made(
         "the loop to apply the cluster's Services, StatefulSet and budget",
-        std::time::Duration::from_secs(60),
-        || {
-            let mut args = vec!["-n", "e2e-helm", "get"];
-            args.extend(children);
-            env.kubectl(&args).status.success().then_some(())
-        },
+        &children,
     );
     let old = env.get_json(&[
         "-n",

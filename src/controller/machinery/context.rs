@@ -221,7 +221,7 @@ impl Context {
     /// a new CA?): it is read again once it is [`CLIENT_SECRET_REREAD`] old rather than
     /// [`CLIENT_SECRET_REFRESH`].
     pub(crate) fn reread_client_secret(&self, ec: &EtcdCluster) {
-        let key = format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any());
+        let key = key(ec);
         if let Some(read) = self.client_secrets.lock().unwrap().get_mut(&key) {
             read.until = read.until.min(read.at + CLIENT_SECRET_REREAD);
         }
@@ -234,18 +234,16 @@ impl Context {
         &self,
         cluster: &kube::runtime::reflector::ObjectRef<EtcdCluster>,
     ) {
-        let key = format!(
-            "{}/{}",
+        let key = cluster_key(
             cluster.namespace.as_deref().unwrap_or_default(),
-            cluster.name
+            &cluster.name,
         );
         self.client_secrets.lock().unwrap().remove(&key);
     }
 
     /// Forgets the client Secret read for `ec` (the cluster is gone).
     pub(crate) fn forget_client_secret(&self, ec: &EtcdCluster) {
-        let key = format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any());
-        self.client_secrets.lock().unwrap().remove(&key);
+        self.client_secrets.lock().unwrap().remove(&key(ec));
     }
 
     /// Publishes an Event about `ec`; a failure to publish is logged, never fatal.
@@ -322,7 +320,12 @@ pub fn cut_note(mut note: String) -> String {
 }
 
 pub(crate) fn key(ec: &EtcdCluster) -> String {
-    format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any())
+    cluster_key(&ec.namespace().unwrap_or_default(), &ec.name_any())
+}
+
+/// [`key`] of the cluster `name` in `ns`.
+fn cluster_key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
 }
 
 pub(crate) fn now() -> Time {

@@ -65,8 +65,11 @@ impl ClientRevisions {
             .find(|o| o.kind == "EtcdCluster" && o.controller == Some(true))?;
         let ns = certificate.namespace()?;
         let revision = data["status"]["revision"].as_i64()?;
-        let key = format!("{ns}/{}", certificate.name_any());
-        let before = self.0.lock().expect("not poisoned").insert(key, revision);
+        let before = self
+            .0
+            .lock()
+            .expect("not poisoned")
+            .insert(Self::key(certificate), revision);
         if before.is_none_or(|b| b == revision) {
             return None;
         }
@@ -76,12 +79,19 @@ impl ClientRevisions {
     /// `certificate` is gone (its cluster deleted): a cluster made again under the same name
     /// starts its client Certificate over at revision 1.
     pub fn forget(&self, certificate: &DynamicObject) {
-        let key = format!(
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .remove(&Self::key(certificate));
+    }
+
+    /// A Certificate's entry: `namespace/name`.
+    fn key(certificate: &DynamicObject) -> String {
+        format!(
             "{}/{}",
             certificate.namespace().unwrap_or_default(),
             certificate.name_any()
-        );
-        self.0.lock().expect("not poisoned").remove(&key);
+        )
     }
 }
 
