@@ -22,10 +22,11 @@ pub const RBAC_RULES: &[(&str, &str, &[&str])] = &[
     ),
     ("", "services", &["get", "list", "watch", "create", "patch"]),
     // The members' ConfigMap (initial cluster and state, read by the pods at start).
+    // (delete: a restore in place clears it with the lost cluster's StatefulSet and claims.)
     (
         "",
         "configmaps",
-        &["get", "list", "watch", "create", "patch"],
+        &["get", "list", "watch", "create", "patch", "delete"],
     ),
     // Member pods: lost volumes from their termination message, the voter label.
     // (delete: a member whose volume was lost starts over on a new claim.)
