@@ -773,19 +773,6 @@ fn bind_hosts(hosts: &Path) {
     }
 }
 
-/// A curl PUT through the v3 gateway at `addr`, from namespace `ns`.
-pub fn put_via(ns: &str, addr: &str, key: &str, value: &str) -> bool {
-    put_to(
-        &Target {
-            ns: ns.to_owned(),
-            base: format!("http://{addr}:2379"),
-            client: None,
-        },
-        key,
-        value,
-    )
-}
-
 /// A curl PUT through the v3 gateway of `target`.
 pub fn put_to(target: &Target, key: &str, value: &str) -> bool {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
@@ -1198,11 +1185,6 @@ impl Backoff {
             (self.delay * 2).min(Self::CAP / self.scale)
         };
         true
-    }
-
-    /// Waiting to restart (the kubelet's `waiting: CrashLoopBackOff`).
-    pub fn backing_off(&self) -> bool {
-        self.exited.is_some_and(|at| at.elapsed() < self.delay)
     }
 }
 

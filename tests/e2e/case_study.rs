@@ -37,8 +37,13 @@ use serde_json::{Value, json};
 
 use crate::cluster::{ControlPlane, wait_for};
 use crate::common;
-use crate::install::{self, ok};
+use crate::install::ok;
 use crate::node::{self, Node};
+use crate::node_quorum::{available, come_back_empty, event_counts, lose_two, members_config};
+use crate::pods::{
+    Env, Leader, Members, Writer, client_tls, install_as_pods, is_running, kill_etcd, local_volume,
+    ordinal, ready, wait_running_with,
+};
 
 const NS: &str = "case-study";
 const NAME: &str = "orders";
@@ -46,42 +51,6 @@ const SIZE: usize = 3;
 /// The case study's cluster grown to 5, the volume that replaces a lost one, the cluster
 /// restored from its backup, and the one upgraded.
 const VOLUMES: usize = 5 + 1 + SIZE + SIZE;
-
-/// What the scenario asks of the cluster: kubectl as the admin.
-struct Env {
-    cp: ControlPlane,
-}
-
-impl Env {
-    fn kubectl(&self, args: &[&str]) -> std::process::Output {
-        self.cp.kubectl_output(args, None)
-    }
-
-    fn kubectl_in(&self, args: &[&str], stdin: &str) -> std::process::Output {
-        self.cp.kubectl_output(args, Some(stdin))
-    }
-
-    fn get_json(&self, args: &[&str]) -> Value {
-        self.cp.get_json(args)
-    }
-
-    /// A merge patch of the EtcdCluster `name` in the case study's namespace.
-    fn patch_cluster(&self, name: &str, patch: &str, what: &str) {
-        ok(
-            self.kubectl(&[
-                "-n",
-                NS,
-                "patch",
-                "etcdcluster",
-                name,
-                "--type=merge",
-                "-p",
-                patch,
-            ]),
-            what,
-        );
-    }
-}
 
 pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
     let started = Instant::now();
@@ -93,8 +62,8 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
     let images_ready = started.elapsed();
     let node = Node::start(&mut cp, &images);
     node.local_volumes(&cp, VOLUMES, "2Gi");
-    let env = Env { cp };
-    install_as_pods(&env);
+    let env = Env { cp, ns: NS };
+    install_as_pods(&env, &[]);
     println!(
         "images in {:.1} s; node Ready and the product installed as pods {:.1} s after the start",
         images_ready.as_secs_f64(),
@@ -341,16 +310,9 @@ fn lost_one_volume(env: &Env, node: &Node, acked: &BTreeMap<String, String>) {
     let new_id = etcd.status(lost).expect("the new member answers").0;
     assert_ne!(new_id, old_id, "{pod} joined as a new member");
     etcd.assert_has_all(lost, acked);
-    let voters = env.get_json(&[
-        "-n",
-        NS,
-        "pods",
-        "-l",
-        &format!("app.kubernetes.io/instance={NAME},etcd.example.com/voter=true"),
-    ]);
     assert_eq!(
-        voters["items"].as_array().map(Vec::len),
-        Some(SIZE),
+        env.member_pods(NAME, true).len(),
+        SIZE,
         "every voter carries the label the budget and the client Service select"
     );
     let old = env.get_json(&["pv", &old_pv]);
@@ -392,79 +354,22 @@ fn lost_one_volume(env: &Env, node: &Node, acked: &BTreeMap<String, String>) {
 /// empty, lifts the fence, makes their pods anew, and they rejoin from the survivor under
 /// their old member IDs. Every acknowledged write is on every member afterwards.
 fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String, String>) {
-    use etcd_webhook::controller::render::FENCED_INITIAL_CLUSTER;
     let etcd = Members::new(env);
     let survivor = ordinal(&etcd.leader().pod);
-    let others: Vec<usize> = (0..SIZE).filter(|&i| i != survivor).collect();
     let ids: Vec<String> = (0..SIZE)
         .map(|i| etcd.status(i).expect("every member answers").0)
         .collect();
-    let members_config = || env.get_json(&["-n", NS, "configmap", &format!("{NAME}-members")]);
-    let unfenced = members_config()["data"]["ETCD_INITIAL_CLUSTER"].clone();
+    let unfenced = members_config(env, NAME)["data"]["ETCD_INITIAL_CLUSTER"].clone();
     let warnings = |reason: &str| {
-        let events = env.get_json(&["-n", NS, "events.events.k8s.io"]);
-        events["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|e| e["type"] == "Warning" && e["reason"] == reason)
-            .map(|e| e["series"]["count"].as_i64().unwrap_or(1))
-            .sum::<i64>()
+        event_counts(env)
+            .get(&format!("Warning {reason}"))
+            .copied()
+            .unwrap_or(0)
     };
     let rejoins_before = warnings("RejoiningFromSurvivor");
-    let available = || {
-        let ec = env.get_json(&["-n", NS, "etcdcluster", NAME]);
-        let found = ec["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "Available")
-            .map(|c| {
-                (
-                    c["reason"].as_str().unwrap_or_default().to_owned(),
-                    c["message"].as_str().unwrap_or_default().to_owned(),
-                )
-            });
-        (ec, found)
-    };
-    let pods: Vec<String> = others.iter().map(|i| format!("{NAME}-{i}")).collect();
-    let old_uids: Vec<Value> = pods
-        .iter()
-        .map(|p| env.get_json(&["-n", NS, "pod", p])["metadata"]["uid"].clone())
-        .collect();
 
     // Their nodes go: nothing can run them again until the node is uncordoned.
-    ok(env.kubectl(&["cordon", node::NODE_NAME]), "cordon the node");
-    let lost_at = Instant::now();
-    let mut delete = vec!["-n", NS, "delete", "pod", "--wait=false"];
-    delete.extend(pods.iter().map(String::as_str));
-    ok(env.kubectl(&delete), "delete two members' pods");
-    let (_, message) = wait_for(
-        "the status to say the quorum is lost",
-        Duration::from_secs(90),
-        || {
-            std::thread::sleep(Duration::from_millis(500));
-            available()
-                .1
-                .filter(|(r, m)| r == "QuorumLost" && m.contains("members answer"))
-        },
-    );
-    let lost_said = lost_at.elapsed().as_secs_f64();
-    assert!(
-        message.contains(&format!(
-            "1 of 3 members answer ({NAME}-{survivor} (applied index"
-        )),
-        "{message}"
-    );
-    wait_for(
-        "the members' ConfigMap fenced",
-        Duration::from_secs(30),
-        || {
-            std::thread::sleep(Duration::from_millis(300));
-            (members_config()["data"]["ETCD_INITIAL_CLUSTER"] == FENCED_INITIAL_CLUSTER)
-                .then_some(())
-        },
-    );
+    let lost = lose_two(env, NAME, survivor);
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     assert!(
         etcd.call(
@@ -477,25 +382,7 @@ fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String,
     );
 
     // The volumes go too: their folders wiped once the old pods (and their etcd) are gone.
-    for (pod, uid) in pods.iter().zip(&old_uids) {
-        wait_for(
-            &format!("{pod}'s old pod gone"),
-            Duration::from_secs(60),
-            || {
-                let now = env.cp.get_json_opt(&["-n", NS, "pod", pod]);
-                now.is_none_or(|p| p["metadata"]["uid"] != *uid)
-                    .then_some(())
-            },
-        );
-        let claim = env.get_json(&["-n", NS, "pvc", &format!("data-{pod}")]);
-        let pv = local_volume(&claim);
-        std::fs::remove_dir_all(node.volume_path(pv).join("data")).unwrap();
-    }
-    ok(
-        env.kubectl(&["uncordon", node::NODE_NAME]),
-        "uncordon the node",
-    );
-    let back_at = Instant::now();
+    let back_at = come_back_empty(env, node, &lost);
     let mut said = vec!["QuorumLost".to_owned()];
     let mut rejoin = String::new();
     wait_for(
@@ -503,7 +390,7 @@ fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String,
         Duration::from_secs(180),
         || {
             std::thread::sleep(Duration::from_millis(500));
-            let (ec, now) = available();
+            let (ec, now) = available(env, NAME);
             if let Some((r, m)) = now {
                 // The first: it names the survivor (a later one may say a leader is elected).
                 if r == "RejoiningFromSurvivor" && rejoin.is_empty() {
@@ -513,7 +400,7 @@ fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String,
                     said.push(r);
                 }
             }
-            (!rejoin.is_empty() && crate::members::is_running(&ec, SIZE as i64)).then_some(())
+            (!rejoin.is_empty() && is_running(&ec, SIZE)).then_some(())
         },
     );
     let healed = back_at.elapsed().as_secs_f64();
@@ -527,7 +414,7 @@ fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String,
         "one Warning RejoiningFromSurvivor"
     );
     assert_eq!(
-        members_config()["data"]["ETCD_INITIAL_CLUSTER"],
+        members_config(env, NAME)["data"]["ETCD_INITIAL_CLUSTER"],
         unfenced,
         "the fence lifted, the old list back"
     );
@@ -541,8 +428,9 @@ fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String,
         etcd.assert_has_all(i, acked);
     }
     println!(
-        "quorum lost: {} gone with their volumes, {NAME}-{survivor} left: QuorumLost said {lost_said:.1} s after, fenced, no write taken; back on empty volumes: {said:?}, Running with 3 voters {healed:.1} s after, under their old member IDs, with all {} acknowledged writes on every member",
-        pods.join(" and "),
+        "quorum lost: {} gone with their volumes, {NAME}-{survivor} left: QuorumLost said {:.1} s after, fenced, no write taken; back on empty volumes: {said:?}, Running with 3 voters {healed:.1} s after, under their old member IDs, with all {} acknowledged writes on every member",
+        lost.pods.join(" and "),
+        lost.said_after,
         acked.len()
     );
 }
@@ -845,14 +733,7 @@ fn leaf_renewal_under_writes(env: &Env, acked: &mut BTreeMap<String, String>) {
         );
     }
     let everywhere = started.elapsed();
-    let w = writer.stop();
-    assert!(
-        w.failed.is_empty(),
-        "{} of {} writes failed during the renewal: {:?}",
-        w.failed.len(),
-        w.failed.len() + w.acked.len(),
-        w.failed
-    );
+    let w = writer.stop_with_none_failed("the renewal");
     println!(
         "leaf renewed: issued in {:.1} s, served by every member {:.1} s after the trigger (the kubelet's Secret refresh); {} writes through the client Service meanwhile, 0 failed, {} on a second try",
         issued.as_secs_f64(),
@@ -864,68 +745,6 @@ fn leaf_renewal_under_writes(env: &Env, acked: &mut BTreeMap<String, String>) {
     let etcd = Members::new(env);
     for i in 0..SIZE {
         etcd.assert_has_all(i, acked);
-    }
-}
-
-/// A client writing one key every 50 ms through the client Service (its stable cluster IP, as
-/// an application does; pods get new addresses when they are replaced) until stopped. Like
-/// etcd's own client on an unavailable endpoint, it tries a write again on a new connection,
-/// 300 ms apart, until its 10 s deadline: a write is failed when it is not acknowledged within
-/// 10 s. (A Service endpoint whose pod just went stays in kube-proxy's rules until the
-/// EndpointSlice update reaches it; a try sent there times out.) How many writes needed a
-/// second try is counted and printed.
-struct Writer {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Written>,
-}
-
-/// What a [`Writer`] did: the acknowledged writes, the failed ones (why), how many were
-/// acknowledged only on a later try.
-struct Written {
-    acked: BTreeMap<String, String>,
-    failed: Vec<String>,
-    retried: usize,
-}
-
-impl Writer {
-    fn start(etcd: Members, what: &'static str) -> Writer {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut out = Written {
-                acked: BTreeMap::new(),
-                failed: Vec::new(),
-                retried: 0,
-            };
-            let mut i = 0;
-            while !flag.load(std::sync::atomic::Ordering::Relaxed) && i < 100_000 {
-                let (k, v) = (format!("/orders/{what}/{i:05}"), format!("{what}{i}"));
-                let deadline = Instant::now() + Duration::from_secs(10);
-                let mut outcome = etcd.put_via_service(&k, &v);
-                if outcome.is_err() {
-                    out.retried += 1;
-                }
-                while outcome.is_err() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(300));
-                    outcome = etcd.put_via_service(&k, &v);
-                }
-                match outcome {
-                    Ok(()) => {
-                        out.acked.insert(k, v);
-                    }
-                    Err(e) => out.failed.push(e),
-                }
-                i += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            out
-        });
-        Writer { stop, thread }
-    }
-
-    fn stop(self) -> Written {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().unwrap()
     }
 }
 
@@ -957,76 +776,19 @@ fn rolling_upgrade(env: &Env) {
     wait_for(
         &format!("every member of {name} Ready on {image}"),
         Duration::from_secs(300),
-        || {
-            let pods = env.get_json(&[
-                "-n",
-                NS,
-                "pods",
-                "-l",
-                &format!("app.kubernetes.io/instance={name},app.kubernetes.io/component=member"),
-            ]);
-            let items = pods["items"].as_array()?;
-            (items.len() == SIZE
-                && items
-                    .iter()
-                    .all(|p| p["spec"]["containers"][0]["image"] == image.as_str() && ready(p)))
-            .then_some(())
-        },
+        || env.all_ready_on(name, SIZE, &image).then_some(()),
     );
     wait_running(env, name, Duration::from_secs(120));
     let took = started.elapsed();
-    let w = writer.stop();
-    assert!(
-        w.failed.is_empty(),
-        "{} of {} writes failed during the upgrade: {:?}",
-        w.failed.len(),
-        w.failed.len() + w.acked.len(),
-        w.failed
-    );
+    let w = writer.stop_with_none_failed("the upgrade");
     let written = w.acked;
-    let etcd = Members::of(env, name);
-    for i in 0..SIZE {
-        let status = etcd
-            .call(i, "maintenance/status", json!({}))
-            .expect("a member's status");
-        assert_eq!(
-            status["version"].as_str(),
-            Some(to.trim_start_matches('v')),
-            "{name}-{i} runs the new release"
-        );
-        etcd.assert_has_all(i, &written);
-    }
+    Members::of(env, name).assert_release_and_writes(to, &written);
     println!(
         "{name}: {from} -> {to} in {:.1} s, members one at a time; {} writes through the client Service meanwhile, 0 failed, {} on a second try",
         took.as_secs_f64(),
         written.len(),
         w.retried
     );
-}
-
-/// A TLS client configuration with cluster `name`'s client certificate (its Secret
-/// `NAME-client-tls`, which cert-manager issued), trusting the cluster's CA.
-fn client_tls(env: &Env, name: &str) -> std::sync::Arc<rustls::ClientConfig> {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject;
-    let secret = env.get_json(&["-n", NS, "secret", &format!("{name}-client-tls")]);
-    let field = |k: &str| {
-        String::from_utf8(
-            base64::engine::general_purpose::STANDARD
-                .decode(secret["data"][k].as_str().unwrap())
-                .unwrap(),
-        )
-        .unwrap()
-    };
-    let cert_pem = field("tls.crt");
-    let issued = common::Issued {
-        der: CertificateDer::from_pem_slice(cert_pem.as_bytes())
-            .unwrap()
-            .to_vec(),
-        cert_pem,
-        key_pem: field("tls.key"),
-    };
-    common::client_config(&field("ca.crt"), Some(&issued))
 }
 
 /// The loop (the Lease holder's pod) reaches the members with the certificate of the Secret
@@ -1296,137 +1058,9 @@ fn delete_with_a_final_snapshot(env: &Env) {
     );
 }
 
-/// config/default applied as the shipped install is (server-side, as the installer), then:
-/// the Deployment's two pods Ready (their readiness needs the serving certificate that
-/// cert-manager issued into the Secret volume), one of them holding the loop's Lease, and the
-/// apiserver calling /validate through the Service.
-fn install_as_pods(env: &Env) {
-    let objects = install::kustomize("config/default");
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
-    install::apply_as_installer(&env.cp, &list, "kubectl apply --server-side config/default");
-    install::wait_established(&env.cp, "the CRD becomes Established");
-    ok(
-        env.kubectl(&[
-            "-n",
-            "etcd-system",
-            "rollout",
-            "status",
-            "deployment/etcd-webhook",
-            "--timeout=180s",
-        ]),
-        "the product's Deployment rolls out on the node",
-    );
-    let pods = env.get_json(&[
-        "-n",
-        "etcd-system",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=etcd-webhook",
-    ]);
-    let names: Vec<String> = pods["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| ready(p))
-        .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(names.len(), 2, "two Ready replicas: {names:?}");
-    let holder = wait_for(
-        "a replica holds the loop's Lease",
-        Duration::from_secs(60),
-        || {
-            let lease = env.get_json(&["-n", "etcd-system", "lease", "etcd-webhook-leader"]);
-            lease["spec"]["holderIdentity"]
-                .as_str()
-                .filter(|h| names.iter().any(|n| n == h))
-                .map(str::to_owned)
-        },
-    );
-    // A cluster name that is no DNS-1035 label: only the webhook refuses it (the CRD's own
-    // rules do not), so a denial proves the apiserver called it through the Service.
-    let probe = json!({"apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
-        "metadata": {"name": "1probe", "namespace": "default"},
-        "spec": {"size": 3, "storageSize": "1Gi"}});
-    wait_for(
-        "the apiserver to call /validate through the Service",
-        Duration::from_secs(60),
-        || {
-            let out = env.kubectl_in(
-                &["create", "--dry-run=server", "-f", "-"],
-                &probe.to_string(),
-            );
-            String::from_utf8_lossy(&out.stderr)
-                .contains("denied the request")
-                .then_some(())
-        },
-    );
-    println!("the product runs as pods {names:?}; {holder} leads the loop");
-}
-
-/// SIGKILL to the etcd container of `pod` (as read from the API) through the node's containerd.
-fn kill_etcd(node: &Node, pod: &Value, whose: &str) {
-    let container = pod["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .and_then(|id| id.strip_prefix("containerd://"))
-        .unwrap_or_else(|| {
-            panic!(
-                "a containerd container ID for {whose} etcd: {}",
-                pod["status"]
-            )
-        });
-    ok(
-        crate::cluster::run(
-            node.ctr(&["tasks", "kill", "-s", "SIGKILL", container]),
-            None,
-        ),
-        &format!("kill {whose} etcd container"),
-    );
-}
-
-/// The number of the node's local volume (`local-N`, [`Node::local_volumes`]) that `claim`
-/// (as read from the API) is bound to.
-fn local_volume(claim: &Value) -> usize {
-    claim["spec"]["volumeName"]
-        .as_str()
-        .and_then(|v| v.strip_prefix("local-"))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("the claim is bound to a local volume: {claim}"))
-}
-
-fn ordinal(pod: &str) -> usize {
-    pod.rsplit('-').next().unwrap().parse().unwrap()
-}
-
-fn ready(pod: &Value) -> bool {
-    pod["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-}
-
 /// Waits for Running with every member Ready and named in the status, and a leader.
 fn wait_running(env: &Env, name: &str, within: Duration) -> Value {
     wait_running_with(env, name, SIZE, within)
-}
-
-fn wait_running_with(env: &Env, name: &str, size: usize, within: Duration) -> Value {
-    wait_for(&format!("{NS}/{name} Running"), within, || {
-        let ec = env.get_json(&["-n", NS, "etcdcluster", name]);
-        let s = &ec["status"];
-        (s["phase"] == "Running"
-            && s["readyReplicas"].as_u64() == Some(size as u64)
-            && s["members"].as_array().map(Vec::len) == Some(size)
-            && s["leader"].is_string())
-        .then(|| s.clone())
-    })
-}
-
-/// The member that leads, and the raft term it leads in.
-struct Leader {
-    pod: String,
-    id: String,
-    term: u64,
 }
 
 /// Writes (one key a round, to any member that takes it) until a leader is elected in a later
@@ -1463,196 +1097,14 @@ fn write_until_new_leader(
     }
 }
 
-/// The members through etcd's JSON gateway with the cluster's client certificate, each by its
-/// DNS name (checked against the server certificate) at its pod's current address.
-struct Members {
-    name: String,
-    size: usize,
-    rt: tokio::runtime::Runtime,
-    client: reqwest::Client,
-}
-
 impl Members {
+    /// The case study's cluster.
     fn new(env: &Env) -> Members {
         Members::of(env, NAME)
     }
 
+    /// Another cluster of the case study, at the case study's size.
     fn of(env: &Env, name: &str) -> Members {
         Members::of_size(env, name, SIZE)
     }
-
-    fn of_size(env: &Env, name: &str, size: usize) -> Members {
-        let config = client_tls(env, name);
-        let mut builder = reqwest::Client::builder()
-            .use_preconfigured_tls((*config).clone())
-            .http1_only()
-            .timeout(Duration::from_secs(3));
-        let pods = env.get_json(&[
-            "-n",
-            NS,
-            "pods",
-            "-l",
-            &format!("app.kubernetes.io/instance={name},app.kubernetes.io/component=member"),
-        ]);
-        for pod in pods["items"].as_array().unwrap() {
-            let (Some(pod_name), Some(ip)) = (
-                pod["metadata"]["name"].as_str(),
-                pod["status"]["podIP"].as_str(),
-            ) else {
-                continue;
-            };
-            let addr: SocketAddr = format!("{ip}:2379").parse().unwrap();
-            builder = builder.resolve(&host(name, ordinal(pod_name)), addr);
-        }
-        let service = env.get_json(&["-n", NS, "service", &format!("{name}-client")]);
-        let service: SocketAddr =
-            format!("{}:2379", service["spec"]["clusterIP"].as_str().unwrap())
-                .parse()
-                .unwrap();
-        builder = builder.resolve(&format!("{name}-client.{NS}.svc"), service);
-        Members {
-            name: name.to_owned(),
-            size,
-            rt: common::runtime(),
-            client: builder.build().unwrap(),
-        }
-    }
-
-    fn call(&self, member: usize, path: &str, body: Value) -> Result<Value, String> {
-        self.call_host(&host(&self.name, member), path, body)
-    }
-
-    /// A write through the client Service (`NAME-client.NS.svc`, its cluster IP).
-    fn put_via_service(&self, key: &str, value: &str) -> Result<(), String> {
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let host = format!("{}-client.{NS}.svc", self.name);
-        self.call_host(
-            &host,
-            "kv/put",
-            json!({"key": b64(key), "value": b64(value)}),
-        )
-        .map(|_| ())
-    }
-
-    fn call_host(&self, host: &str, path: &str, body: Value) -> Result<Value, String> {
-        let url = format!("https://{host}:2379/v3/{path}");
-        self.rt.block_on(async {
-            let resp = self
-                .client
-                .post(&url)
-                .json(&body)
-                .send()
-                .await
-                .map_err(|e| {
-                    let mut why = format!("{url}: {e}");
-                    let mut source = std::error::Error::source(&e);
-                    while let Some(cause) = source {
-                        why.push_str(&format!(": {cause}"));
-                        source = cause.source();
-                    }
-                    why
-                })?;
-            let code = resp.status();
-            let body: Value = resp.json().await.map_err(|e| format!("{url}: {e}"))?;
-            if code.is_success() {
-                Ok(body)
-            } else {
-                Err(format!("{url}: {code} {body}"))
-            }
-        })
-    }
-
-    /// (member ID, leader ID, raft term) as the member sees them.
-    fn status(&self, member: usize) -> Result<(String, String, u64), String> {
-        let s = self.call(member, "maintenance/status", json!({}))?;
-        let field = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-        let term = field(&s["raftTerm"]).parse().unwrap_or(0);
-        Ok((field(&s["header"]["member_id"]), field(&s["leader"]), term))
-    }
-
-    /// The member that answers as its own leader, with its term.
-    fn try_leader(&self) -> Option<Leader> {
-        (0..self.size).find_map(|m| {
-            let (id, leader, term) = self.status(m).ok()?;
-            (id == leader).then(|| Leader {
-                pod: format!("{}-{m}", self.name),
-                id,
-                term,
-            })
-        })
-    }
-
-    fn leader(&self) -> Leader {
-        wait_for("a leader", Duration::from_secs(30), || self.try_leader())
-    }
-
-    fn put_any(&self, key: &str, value: &str) -> Result<(), String> {
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let body = json!({"key": b64(key), "value": b64(value)});
-        let mut last = String::new();
-        for m in 0..self.size {
-            match self.call(m, "kv/put", body.clone()) {
-                Ok(_) => return Ok(()),
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
-    }
-
-    /// Every acknowledged key, read from `member` alone (serializable: its own data).
-    fn assert_has_all(&self, member: usize, acked: &BTreeMap<String, String>) {
-        // A follower applies what the leader committed a moment later, and a member that just
-        // came back catches up: what it lacks must be gone within 30 s, else it is lost.
-        let start = Instant::now();
-        loop {
-            let lost = self.missing(member, acked);
-            if lost.is_empty() {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "{}-{member} lost {} acknowledged writes: {lost:?}",
-                self.name,
-                lost.len()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    }
-
-    /// The acknowledged writes `member`'s own data (a serializable read) lacks.
-    fn missing(&self, member: usize, acked: &BTreeMap<String, String>) -> Vec<String> {
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let Ok(all) = self.call(
-            member,
-            "kv/range",
-            json!({"key": b64("/orders/"), "range_end": b64("/orders0"), "serializable": true}),
-        ) else {
-            return acked.keys().cloned().collect();
-        };
-        let got: BTreeMap<String, String> = all["kvs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|kv| {
-                let d = |f: &str| {
-                    String::from_utf8(
-                        base64::engine::general_purpose::STANDARD
-                            .decode(kv[f].as_str().unwrap_or_default())
-                            .unwrap(),
-                    )
-                    .unwrap()
-                };
-                (d("key"), d("value"))
-            })
-            .collect();
-        acked
-            .iter()
-            .filter(|(k, v)| got.get(*k) != Some(*v))
-            .map(|(k, _)| k.clone())
-            .collect()
-    }
-}
-
-fn host(name: &str, member: usize) -> String {
-    format!("{name}-{member}.{name}.{NS}.svc")
 }

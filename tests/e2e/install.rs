@@ -177,7 +177,7 @@ impl Env {
     /// The install, with `replica_flags` added to every replica's arguments (replacing the
     /// Deployment's value of the same flag), e.g. `--controller=off` for webhooks only.
     /// Clusters are plain HTTP unless a scenario sets `spec.tls` (`--default-member-tls=false`,
-    /// unless `replica_flags` say otherwise): the played kubelet runs members plain, and
+    /// unless `replica_flags` say otherwise): no member runs in these scenarios (no kubelet), and
     /// scenarios that make hundreds of clusters would otherwise have cert-manager issue four
     /// certificates for each. The shipped default (TLS) is what the chart scenario installs.
     pub fn install_with(cp: ControlPlane, replica_flags: &[&str]) -> Env {

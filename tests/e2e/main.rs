@@ -19,9 +19,10 @@ mod chart;
 mod cluster;
 mod install;
 mod lifecycle;
-mod members;
 mod node;
-mod quorum;
+mod node_members;
+mod node_quorum;
+mod pods;
 mod reconcile;
 mod rotation;
 mod scale;
@@ -46,20 +47,20 @@ const OWN_CLUSTER: &[OwnScenario] = &[
         chart::helm_chart_installed_for_real,
     ),
     (
-        "membership_through_the_apiserver",
-        members::membership_through_the_apiserver,
-    ),
-    (
-        "quorum_loss_through_the_apiserver_rejoins_the_survivor",
-        quorum::quorum_loss_through_the_apiserver_rejoins_the_survivor,
-    ),
-    (
         "many_clusters_settle_without_throttling",
         scale::many_clusters_settle_without_throttling,
     ),
     (
         "one_apply_is_one_trace_through_the_webhook",
         traces::one_apply_is_one_trace_through_the_webhook,
+    ),
+    (
+        "membership_on_a_real_node",
+        node_members::membership_on_a_real_node,
+    ),
+    (
+        "quorum_loss_on_a_real_node",
+        node_quorum::quorum_loss_on_a_real_node,
     ),
     (
         "case_study_on_a_real_node",
@@ -74,7 +75,11 @@ const OWN_CLUSTER: &[OwnScenario] = &[
 
 /// Own-cluster scenarios that run on the real node (node.rs): their control plane is started
 /// for it (`cluster::Kind::ForNode`).
-const ON_NODE: &[&str] = &["case_study_on_a_real_node"];
+const ON_NODE: &[&str] = &[
+    "membership_on_a_real_node",
+    "quorum_loss_on_a_real_node",
+    "case_study_on_a_real_node",
+];
 
 /// Own-cluster scenarios on the oldest Kubernetes the chart claims (`cluster::Kind::Oldest`).
 const OLDEST: &[&str] = &["helm_chart_installed_on_the_oldest_kubernetes"];
