@@ -91,11 +91,24 @@ fn sync_caches(api: &FakeApi, ctx: &Arc<Context>) {
 }
 
 /// One reconcile of the cluster as the fake holds it now, reading the children from the
-/// caches (brought up to date first), as the controller does.
+/// caches (brought up to date first), as the controller does. Every call the pass makes must
+/// be one the install's ClusterRole grants the loop: a pass runs as its ServiceAccount (the
+/// test's own calls, as the user, are not checked).
 async fn pass(api: &FakeApi, ctx: &Arc<Context>) -> Result<Action, Error> {
     sync_caches(api, ctx);
     let ec: EtcdCluster = serde_json::from_value(api.get(EC).expect("cluster exists")).unwrap();
-    reconcile(Arc::new(ec), ctx.clone()).await
+    let before = api.calls().len();
+    let outcome = reconcile(Arc::new(ec), ctx.clone()).await;
+    assert_granted(
+        &api.calls()[before..],
+        &[
+            RBAC_RULES,
+            crate::controller::pass::certificates::CERTIFICATES_RBAC_RULES,
+            crate::controller::lookups::credentials::CREDENTIALS_RBAC_RULES,
+        ]
+        .concat(),
+    );
+    outcome
 }
 
 fn writes(calls: &[Call]) -> Vec<&Call> {

@@ -85,14 +85,7 @@ pub fn membership_on_a_real_node(mut cp: ControlPlane) {
 /// member as etcd reports it (healthy, its database size, one leader) and says the cluster is
 /// within its quota.
 fn grow_to_three(env: &Env) -> BTreeMap<String, String> {
-    let revision = || {
-        let sts = env.get_json(&["-n", NS, "statefulset", NAME]);
-        (
-            sts["status"]["currentRevision"].clone(),
-            sts["status"]["updateRevision"].clone(),
-        )
-    };
-    let before = revision();
+    let before = template_revision(env);
     let first = env.get_json(&["-n", NS, "pod", &format!("{NAME}-0")]);
     let writer = Writer::start(Members::of_size(env, NAME, 1), "grow");
     std::thread::sleep(Duration::from_millis(500));
@@ -119,7 +112,7 @@ fn grow_to_three(env: &Env) -> BTreeMap<String, String> {
             .any(|c| c["type"] == "Degraded" && c["reason"] == "WithinQuota"),
         "{status}"
     );
-    assert_eq!(revision(), before, "the pod template changed");
+    assert_eq!(template_revision(env), before, "the pod template changed");
     let now = env.get_json(&["-n", NS, "pod", &format!("{NAME}-0")]);
     assert_eq!(
         now["metadata"]["uid"], first["metadata"]["uid"],
@@ -161,6 +154,7 @@ fn grow_to_five_with_one_unschedulable(
     node: &Node,
     acked: &mut BTreeMap<String, String>,
 ) {
+    let before = template_revision(env);
     let writer = Writer::start(Members::of_size(env, NAME, 3), "five");
     let t = Instant::now();
     env.patch_cluster(NAME, r#"{"spec":{"size":5}}"#, "scale to 5");
@@ -207,12 +201,25 @@ fn grow_to_five_with_one_unschedulable(
     );
     let status = env.get_json(&["-n", NS, "etcdcluster", NAME])["status"].clone();
     assert_ne!(status["phase"], "Failed", "{status}");
+    // One member at a time: at most one added and not started in etcd's list (an unstarted
+    // member has no name yet).
+    let list = Members::of_size(env, NAME, 4)
+        .call(0, "cluster/member/list", json!({"linearizable": true}))
+        .expect("the member list");
+    let unstarted = list["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["name"].as_str().unwrap_or_default().is_empty())
+        .count();
+    assert!(unstarted <= 1, "one unstarted member at most: {list}");
     // The node gets a volume for it: the scheduler places the pod and the member joins.
     let volume_made = Instant::now();
     node.local_volumes(&env.cp, FIRST_VOLUMES + 1, "2Gi");
     wait_running_with(env, NAME, 5, Duration::from_secs(180));
     let joined = volume_made.elapsed().as_secs_f64();
     let written = writer.stop_with_none_failed("the growth to 5");
+    assert_eq!(template_revision(env), before, "the pod template changed");
     acked.extend(written.acked.clone());
     let etcd = Members::of_size(env, NAME, 5);
     for i in 0..5 {
@@ -239,6 +246,7 @@ fn two_of_five_down(env: &Env, acked: &mut BTreeMap<String, String>) {
             NS,
             "delete",
             "pod",
+            "--wait=false",
             &format!("{NAME}-3"),
             &format!("{NAME}-4"),
         ]),
@@ -341,10 +349,20 @@ fn removed_by_hand(env: &Env, node: &Node, acked: &mut BTreeMap<String, String>)
         .expect("the member list");
     let removed = id_of(&list).unwrap_or_else(|| panic!("{pod} in {list}"));
     let t = Instant::now();
+    // Done once etcd takes it, or once the list no longer names it (a removal that was
+    // committed while its answer timed out is refused as "member not found" when tried again).
     wait_for("the removal by hand", Duration::from_secs(30), || {
         std::thread::sleep(Duration::from_millis(300));
-        etcd.call(0, "cluster/member/remove", json!({"ID": removed}))
-            .ok()
+        if etcd
+            .call(0, "cluster/member/remove", json!({"ID": removed}))
+            .is_ok()
+        {
+            return Some(());
+        }
+        let list = etcd
+            .call(0, "cluster/member/list", json!({"linearizable": true}))
+            .ok()?;
+        id_of(&list).is_none().then_some(())
     });
     wait_for(
         &format!("{claim} made anew"),
@@ -448,31 +466,10 @@ fn upgrade(env: &Env, acked: &BTreeMap<String, String>) {
     );
     let took = t.elapsed().as_secs_f64();
     let written = writer.stop_with_none_failed("the upgrade");
-    // The order the loop restarted the members in, from its own log (the Lease holder's, as
-    // the kubelet serves it): each member once, followers first, the leader last. The status's
-    // Progressing message says the same while it lasts (printed: a poll can miss the last one).
-    let holder = env.get_json(&["-n", "etcd-system", "lease", "etcd-webhook-leader"])["spec"]
-        ["holderIdentity"]
-        .as_str()
-        .expect("the Lease's holder")
-        .to_owned();
-    let logs = ok(
-        env.kubectl(&["-n", "etcd-system", "logs", &holder]),
-        "the Lease holder's log (kubectl logs, from the kubelet)",
-    );
-    let restarts: Vec<(String, bool)> = logs
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| {
-            l["message"] == "restarting a member on the new version" && l["cluster"] == NAME
-        })
-        .map(|l| {
-            (
-                l["pod"].as_str().unwrap_or_default().to_owned(),
-                l["leader"] == true,
-            )
-        })
-        .collect();
+    // The order the loop restarted the members in, from its own log: each member once,
+    // followers first, the leader last. The status's Progressing message says the same while
+    // it lasts (printed: a poll can miss the last one).
+    let restarts = loop_restarts(env);
     let pods: std::collections::BTreeSet<&str> = restarts.iter().map(|(p, _)| p.as_str()).collect();
     assert!(
         restarts.len() == 5
@@ -490,6 +487,62 @@ fn upgrade(env: &Env, acked: &BTreeMap<String, String>) {
         written.acked.len(),
         written.retried
     );
+}
+
+/// The StatefulSet's current and update revisions: the pod template as the controller has it.
+fn template_revision(env: &Env) -> (Value, Value) {
+    let sts = env.get_json(&["-n", NS, "statefulset", NAME]);
+    (
+        sts["status"]["currentRevision"].clone(),
+        sts["status"]["updateRevision"].clone(),
+    )
+}
+
+/// The members the loop restarted for the upgrade, in order, with whether each led, from its
+/// own log: both replicas' (the Lease may have moved between them), their previous runs'
+/// included, as the kubelet serves them (`kubectl logs`). A pass working from a cache that
+/// had not yet seen its own delete may log the same restart twice in a row: counted once.
+fn loop_restarts(env: &Env) -> Vec<(String, bool)> {
+    let mut lines: Vec<(String, String, bool)> = Vec::new();
+    for pod in env.get_json(&[
+        "-n",
+        "etcd-system",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=etcd-webhook",
+    ])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let mut logs = ok(
+            env.kubectl(&["-n", "etcd-system", "logs", name]),
+            "a replica's log (kubectl logs, from the kubelet)",
+        );
+        if pod["status"]["containerStatuses"][0]["restartCount"].as_i64() > Some(0) {
+            logs.push_str(&ok(
+                env.kubectl(&["-n", "etcd-system", "logs", "--previous", name]),
+                "a replica's previous log",
+            ));
+        }
+        for l in logs
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        {
+            if l["message"] == "restarting a member on the new version" && l["cluster"] == NAME {
+                lines.push((
+                    l["timestamp"].as_str().unwrap_or_default().to_owned(),
+                    l["pod"].as_str().unwrap_or_default().to_owned(),
+                    l["leader"] == true,
+                ));
+            }
+        }
+    }
+    lines.sort();
+    let mut restarts: Vec<(String, bool)> = lines.into_iter().map(|(_, p, l)| (p, l)).collect();
+    restarts.dedup_by(|a, b| a.0 == b.0);
+    restarts
 }
 
 fn events(env: &Env) -> Vec<Value> {

@@ -81,9 +81,16 @@ impl Env {
 /// 10 s. (A Service endpoint whose pod just went stays in kube-proxy's rules until the
 /// EndpointSlice update reaches it; a try sent there times out.) How many writes needed a
 /// second try is counted and printed.
+/// Stops writing when dropped (a scenario that fails mid-step leaves no writer behind).
 pub struct Writer {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Written>,
+    thread: Option<std::thread::JoinHandle<Written>>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// What a [`Writer`] did: the acknowledged writes, the failed ones (why), how many were
@@ -127,12 +134,15 @@ impl Writer {
             }
             out
         });
-        Writer { stop, thread }
+        Writer {
+            stop,
+            thread: Some(thread),
+        }
     }
 
-    pub fn stop(self) -> Written {
+    pub fn stop(mut self) -> Written {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().unwrap()
+        self.thread.take().unwrap().join().unwrap()
     }
 
     /// Stops the writer; none of its writes may have failed `during` what it names.
