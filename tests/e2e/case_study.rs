@@ -41,8 +41,8 @@ use crate::install::ok;
 use crate::node::{self, Node};
 use crate::node_quorum::{available, come_back_empty, event_counts, lose_two, members_config};
 use crate::pods::{
-    Env, Leader, Members, Writer, client_tls, install_as_pods, is_running, kill_etcd, local_volume,
-    ordinal, ready, wait_running_with,
+    Env, Leader, Members, Writer, client_tls, is_running, kill_etcd, local_volume, ordinal, ready,
+    start_on_node, tear_down, wait_running_with,
 };
 
 const NS: &str = "case-study";
@@ -52,7 +52,7 @@ const SIZE: usize = 3;
 /// restored from its backup, and the one upgraded.
 const VOLUMES: usize = 5 + 1 + SIZE + SIZE;
 
-pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
+pub fn case_study_on_a_real_node(cp: ControlPlane) {
     let started = Instant::now();
     let images = [
         node::etcd_image(&cp, etcd_webhook::api::defaults::VERSION),
@@ -60,21 +60,14 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
         node::product_image(&cp),
     ];
     let images_ready = started.elapsed();
-    let node = Node::start(&mut cp, &images);
-    node.local_volumes(&cp, VOLUMES, "2Gi");
-    let env = Env { cp, ns: NS };
-    install_as_pods(&env, &[]);
+    let (node, env) = start_on_node(cp, &images, VOLUMES, NS, &[]);
     println!(
-        "images in {:.1} s; node Ready and the product installed as pods {:.1} s after the start",
+        "images in {:.1} s; node Ready, the product installed as pods and the namespace made {:.1} s after the start",
         images_ready.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
 
     // The user's apply: nothing but a size and a storage size; the webhook fills in the rest.
-    ok(
-        env.kubectl(&["create", "namespace", NS]),
-        "create the namespace",
-    );
     let applied = Instant::now();
     let cluster = json!({
         "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
@@ -236,13 +229,7 @@ pub fn case_study_on_a_real_node(mut cp: ControlPlane) {
     delete_with_a_final_snapshot(&env);
     drop(s3);
 
-    // The node first (its teardown needs no apiserver), then the control plane; nothing of
-    // either stays on the machine.
-    let (dir, made) = node.footprint();
-    drop(node);
-    drop(env);
-    let left = node::leftovers(&dir, &made);
-    assert!(left.is_empty(), "the node left behind: {left:#?}");
+    tear_down(node, env);
 }
 
 /// A follower's volume lost under it (its disk replaced while it ran): its data folder wiped,
@@ -370,14 +357,8 @@ fn quorum_lost_with_two_volumes(env: &Env, node: &Node, acked: &BTreeMap<String,
 
     // Their nodes go: nothing can run them again until the node is uncordoned.
     let lost = lose_two(env, NAME, survivor);
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     assert!(
-        etcd.call(
-            survivor,
-            "kv/put",
-            json!({"key": b64("/orders/refused"), "value": b64("x")})
-        )
-        .is_err(),
+        etcd.put(survivor, "/orders/refused", "x").is_err(),
         "a write without a quorum"
     );
 

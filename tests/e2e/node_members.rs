@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::cluster::{ControlPlane, wait_for};
 use crate::install::ok;
 use crate::node::{self, Node};
-use crate::pods::{Env, Members, Writer, install_as_pods, wait_running_with};
+use crate::pods::{Env, Members, Writer, condition, start_on_node, tear_down, wait_running_with};
 
 const NS: &str = "members";
 const NAME: &str = "real";
@@ -33,23 +33,19 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(20);
 /// the fifth, and the sixth is for member 2's fresh claim after its removal by hand.
 const FIRST_VOLUMES: usize = 4;
 
-pub fn membership_on_a_real_node(mut cp: ControlPlane) {
+pub fn membership_on_a_real_node(cp: ControlPlane) {
     let images = [
         node::etcd_image(&cp, FROM),
         node::etcd_image(&cp, TO),
         node::product_image(&cp),
     ];
-    let node = Node::start(&mut cp, &images);
-    node.local_volumes(&cp, FIRST_VOLUMES, "2Gi");
-    let env = Env { cp, ns: NS };
     let join_timeout = format!("{}s", JOIN_TIMEOUT.as_secs());
-    install_as_pods(
-        &env,
+    let (node, env) = start_on_node(
+        cp,
+        &images,
+        FIRST_VOLUMES,
+        NS,
         &[("ETCD_WEBHOOK_MEMBER_JOIN_TIMEOUT", join_timeout.as_str())],
-    );
-    ok(
-        env.kubectl(&["create", "namespace", NS]),
-        "create the namespace",
     );
     let cluster = json!({
         "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
@@ -73,11 +69,7 @@ pub fn membership_on_a_real_node(mut cp: ControlPlane) {
     removed_by_hand(&env, &node, &mut acked);
     upgrade(&env, &acked);
 
-    let (dir, made) = node.footprint();
-    drop(node);
-    drop(env);
-    let left = node::leftovers(&dir, &made);
-    assert!(left.is_empty(), "the node left behind: {left:#?}");
+    tear_down(node, env);
 }
 
 /// 1 -> 3 with a writer on the client Service: both learners added and promoted, member 0's pod
@@ -258,7 +250,8 @@ fn two_of_five_down(env: &Env, acked: &mut BTreeMap<String, String>) {
         Duration::from_secs(90),
         || {
             std::thread::sleep(Duration::from_millis(500));
-            condition(env, "Members")
+            let ec = env.get_json(&["-n", NS, "etcdcluster", NAME]);
+            condition(&ec, "Members")
                 .filter(|c| c["reason"] == "Unhealthy")
                 .and_then(|c| c["message"].as_str().map(str::to_owned))
                 .filter(|m| m.starts_with("5 voters (3 healthy)"))
@@ -447,11 +440,7 @@ fn upgrade(env: &Env, acked: &BTreeMap<String, String>) {
         || {
             std::thread::sleep(Duration::from_millis(300));
             let ec = env.get_json(&["-n", NS, "etcdcluster", NAME]);
-            if let Some(m) = ec["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == "Progressing")
+            if let Some(m) = condition(&ec, "Progressing")
                 .and_then(|c| c["message"].as_str())
                 .and_then(|m| m.split("; ").find(|p| p.contains("restarting")))
                 && said.last().map(String::as_str) != Some(m)
@@ -581,13 +570,4 @@ fn membership_events(env: &Env) -> i64 {
         })
         .map(|e| e["series"]["count"].as_i64().unwrap_or(1))
         .sum()
-}
-
-fn condition(env: &Env, kind: &str) -> Option<Value> {
-    let ec = env.get_json(&["-n", NS, "etcdcluster", NAME]);
-    ec["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
-        .cloned()
 }

@@ -22,7 +22,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use serde_json::{Value, json};
 
 use etcd_webhook::controller::render::{
@@ -33,7 +32,8 @@ use crate::cluster::{ControlPlane, run, wait_for};
 use crate::install::ok;
 use crate::node::{self, Node};
 use crate::pods::{
-    Env, Members, install_as_pods, is_running, local_volume, ordinal, ready, wait_running_with,
+    Env, Members, condition, is_running, local_volume, ordinal, ready, start_on_node, tear_down,
+    wait_running_with,
 };
 
 const NS: &str = "quorum";
@@ -42,19 +42,12 @@ const SIZE: usize = 3;
 /// The members', the backup claim's, and the three claims the restore in place makes anew.
 const VOLUMES: usize = SIZE + 1 + SIZE;
 
-pub fn quorum_loss_on_a_real_node(mut cp: ControlPlane) {
+pub fn quorum_loss_on_a_real_node(cp: ControlPlane) {
     let images = [
         node::etcd_image(&cp, etcd_webhook::api::defaults::VERSION),
         node::product_image(&cp),
     ];
-    let node = Node::start(&mut cp, &images);
-    node.local_volumes(&cp, VOLUMES, "2Gi");
-    let env = Env { cp, ns: NS };
-    install_as_pods(&env, &[]);
-    ok(
-        env.kubectl(&["create", "namespace", NS]),
-        "create the namespace",
-    );
+    let (node, env) = start_on_node(cp, &images, VOLUMES, NS, &[]);
     let cluster = json!({
         "apiVersion": "etcd.example.com/v1", "kind": "EtcdCluster",
         "metadata": {"name": NAME, "namespace": NS},
@@ -77,11 +70,7 @@ pub fn quorum_loss_on_a_real_node(mut cp: ControlPlane) {
     lose_two_and_approve_the_rejoin(&env, &node, &acked);
     restore_in_place_behind_the_newest_backup(&env, &node, &mut acked);
 
-    let (dir, made) = node.footprint();
-    drop(node);
-    drop(env);
-    let left = node::leftovers(&dir, &made);
-    assert!(left.is_empty(), "the node left behind: {left:#?}");
+    tear_down(node, env);
 }
 
 /// Under Manual recovery, the leader left: the other two lose their node and their volumes;
@@ -225,18 +214,10 @@ fn lose_two_and_approve_the_rejoin(env: &Env, node: &Node, acked: &BTreeMap<Stri
         etcd.assert_has_all(i, acked);
     }
     let rejoined = (0..SIZE).find(|&i| i != survivor).unwrap();
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     wait_for(
         "a write through a rejoined member",
         Duration::from_secs(30),
-        || {
-            etcd.call(
-                rejoined,
-                "kv/put",
-                json!({"key": b64("/orders/after-rejoin"), "value": b64("x")}),
-            )
-            .ok()
-        },
+        || etcd.put(rejoined, "/orders/after-rejoin", "x").ok(),
     );
     println!(
         "Manual: {} gone with their volumes, {NAME}-{survivor} left: QuorumLost said {:.1} s after, fenced, no write taken; back on empty volumes (restarted at the fence {restarted:?} times by the kubelet before the approval): {said:?}, Running with 3 voters {healed:.1} s after they came back, {after_approval:.1} s after `kubectl {} --overwrite`, under their old member IDs with all {} acknowledged writes; no membership call",
@@ -291,28 +272,22 @@ fn restore_in_place_behind_the_newest_backup(
             (!ready(&env.get_json(&["-n", NS, "pod", &survivor_pod]))).then_some(())
         },
     );
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let until = Instant::now() + Duration::from_secs(3);
     let mut i = 0;
     while Instant::now() < until {
         let (k, v) = (format!("/orders/majority/{i:04}"), format!("m{i}"));
-        let body = json!({"key": b64(&k), "value": b64(&v)});
         wait_for(
             "a write through the majority",
             Duration::from_secs(10),
-            || etcd.call(majority[0], "kv/put", body.clone()).ok(),
+            || etcd.put(majority[0], &k, &v).ok(),
         );
         acked.insert(k, v);
         i += 1;
     }
     assert!(i > 20, "the majority took writes ({i})");
     // Behind: the survivor answers (a serializable read of its own data) without them.
-    etcd.call(
-        survivor,
-        "kv/range",
-        json!({"key": b64("/orders/"), "range_end": b64("/orders0"), "serializable": true, "count_only": true}),
-    )
-    .unwrap_or_else(|e| panic!("{survivor_pod} answers a read of its own data: {e}"));
+    etcd.reads_its_own(survivor)
+        .unwrap_or_else(|e| panic!("{survivor_pod} answers a read of its own data: {e}"));
     assert!(
         etcd.missing(survivor, acked).len() >= i,
         "{survivor_pod} is behind"
@@ -384,13 +359,7 @@ fn restore_in_place_behind_the_newest_backup(
         },
     );
     let healed = back_at.elapsed().as_secs_f64();
-    let restored = ec["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "Restored")
-        .cloned()
-        .unwrap_or(Value::Null);
+    let restored = condition(&ec, "Restored").cloned().unwrap_or(Value::Null);
     assert_eq!(
         (restored["status"].as_str(), restored["message"].as_str()),
         (Some("True"), Some(format!("started from {uri}").as_str())),
@@ -442,14 +411,7 @@ fn restore_in_place_behind_the_newest_backup(
     wait_for(
         "a write through the former survivor after the restore",
         Duration::from_secs(30),
-        || {
-            etcd.call(
-                survivor,
-                "kv/put",
-                json!({"key": b64("/orders/after-restore"), "value": b64("x")}),
-            )
-            .ok()
-        },
+        || etcd.put(survivor, "/orders/after-restore", "x").ok(),
     );
     println!(
         "{survivor_pod} cut from its peers, behind the newest backup (revision {snapshot_revision}, verified), the other two lost: RestoringFromSnapshot {said_at:.1} s after they came back (told {told} time(s)); Jobs {ran:?}; Running with 3 voters {healed:.1} s after, all {} acknowledged writes on every member, a new cluster ID",
@@ -547,17 +509,12 @@ pub fn come_back_empty(env: &Env, node: &Node, lost: &Lost) -> Instant {
 /// The cluster as read now, and its `Available` condition's reason and message.
 pub fn available(env: &Env, name: &str) -> (Value, Option<(String, String)>) {
     let ec = env.get_json(&["-n", env.ns, "etcdcluster", name]);
-    let found = ec["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == "Available")
-        .map(|c| {
-            (
-                c["reason"].as_str().unwrap_or_default().to_owned(),
-                c["message"].as_str().unwrap_or_default().to_owned(),
-            )
-        });
+    let found = condition(&ec, "Available").map(|c| {
+        (
+            c["reason"].as_str().unwrap_or_default().to_owned(),
+            c["message"].as_str().unwrap_or_default().to_owned(),
+        )
+    });
     (ec, found)
 }
 
@@ -609,22 +566,9 @@ fn still_says(env: &Env, secs: u64, reasons: &[&str]) {
 /// A write to `member` is refused while it answers a serializable read of its own data (so
 /// the refusal is the lost quorum's, not an unreachable member's).
 fn refused(etcd: &Members, member: usize, what: &str) {
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-    etcd.call(
-        member,
-        "kv/range",
-        json!({"key": b64("/orders/"), "range_end": b64("/orders0"), "serializable": true, "count_only": true}),
-    )
-    .unwrap_or_else(|e| panic!("{what}: the member does not answer a read either: {e}"));
-    assert!(
-        etcd.call(
-            member,
-            "kv/put",
-            json!({"key": b64("/orders/refused"), "value": b64("x")})
-        )
-        .is_err(),
-        "{what}"
-    );
+    etcd.reads_its_own(member)
+        .unwrap_or_else(|e| panic!("{what}: the member does not answer a read either: {e}"));
+    assert!(etcd.put(member, "/orders/refused", "x").is_err(), "{what}");
 }
 
 /// Drops `pod`'s peer traffic (port 2380, both ways) inside its own network namespace, found

@@ -15,6 +15,23 @@ use crate::common;
 use crate::install::{self, ok};
 use crate::node::Node;
 
+/// etcd's JSON gateway takes keys and values in base64.
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// The body of a `kv/put` of `key` = `value`.
+fn put_body(key: &str, value: &str) -> Value {
+    json!({"key": b64(key), "value": b64(value)})
+}
+
+/// The body of a serializable `kv/range` over every key the scenarios write (`/orders/...`):
+/// what the member itself holds.
+fn own_keys(count_only: bool) -> Value {
+    json!({"key": b64("/orders/"), "range_end": b64("/orders0"), "serializable": true,
+        "count_only": count_only})
+}
+
 /// What a scenario asks of the cluster: kubectl as the admin, in its namespace.
 pub struct Env {
     pub cp: ControlPlane,
@@ -304,14 +321,48 @@ pub fn ready(pod: &Value) -> bool {
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
+/// The cluster's (as read from the API) condition of `kind`, if its status has one.
+pub fn condition<'a>(ec: &'a Value, kind: &str) -> Option<&'a Value> {
+    ec["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+/// The real node on `cp` with `images` and `volumes` local volumes, the product installed as
+/// pods (with `settings`, [`install_as_pods`]) and the scenario's namespace `ns` made.
+pub fn start_on_node(
+    mut cp: ControlPlane,
+    images: &[crate::node::Image],
+    volumes: usize,
+    ns: &'static str,
+    settings: &[(&str, &str)],
+) -> (Node, Env) {
+    let node = Node::start(&mut cp, images);
+    node.local_volumes(&cp, volumes, "2Gi");
+    let env = Env { cp, ns };
+    install_as_pods(&env, settings);
+    ok(
+        env.kubectl(&["create", "namespace", ns]),
+        "create the namespace",
+    );
+    (node, env)
+}
+
+/// The node first (its teardown needs no apiserver), then the control plane; nothing of
+/// either may stay on the machine.
+pub fn tear_down(node: Node, env: Env) {
+    let (dir, made) = node.footprint();
+    drop(node);
+    drop(env);
+    let left = crate::node::leftovers(&dir, &made);
+    assert!(left.is_empty(), "the node left behind: {left:#?}");
+}
+
 /// Running, with `size` members Ready and every member voting.
 pub fn is_running(ec: &Value, size: usize) -> bool {
     let status = &ec["status"];
-    let voting = status["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Members" && c["reason"] == "AllVoting");
+    let voting = condition(ec, "Members").is_some_and(|c| c["reason"] == "AllVoting");
     status["phase"] == "Running" && status["readyReplicas"] == size && voting
 }
 
@@ -382,14 +433,20 @@ impl Members {
 
     /// A write through the client Service (`NAME-client.NS.svc`, its cluster IP).
     pub fn put_via_service(&self, key: &str, value: &str) -> Result<(), String> {
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let host = format!("{}-client.{}.svc", self.name, self.ns);
-        self.call_host(
-            &host,
-            "kv/put",
-            json!({"key": b64(key), "value": b64(value)}),
-        )
-        .map(|_| ())
+        self.call_host(&host, "kv/put", put_body(key, value))
+            .map(|_| ())
+    }
+
+    /// A write through `member` alone.
+    pub fn put(&self, member: usize, key: &str, value: &str) -> Result<(), String> {
+        self.call(member, "kv/put", put_body(key, value))
+            .map(|_| ())
+    }
+
+    /// `member` answers a serializable read of its own data (no leader needed).
+    pub fn reads_its_own(&self, member: usize) -> Result<(), String> {
+        self.call(member, "kv/range", own_keys(true)).map(|_| ())
     }
 
     pub fn call_host(&self, host: &str, path: &str, body: Value) -> Result<Value, String> {
@@ -445,11 +502,9 @@ impl Members {
     }
 
     pub fn put_any(&self, key: &str, value: &str) -> Result<(), String> {
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let body = json!({"key": b64(key), "value": b64(value)});
         let mut last = String::new();
         for m in 0..self.size {
-            match self.call(m, "kv/put", body.clone()) {
+            match self.put(m, key, value) {
                 Ok(_) => return Ok(()),
                 Err(e) => last = e,
             }
@@ -495,12 +550,7 @@ impl Members {
 
     /// The acknowledged writes `member`'s own data (a serializable read) lacks.
     pub fn missing(&self, member: usize, acked: &BTreeMap<String, String>) -> Vec<String> {
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let Ok(all) = self.call(
-            member,
-            "kv/range",
-            json!({"key": b64("/orders/"), "range_end": b64("/orders0"), "serializable": true}),
-        ) else {
+        let Ok(all) = self.call(member, "kv/range", own_keys(false)) else {
             return acked.keys().cloned().collect();
         };
         let got: BTreeMap<String, String> = all["kvs"]
